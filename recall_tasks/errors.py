@@ -1,0 +1,90 @@
+"""Errors raised by recall-bench.
+
+The tree, and what the pipeline does with each branch::
+
+    RecallBenchError                  base of everything raised on purpose
+    ├── ConfigError                   the run's configuration is wrong: stop before anything is written
+    │   └── DatasetError              a dataset cannot be read or has the wrong schema (names file, column)
+    ├── MissingInputError             a row lacks a required field (on_missing="error"): the row is recorded
+    │                                 with this error, the run goes on
+    ├── JudgeError                    a judge could not produce verdicts
+    │   ├── JudgeConfigError          auth, quota, model or request rejected: not retried, stops the run
+    │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
+    │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
+    ├── StorageError                  object store unreachable, missing object, wrong credentials
+    └── BudgetExceededError           --max-cost-usd / --max-requests reached: remaining rows not judged
+
+Every message says what to fix. No message ever contains an API key or a storage secret
+(see ``recall_tasks.secrets.redact``).
+"""
+
+from __future__ import annotations
+
+
+class RecallBenchError(Exception):
+    """Base class of every error recall-bench raises on purpose."""
+
+
+class ConfigError(RecallBenchError):
+    """The configuration of a run is invalid; nothing has been written."""
+
+
+class DatasetError(ConfigError):
+    """A dataset cannot be read or does not have the expected schema."""
+
+    def __init__(self, message: str, *, uri: str | None = None, column: str | None = None,
+                 row: int | None = None) -> None:
+        parts = [message]
+        where = []
+        if uri:
+            where.append(f"file {uri}")
+        if row is not None:
+            where.append(f"row {row}")
+        if column:
+            where.append(f"column {column!r}")
+        if where:
+            parts.append(f"({', '.join(where)})")
+        super().__init__(" ".join(parts))
+        self.uri = uri
+        self.column = column
+        self.row = row
+
+
+class MissingInputError(RecallBenchError):
+    """A required field of a case is missing or empty and the policy is ``on_missing="error"``."""
+
+    def __init__(self, field: str, metric: str) -> None:
+        super().__init__(
+            f"{metric}: required field {field!r} is missing or empty; provide it, or set "
+            f"on_missing='skip' (not assessed) or on_missing='zero' (score 0)"
+        )
+        self.field = field
+
+
+class JudgeError(RecallBenchError):
+    """A judge could not produce verdicts for a case."""
+
+    def __init__(self, message: str, *, model: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+        self.status = status
+
+
+class JudgeConfigError(JudgeError):
+    """The judge endpoint rejected the request for a reason retrying cannot fix (auth, quota, 400)."""
+
+
+class JudgeTransientError(JudgeError):
+    """Transient failures (429, 5xx, timeouts, resets) outlasted the retry budget."""
+
+
+class JudgeResponseError(JudgeError):
+    """The judge answered, but its answer could not be parsed into verdicts, even after a repair request."""
+
+
+class StorageError(RecallBenchError):
+    """Object storage could not be read or written (missing object, credentials, endpoint)."""
+
+
+class BudgetExceededError(RecallBenchError):
+    """The run's cost or request budget was reached; rows not yet judged are marked, not scored."""
