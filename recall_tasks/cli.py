@@ -1,0 +1,230 @@
+"""``recall-bench``: run a benchmark, run the bundled demo, query the result tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from recall_tasks.errors import RecallBenchError
+from recall_tasks.secrets import looks_secret, redact
+from recall_tasks.storage import parse_storage_options
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Contextual recall of retrieval systems.")
+console = Console()
+err = Console(stderr=True)
+
+_SECRET_ENV = {
+    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
+    "access_key_id": "AWS_ACCESS_KEY_ID",
+    "key": "AWS_ACCESS_KEY_ID",
+    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+    "secret": "AWS_SECRET_ACCESS_KEY",
+    "aws_session_token": "AWS_SESSION_TOKEN",
+    "token": "AWS_SESSION_TOKEN",
+}
+
+
+def _split_storage_options(pairs: list[str]) -> dict[str, str]:
+    """Non-secret options become run parameters; credentials go to this process's AWS_* variables only."""
+    plain: dict[str, str] = {}
+    for key, value in parse_storage_options(pairs).items():
+        if looks_secret(key):
+            env = _SECRET_ENV.get(key.lower())
+            if env is None:
+                raise typer.BadParameter(
+                    f"--storage-option {key}: unknown credential option; use AWS_* variables"
+                )
+            os.environ[env] = value
+        else:
+            plain[key] = value
+    return plain
+
+
+def _fail(exc: BaseException) -> None:
+    err.print(f"[bold red]error:[/] {redact(str(exc))}")
+    raise typer.Exit(code=2)
+
+
+def _print_summary(summary: dict[str, Any], output: str) -> None:
+    from recall_tasks.report import summary_rows
+
+    table = Table(title=f"run {summary['run_id']}", show_header=False)
+    for row in summary_rows(summary):
+        table.add_row(row["field"], row["value"])
+    console.print(table)
+    query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
+    console.print(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}')
+
+
+def _run(params: Any) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flows.recall_flow import recall_benchmark
+    from recall_tasks import pipeline
+
+    with Progress(
+        TextColumn("scoring"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
+        bar = progress.add_task("rows", total=None)
+
+        def listener(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total)
+
+        pipeline.add_progress_listener(listener)
+        try:
+            return recall_benchmark(params)
+        finally:
+            pipeline.remove_progress_listener(listener)
+
+
+@app.command()
+def run(
+    dataset_uri: Annotated[
+        str, typer.Argument(help="Parquet file, folder or glob (s3://, gs://, az://, path)")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output location for results/ and runs/")],
+    metric: Annotated[str, typer.Option(help="contextual_recall | context_coverage")] = "contextual_recall",
+    judge: Annotated[str, typer.Option(help="openai | lexical")] = "lexical",
+    model: Annotated[str, typer.Option(help="Judge model")] = "gpt-4o-mini",
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")] = None,
+    threshold: float = 0.5,
+    scale: float = 1.0,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Score is scale only if every sentence is supported")
+    ] = False,
+    on_missing: Annotated[str, typer.Option(help="error | zero | skip")] = "error",
+    max_concurrency: int = 64,
+    chunk_size: int = 500,
+    label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
+    segment_by: Annotated[
+        list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")
+    ] = None,
+    column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
+    format: Annotated[str, typer.Option("--format", help="delta | parquet")] = "delta",
+    storage_option: Annotated[list[str] | None, typer.Option("--storage-option", help="key=value")] = None,
+) -> None:
+    """Score a dataset and commit results and run aggregates."""
+    from pydantic import ValidationError
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.datasets import parse_column_overrides
+
+    try:
+        params = RunParams(
+            dataset_uri=dataset_uri,
+            output_uri=output,
+            metric=metric,
+            judge=judge,
+            model=model,  # type: ignore[arg-type]
+            base_url=base_url,
+            threshold=threshold,
+            scale=scale,
+            strict_mode=strict,
+            on_missing=on_missing,  # type: ignore[arg-type]
+            max_concurrency=max_concurrency,
+            chunk_size=chunk_size,
+            label=label,
+            segment_by=segment_by or [],
+            columns=parse_column_overrides(column or []),
+            format=format,  # type: ignore[arg-type]
+            storage_options=_split_storage_options(storage_option or []),
+        )
+        summary = _run(params)
+    except ValidationError as exc:
+        _fail(ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+    except RecallBenchError as exc:
+        _fail(exc)
+    _print_summary(summary, output)
+    if summary["errors"]:
+        err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
+
+
+@app.command()
+def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output") -> None:
+    """Score the bundled sample dataset with the offline judge, end to end through Prefect."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recall_tasks.config import RunParams
+
+    rows = [
+        json.loads(line)
+        for line in resources.files("recall_tasks")
+        .joinpath("data", "sample.jsonl")
+        .read_text("utf-8")
+        .splitlines()
+        if line
+    ]
+    data_dir = Path(output) / "datasets"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "sample.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    params = RunParams(
+        dataset_uri=str(path),
+        output_uri=output,
+        judge="lexical",
+        label="demo",
+        on_missing="skip",
+        segment_by=["category"],
+        chunk_size=4,
+    )
+    try:
+        summary = _run(params)
+    except RecallBenchError as exc:
+        _fail(exc)
+    _print_summary(summary, output)
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL over the tables `results` and `runs`")],
+    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    format: Annotated[str, typer.Option("--format")] = "delta",
+    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
+    limit: int = 50,
+) -> None:
+    """Run DuckDB SQL over the result tables and print the answer."""
+    import duckdb
+
+    from recall_tasks.results import ResultStore
+    from recall_tasks.storage import StorageConfig
+
+    try:
+        store = ResultStore(
+            output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format
+        )  # type: ignore[arg-type]
+        con = duckdb.connect()
+        for name in ("results", "runs"):
+            ds = store.read_table(name)  # type: ignore[arg-type]
+            if ds is not None:
+                con.register(name, ds)
+        rel = con.sql(sql)
+    except RecallBenchError as exc:
+        _fail(exc)
+    except duckdb.Error as exc:
+        _fail(ValueError(f"query failed: {exc}"))
+    if rel is None:
+        return
+    table = Table(*rel.columns)
+    for row in rel.limit(limit).fetchall():
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    sys.exit(app())

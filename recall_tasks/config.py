@@ -1,0 +1,64 @@
+"""The parameters of one benchmark run: one pydantic model shared by the CLI, the flow and deployments.
+
+Secrets never go here (they would be stored as flow-run parameters): API keys come from
+``OPENAI_API_KEY``/``AZURE_OPENAI_API_KEY`` and storage credentials from the standard ``AWS_*`` variables
+or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (endpoint, region...).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from recall_tasks.secrets import looks_secret
+
+
+class RunParams(BaseModel):
+    """Everything a run needs; every field is a CLI option and a deployment parameter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_uri: str = Field(
+        description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
+    )
+    output_uri: str = Field("recall-output", description="Where the results/ and runs/ tables live")
+    metric: Literal["contextual_recall", "context_coverage"] = "contextual_recall"
+    judge: Literal["lexical", "openai"] = "lexical"
+    model: str = Field("gpt-4o-mini", description="Judge model (openai judge)")
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint; default OPENAI_BASE_URL or OpenAI"
+    )
+    threshold: float = Field(0.5, ge=0)
+    scale: float = Field(1.0, gt=0)
+    strict_mode: bool = False
+    include_reason: bool = True
+    on_missing: Literal["error", "zero", "skip"] = "error"
+    max_concurrency: int = Field(64, ge=1, le=4096)
+    chunk_size: int = Field(500, ge=1, le=100_000)
+    max_workers: int = Field(4, ge=1, le=64, description="Chunk tasks in flight")
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0, le=20)
+    label: str | None = Field(None, description="Free label, e.g. the index version")
+    index_version: str | None = None
+    segment_by: list[str] = Field(default_factory=list)
+    columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
+    format: Literal["delta", "parquet"] = "delta"
+    storage_options: dict[str, str] = Field(default_factory=dict, description="Non-secret storage settings")
+
+    @field_validator("storage_options")
+    @classmethod
+    def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if looks_secret(k)]
+        if bad:
+            raise ValueError(
+                f"storage option(s) {', '.join(bad)} look secret: pass credentials through AWS_* environment "
+                "variables or a Prefect Secret block, never as run parameters"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _threshold_within_scale(self) -> RunParams:
+        if self.threshold > self.scale:
+            raise ValueError(f"threshold {self.threshold} is above scale {self.scale}")
+        return self

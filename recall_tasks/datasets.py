@@ -1,0 +1,350 @@
+"""Reading evaluation datasets: Parquet from any fsspec URI, validated before any judge call, streamed.
+
+Decisions:
+- Files are read one row group at a time (``ParquetFile.read_row_group`` with only the needed columns);
+  the whole dataset is never in memory. Write datasets with row groups of ~10-100k rows.
+- Column roles have default names covering deepeval, ragas and Mastra; ``--column role=name`` overrides.
+- ``open_dataset`` checks every file's schema (and, when the data has a ``row_id`` column, that ids are
+  unique, reading only that column) and raises one :class:`DatasetError` naming file, column, expected and
+  found type. Nothing is judged or written before it returns.
+- Without a ``row_id`` column, a row's id is a hash of its content; identical rows get ``~2``, ``~3``...
+  suffixes in dataset order, so ids stay unique and stable across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recall_tasks.errors import DatasetError, StorageError
+from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
+
+ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
+
+DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
+    "input": ("input", "user_input", "question", "query"),
+    "expected_output": ("expected_output", "reference", "ground_truth", "groundTruth", "expected_answer"),
+    "retrieval_context": ("retrieval_context", "retrieved_contexts", "context", "contexts"),
+    "actual_output": ("actual_output", "response", "output", "answer"),
+    "row_id": ("row_id",),
+}
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "contextual_recall": ("expected_output", "retrieval_context"),
+    "context_coverage": ("actual_output", "retrieval_context"),
+}
+
+_LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_fixed_size_list)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_string_list(t: pa.DataType) -> bool:
+    return any(f(t) for f in _LIST_TYPES) and (_is_string(t.value_type) or pa.types.is_null(t.value_type))
+
+
+def parse_column_overrides(pairs: list[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``["input=question_text", ...]`` -> ``{"input": "question_text"}``, roles checked."""
+    if not pairs:
+        return {}
+    items = (
+        pairs.items()
+        if isinstance(pairs, Mapping)
+        else [p.split("=", 1) if "=" in p else (p, "") for p in pairs]
+    )
+    out: dict[str, str] = {}
+    for role, name in items:
+        role = role.strip()
+        if role not in ROLES:
+            raise DatasetError(f"--column {role}={name}: unknown role {role!r}; roles are {', '.join(ROLES)}")
+        if not name:
+            raise DatasetError(f"--column {role}: expected role=column_name")
+        out[role] = name.strip()
+    return out
+
+
+@dataclass
+class DatasetFile:
+    """One Parquet file of a dataset and what was learnt from its footer."""
+
+    path: str
+    uri: str
+    num_rows: int
+    num_row_groups: int
+    fingerprint: str
+
+
+@dataclass
+class Dataset:
+    """A validated dataset: its files, the resolved column for each role, and pass-through columns."""
+
+    uri: str
+    name: str
+    files: list[DatasetFile]
+    columns: dict[str, str]
+    passthrough: list[str]
+    fs: Any
+    num_rows: int
+    fingerprint: str
+    has_row_id: bool = False
+    passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
+
+
+@dataclass
+class RowBlock:
+    """A slice of rows, already mapped to roles, with stable row ids and content hashes."""
+
+    source: str
+    first_row: int  # 0-based index of the block's first row within its file
+    row_ids: list[str]
+    content_hashes: list[str]
+    table: pa.Table  # role columns under role names + pass-through columns
+
+
+def dataset_name(uri: str) -> str:
+    """A short name for partitioning: the file or folder name without extension."""
+    tail = uri.rstrip("/").split("/")[-1] or "dataset"
+    for ext in (".parquet", ".pq"):
+        if tail.endswith(ext):
+            tail = tail[: -len(ext)]
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in tail.replace("*", "all")) or "dataset"
+
+
+def _list_files(fs: Any, path: str, uri: str) -> list[str]:
+    try:
+        if any(ch in path for ch in "*?["):
+            found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+        elif fs.isdir(path):
+            found = sorted(
+                p
+                for p in fs.find(path)
+                if p.endswith((".parquet", ".pq"))
+                and not any(part.startswith(("_", ".")) for part in p[len(path) :].split("/"))
+            )
+        elif fs.exists(path):
+            found = [path]
+        else:
+            raise StorageError(f"dataset not found: {uri}")
+    except StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every storage failure becomes one clear message
+        raise translate_storage_error(exc, uri) from None
+    if not found:
+        raise DatasetError("no Parquet files found", uri=uri)
+    return found
+
+
+def _resolve_columns(
+    schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str
+) -> dict[str, str]:
+    names = set(schema.names)
+    columns: dict[str, str] = {}
+    for role in ROLES:
+        if role in overrides:
+            if overrides[role] not in names:
+                raise DatasetError(
+                    f"column {overrides[role]!r} given for {role} is not in the file; it has "
+                    f"{', '.join(schema.names)}",
+                    uri=uri,
+                    column=overrides[role],
+                )
+            columns[role] = overrides[role]
+            continue
+        for candidate in DEFAULT_NAMES[role]:
+            if candidate in names:
+                columns[role] = candidate
+                break
+    for role in REQUIRED[metric]:
+        if role not in columns:
+            raise DatasetError(
+                f"no {role} column for {metric}: expected one of {', '.join(DEFAULT_NAMES[role])} or "
+                f"--column {role}=NAME; the file has {', '.join(schema.names)}",
+                uri=uri,
+                column=role,
+            )
+    for role, col in columns.items():
+        t = schema.field(col).type
+        if role == "retrieval_context":
+            if not _is_string_list(t):
+                raise DatasetError(f"expected list<string>, found {t}", uri=uri, column=col)
+        elif not (_is_string(t) or pa.types.is_null(t)) and not (role == "row_id" and pa.types.is_integer(t)):
+            raise DatasetError(f"expected string, found {t}", uri=uri, column=col)
+    return columns
+
+
+def open_dataset(
+    uri: str,
+    storage: StorageConfig,
+    metric: str = "contextual_recall",
+    overrides: Mapping[str, str] | None = None,
+) -> Dataset:
+    """List and validate every file of the dataset; raise one clear error, or return the dataset."""
+    if metric not in REQUIRED:
+        raise DatasetError(f"unknown metric {metric!r}; choose {', '.join(REQUIRED)}")
+    fs, path = filesystem(uri, storage)
+    paths = _list_files(fs, path, uri)
+    proto = uri.split("://", 1)[0] + "://" if "://" in uri else ""
+    files: list[DatasetFile] = []
+    columns: dict[str, str] | None = None
+    schema0: pa.Schema | None = None
+    for p in paths:
+        file_uri = proto + p if proto and proto != "file://" else p
+        try:
+            with fs.open(p, "rb") as fh:
+                meta = pq.ParquetFile(fh).metadata
+                schema = meta.schema.to_arrow_schema()
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                raise translate_storage_error(exc, file_uri) from None
+            raise DatasetError(f"not a readable Parquet file: {exc}", uri=file_uri) from None
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, file_uri) from None
+        file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri)
+        if columns is None:
+            columns, schema0 = file_columns, schema
+        elif file_columns != columns:
+            raise DatasetError(
+                f"columns differ from the first file's ({columns} vs {file_columns})", uri=file_uri
+            )
+        info = fs.info(p)
+        stamp = f"{p}|{info.get('size')}|{info.get('ETag') or info.get('mtime') or ''}|{meta.num_rows}"
+        files.append(
+            DatasetFile(
+                path=p,
+                uri=file_uri,
+                num_rows=meta.num_rows,
+                num_row_groups=meta.num_row_groups,
+                fingerprint=hashlib.sha256(stamp.encode()).hexdigest()[:16],
+            )
+        )
+    assert columns is not None and schema0 is not None
+    role_cols = set(columns.values())
+    passthrough = [n for n in schema0.names if n not in role_cols]
+    ds = Dataset(
+        uri=uri,
+        name=dataset_name(uri),
+        files=files,
+        columns=columns,
+        passthrough=passthrough,
+        fs=fs,
+        num_rows=sum(f.num_rows for f in files),
+        fingerprint=hashlib.sha256("".join(f.fingerprint for f in files).encode()).hexdigest()[:16],
+        has_row_id="row_id" in columns,
+        passthrough_types={n: schema0.field(n).type for n in passthrough},
+    )
+    if ds.has_row_id:
+        _check_unique_ids(ds)
+    return ds
+
+
+def _check_unique_ids(ds: Dataset) -> None:
+    col = ds.columns["row_id"]
+    seen: dict[str, tuple[str, int]] = {}
+    dups: list[str] = []
+    for f in ds.files:
+        with ds.fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            offset = 0
+            for g in range(pf.num_row_groups):
+                values = pf.read_row_group(g, columns=[col]).column(0).to_pylist()
+                for i, v in enumerate(values):
+                    if v is None or str(v) == "":
+                        raise DatasetError("row_id is null or empty", uri=f.uri, row=offset + i, column=col)
+                    key = str(v)
+                    if key in seen:
+                        dups.append(
+                            f"{key!r} (rows {seen[key][1]} of {seen[key][0]} and {offset + i} of {f.uri})"
+                        )
+                    else:
+                        seen[key] = (f.uri, offset + i)
+                offset += len(values)
+    if dups:
+        shown = "; ".join(dups[:5]) + (f"; and {len(dups) - 5} more" if len(dups) > 5 else "")
+        raise DatasetError(
+            f"row_id must be unique; {len(dups)} duplicate(s): {shown}", uri=ds.uri, column=col
+        )
+
+
+def content_hash(values: tuple[Any, ...]) -> str:
+    """Stable hash of a row's judged content (question, expected, context, answer)."""
+    h = hashlib.blake2b(digest_size=12)
+    for v in values:
+        if v is None:
+            h.update(b"\x00N")
+        elif isinstance(v, list):
+            h.update(b"\x00L")
+            for item in v:
+                h.update(b"\x00I" + str(item).encode("utf-8", "surrogatepass"))
+        else:
+            h.update(b"\x00S" + str(v).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
+    """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
+    if block_rows < 1:
+        raise DatasetError(f"chunk size must be at least 1, got {block_rows}")
+    role_cols = {role: col for role, col in ds.columns.items()}
+    read_cols = list(dict.fromkeys([*role_cols.values(), *ds.passthrough]))
+    seen: dict[str, int] = {}
+    for f in ds.files:
+        try:
+            fh = ds.fs.open(f.path, "rb")
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, f.uri) from None
+        with fh:
+            pf = pq.ParquetFile(fh)
+            offset = 0
+            for g in range(pf.num_row_groups):
+                try:
+                    group = pf.read_row_group(g, columns=read_cols)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise DatasetError(f"row group {g} cannot be read: {exc}", uri=f.uri) from None
+                for start in range(0, group.num_rows, block_rows):
+                    part = group.slice(start, block_rows)
+                    yield _block(ds, f.uri, offset + start, part, role_cols, seen)
+                offset += group.num_rows
+
+
+def _block(
+    ds: Dataset, uri: str, first_row: int, part: pa.Table, role_cols: dict[str, str], seen: dict[str, int]
+) -> RowBlock:
+    arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for role in ("input", "expected_output", "retrieval_context", "actual_output"):
+        col = role_cols.get(role)
+        typ = pa.list_(pa.string()) if role == "retrieval_context" else pa.string()
+        if col is None:
+            arrays[role] = pa.nulls(part.num_rows, typ)
+        else:
+            arrays[role] = part.column(col).cast(typ)
+    content = list(
+        zip(
+            *(
+                arrays[r].to_pylist()
+                for r in ("input", "expected_output", "retrieval_context", "actual_output")
+            ),
+            strict=True,
+        )
+    )
+    hashes = [content_hash(row) for row in content]
+    if ds.has_row_id:
+        row_ids = [str(v) for v in part.column(role_cols["row_id"]).to_pylist()]
+    else:
+        row_ids = []
+        for h in hashes:
+            n = seen.get(h, 0) + 1
+            seen[h] = n
+            row_ids.append(h if n == 1 else f"{h}~{n}")
+    for name in ds.passthrough:
+        if name not in arrays:
+            arrays[name] = part.column(name)
+    return RowBlock(
+        source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays)
+    )

@@ -1,0 +1,401 @@
+"""OpenAIJudge: one structured-output chat completion per case against any OpenAI-compatible endpoint.
+
+Decisions worth knowing:
+- One ``AsyncOpenAI`` client per judge and event loop (httpx pools are bound to a loop); the sync API runs
+  every coroutine on one background loop (``recall_tasks._sync``), so in practice there is one client.
+- Transient failures (429 with Retry-After, 408/409/5xx, timeouts, connection resets) are retried by the
+  SDK's own jittered backoff (``max_retries``). A 429 whose body says ``insufficient_quota`` is marked
+  not-retryable by a response hook, and surfaces as :class:`JudgeConfigError` with auth, 400, 403 and 404.
+- ``response_format``: JSON schema (strict) first; if the endpoint rejects it, JSON mode, then none; the
+  judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
+  ``finish_reason == "length"`` is retried once with twice the completion budget.
+- Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+
+from recall_tasks.errors import JudgeConfigError, JudgeResponseError, JudgeTransientError
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.judges.parsing import ParseError, parse_verdicts
+from recall_tasks.judges.ratelimit import RateLimiter
+from recall_tasks.metrics import prompts
+from recall_tasks.secrets import redact, register_secret
+
+log = logging.getLogger(__name__)
+
+#: USD per million tokens (input, output). Override with ``OpenAIJudge(prices={...})``.
+PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "gpt-5": (1.25, 10.00),
+    "gpt-5-mini": (0.25, 2.00),
+    "gpt-5-nano": (0.05, 0.40),
+    "o4-mini": (1.10, 4.40),
+}
+
+_FORMATS = ("json_schema", "json_object", "none")
+_attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
+
+
+def price_for(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
+    """Exact model name first, then the longest known prefix (dated snapshots share their family's price)."""
+    if model in prices:
+        return prices[model]
+    best = max((name for name in prices if model.startswith(name)), key=len, default=None)
+    return prices[best] if best else None
+
+
+@dataclass
+class _LoopState:
+    client: openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+    rpm: RateLimiter | None
+    tpm: RateLimiter | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def _count_attempt(request: httpx2.Request) -> None:
+    counter = _attempts.get()
+    if counter is not None:
+        counter[0] += 1
+
+
+async def _quota_is_final(response: httpx2.Response) -> None:
+    # The SDK retries every 429; an exhausted quota will not come back in seconds.
+    if response.status_code == 429:
+        await response.aread()
+        if b"insufficient_quota" in response.content:
+            response.headers["x-should-retry"] = "false"
+
+
+class OpenAIJudge:
+    """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
+
+    def __init__(
+        self,
+        model: str = "gpt-4o-mini",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = 0.0,
+        max_concurrency: int = 64,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        prices: dict[str, tuple[float, float]] | None = None,
+        prompt_version: str = prompts.PROMPT_VERSION,
+        max_tokens_param: str | None = None,
+        response_format: str = "json_schema",
+        azure: dict[str, str] | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        if response_format not in _FORMATS:
+            raise ValueError(f"response_format must be one of {_FORMATS}")
+        self._model = model
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        key = api_key or os.environ.get("OPENAI_API_KEY") or (azure or {}).get("api_key")
+        if azure is None and not key:
+            raise JudgeConfigError(
+                "no API key for the OpenAI judge: set OPENAI_API_KEY or pass api_key "
+                "(use --judge lexical to run offline)",
+                model=model,
+            )
+        self._api_key = key or ""
+        if key:
+            register_secret(key)
+        self.temperature = temperature
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self.prices = {**PRICES_PER_MTOK, **(prices or {})}
+        self._prompt_version = prompt_version
+        official = self.base_url is None or "openai.com" in self.base_url or azure is not None
+        self.max_tokens_param = max_tokens_param or ("max_completion_tokens" if official else "max_tokens")
+        self._format = response_format
+        self._azure = {k: v for k, v in (azure or {}).items() if k != "api_key"}
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @classmethod
+    def azure(
+        cls,
+        deployment: str,
+        azure_endpoint: str | None = None,
+        api_version: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> OpenAIJudge:
+        """A judge on an Azure OpenAI deployment (endpoint, version and key default to AZURE_OPENAI_* env)."""
+        settings = {
+            "azure_endpoint": azure_endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT", ""),
+            "api_version": api_version or os.environ.get("OPENAI_API_VERSION", "2024-10-21"),
+            "api_key": api_key or os.environ.get("AZURE_OPENAI_API_KEY", ""),
+        }
+        if not settings["azure_endpoint"]:
+            raise JudgeConfigError(
+                "Azure judge needs azure_endpoint or AZURE_OPENAI_ENDPOINT", model=deployment
+            )
+        if not settings["api_key"]:
+            raise JudgeConfigError("Azure judge needs api_key or AZURE_OPENAI_API_KEY", model=deployment)
+        return cls(model=deployment, azure=settings, api_key=settings["api_key"], **kwargs)
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def prompt_version(self) -> str:
+        return self._prompt_version
+
+    def config(self) -> dict[str, Any]:
+        """What changes verdicts: part of cache keys. No key, no endpoint credentials."""
+        return {
+            "judge": "openai",
+            "model": self._model,
+            "prompt_version": self._prompt_version,
+            "schema_version": prompts.SCHEMA_VERSION,
+            "temperature": self.temperature,
+        }
+
+    def __repr__(self) -> str:
+        return f"OpenAIJudge(model={self._model!r}, base_url={self.base_url!r})"
+
+    # -- clients ---------------------------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            http = httpx2.AsyncClient(
+                timeout=self.timeout_s,
+                limits=httpx2.Limits(
+                    max_connections=max(self.max_concurrency, 10),
+                    max_keepalive_connections=max(self.max_concurrency, 10),
+                ),
+                event_hooks={"request": [_count_attempt], "response": [_quota_is_final]},
+            )
+            common: dict[str, Any] = {
+                "api_key": self._api_key,
+                "timeout": self.timeout_s,
+                "max_retries": self.max_retries,
+                "http_client": http,
+            }
+            client: openai.AsyncOpenAI
+            if self._azure:
+                client = openai.AsyncAzureOpenAI(
+                    azure_endpoint=self._azure["azure_endpoint"],
+                    api_version=self._azure["api_version"],
+                    **common,
+                )
+            else:
+                client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+            state = _LoopState(
+                client=client,
+                semaphore=asyncio.Semaphore(self.max_concurrency),
+                rpm=RateLimiter(self.requests_per_minute) if self.requests_per_minute else None,
+                tpm=RateLimiter(self.tokens_per_minute) if self.tokens_per_minute else None,
+            )
+            self._states[loop] = state
+        return state
+
+    async def aclose(self) -> None:
+        """Close the client of the running loop."""
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.client.close()
+
+    # -- judging ---------------------------------------------------------------------------------
+
+    async def judge(self, request: JudgeRequest) -> JudgeResponse:
+        """Ask the endpoint for one verdict per statement; one request in the normal path."""
+        state = self._state()
+        msgs = prompts.messages(request, self._prompt_version)
+        budget = 64 + len(request.statements) * (48 if request.include_reason else 24)
+        usage = [0, 0]
+        counter = [0]
+        token = _attempts.set(counter)
+        try:
+            async with state.semaphore:
+                content = await self._complete(state, msgs, budget, usage)
+                try:
+                    verdicts, summary, flags = parse_verdicts(
+                        content, len(request.statements), len(request.evidence)
+                    )
+                except ParseError as first:
+                    log.info("judge reply unusable (%s); sending one repair request", first)
+                    repair = [
+                        *msgs,
+                        {"role": "assistant", "content": content[:4000]},
+                        {
+                            "role": "user",
+                            "content": prompts.repair_prompt(str(first), len(request.statements)),
+                        },
+                    ]
+                    content = await self._complete(state, repair, budget, usage)
+                    try:
+                        verdicts, summary, flags = parse_verdicts(
+                            content, len(request.statements), len(request.evidence)
+                        )
+                    except ParseError as second:
+                        raise JudgeResponseError(
+                            f"judge {self._model} gave an unusable reply twice (after one repair request): "
+                            f"{second}",
+                            model=self._model,
+                        ) from None
+                    flags = ["repaired after an unusable first reply", *flags]
+        finally:
+            _attempts.reset(token)
+        if not request.include_reason:
+            verdicts = [v.model_copy(update={"reason": ""}) for v in verdicts]
+            summary = ""
+        price = price_for(self._model, self.prices)
+        cost = None if price is None else (usage[0] * price[0] + usage[1] * price[1]) / 1e6
+        return JudgeResponse(
+            verdicts=verdicts,
+            summary=summary,
+            model=self._model,
+            prompt_version=self._prompt_version,
+            prompt_tokens=usage[0],
+            completion_tokens=usage[1],
+            cost_usd=cost,
+            requests=counter[0],
+            flags=flags,
+        )
+
+    def _request_kwargs(self, msgs: list[dict[str, str]], budget: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self._model, "messages": msgs, self.max_tokens_param: budget}
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self._format == "json_schema":
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "recall_verdicts", "strict": True, "schema": prompts.RESPONSE_SCHEMA},
+            }
+        elif self._format == "json_object":
+            kwargs["response_format"] = {"type": "json_object"}
+        return kwargs
+
+    async def _complete(
+        self, state: _LoopState, msgs: list[dict[str, str]], budget: int, usage: list[int]
+    ) -> str:
+        """One logical completion: format fallback, one retry on truncation; returns the content."""
+        truncated_once = False
+        while True:
+            if state.rpm:
+                await state.rpm.acquire(1)
+            if state.tpm:
+                await state.tpm.acquire(sum(len(m["content"]) for m in msgs) / 4 + budget)
+            try:
+                reply = await state.client.chat.completions.create(**self._request_kwargs(msgs, budget))
+            except openai.BadRequestError as exc:
+                if self._format != "none" and "response_format" in _error_text(exc):
+                    fallback = _FORMATS[_FORMATS.index(self._format) + 1]
+                    log.warning(
+                        "endpoint rejected response_format=%s; falling back to %s", self._format, fallback
+                    )
+                    self._format = fallback
+                    continue
+                raise self._translate(exc) from None
+            except openai.OpenAIError as exc:
+                raise self._translate(exc) from None
+            if reply.usage is not None:
+                usage[0] += reply.usage.prompt_tokens or 0
+                usage[1] += reply.usage.completion_tokens or 0
+            if not reply.choices:
+                raise JudgeResponseError(f"judge {self._model} returned no choices", model=self._model)
+            choice = reply.choices[0]
+            content = choice.message.content or ""
+            if choice.finish_reason == "length":
+                if truncated_once:
+                    raise JudgeResponseError(
+                        f"judge {self._model} output was truncated twice (limit {budget} tokens)",
+                        model=self._model,
+                    )
+                truncated_once = True
+                budget *= 2
+                continue
+            return content
+
+    def _translate(self, exc: Exception) -> Exception:
+        """Map SDK errors to recall-bench's typed errors with a message that says what to fix."""
+        where = self.base_url or ("Azure" if self._azure else "api.openai.com")
+        text = redact(_error_text(exc), extra=[self._api_key] if self._api_key else ())
+        status = getattr(exc, "status_code", None)
+        model = self._model
+        if isinstance(exc, openai.AuthenticationError):
+            return JudgeConfigError(
+                f"{where} rejected the API key (401): set OPENAI_API_KEY or --api-key. {text}",
+                model=model,
+                status=401,
+            )
+        if isinstance(exc, openai.PermissionDeniedError):
+            return JudgeConfigError(
+                f"{where} denied access to model {model} (403): {text}", model=model, status=403
+            )
+        if isinstance(exc, openai.NotFoundError):
+            return JudgeConfigError(
+                f"{where} does not serve model {model!r} (404): check --model and --base-url. {text}",
+                model=model,
+                status=404,
+            )
+        if isinstance(exc, openai.RateLimitError):
+            if "insufficient_quota" in text:
+                return JudgeConfigError(
+                    f"{where}: quota exhausted (insufficient_quota); add credit or use another key. {text}",
+                    model=model,
+                    status=429,
+                )
+            return JudgeTransientError(
+                f"{where} kept rate-limiting (429) after {self.max_retries} retries; lower --max-concurrency "
+                f"or set requests_per_minute. {text}",
+                model=model,
+                status=429,
+            )
+        if isinstance(exc, openai.APITimeoutError):
+            return JudgeTransientError(
+                f"{where} did not answer within {self.timeout_s:g}s ({self.max_retries} retries)", model=model
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return JudgeTransientError(
+                f"cannot connect to {where} ({self.max_retries} retries): {text}", model=model
+            )
+        if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
+            return JudgeTransientError(
+                f"{where} failed with {status} after {self.max_retries} retries: {text}",
+                model=model,
+                status=status,
+            )
+        if isinstance(exc, openai.APIStatusError):
+            return JudgeConfigError(
+                f"{where} rejected the request ({status}): {text}", model=model, status=status
+            )
+        return JudgeTransientError(f"judge call failed: {text}", model=model)
+
+
+def _error_text(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            parts = [str(error.get(k)) for k in ("message", "code", "param") if error.get(k)]
+            return "; ".join(parts) or json.dumps(error)[:300]
+    return str(getattr(exc, "message", None) or exc)[:300]

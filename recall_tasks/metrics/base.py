@@ -1,0 +1,213 @@
+"""What contextual recall and context coverage share: input policy, one judge call, score and reason in code.
+
+A measurement has three steps, each a plain method so the pipeline can put its cache between them:
+``prepare`` (validate inputs, split sentences, resolve context: no judge), the judge call, and
+``finalize`` (score, success, reason: pure). ``a_measure`` chains them; ``measure`` runs ``a_measure``
+through :func:`recall_tasks._sync.run_sync`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from recall_tasks._sync import run_sync
+from recall_tasks.errors import MissingInputError
+from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse, Task
+from recall_tasks.models import OnMissing, RecallCase, RecallResult, ResultMetadata, Verdict
+
+ContextExtractor = Callable[[RecallCase], Sequence[str] | Awaitable[Sequence[str]]]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A case ready for the judge: the request, and counts the result reports."""
+
+    request: JudgeRequest
+    sentence_count: int
+    context_count: int
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A case whose required field is missing or empty."""
+
+    field: str
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Metric:
+    """Base of the metrics; subclasses say which field they split and which way they judge."""
+
+    task: ClassVar[Task]
+    display_name: ClassVar[str]
+    unit: ClassVar[str]
+    evidence_unit: ClassVar[str]
+
+    def __init__(
+        self,
+        judge: Judge | None = None,
+        threshold: float = 0.5,
+        scale: float = 1.0,
+        include_reason: bool = True,
+        strict_mode: bool = False,
+        on_missing: OnMissing = "error",
+        context: Sequence[str] | None = None,
+        context_extractor: ContextExtractor | None = None,
+    ) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        if not 0 <= threshold <= scale:
+            raise ValueError(f"threshold must be between 0 and scale ({scale}), got {threshold}")
+        if on_missing not in ("error", "zero", "skip"):
+            raise ValueError(f"on_missing must be 'error', 'zero' or 'skip', got {on_missing!r}")
+        if judge is None:
+            from recall_tasks.judges.lexical import LexicalJudge
+
+            judge = LexicalJudge()
+        self.judge = judge
+        self.threshold = threshold
+        self.scale = scale
+        self.include_reason = include_reason
+        self.strict_mode = strict_mode
+        self.on_missing: OnMissing = on_missing
+        self.context = list(context) if context is not None else None
+        self.context_extractor = context_extractor
+
+    # -- the three steps -------------------------------------------------------------------------
+
+    async def resolve_context(self, case: RecallCase) -> list[str] | None:
+        """The extractor if given, else the case's own context, else the metric's static context."""
+        if self.context_extractor is not None:
+            out = self.context_extractor(case)
+            if inspect.isawaitable(out):
+                out = await out
+            return list(out)
+        if case.retrieval_context is not None:
+            return list(case.retrieval_context)
+        return self.context
+
+    def prepare(self, case: RecallCase, context: list[str] | None) -> Prepared | Missing:
+        """Validate and split; never calls the judge."""
+        raise NotImplementedError
+
+    def finalize(self, prepared: Prepared, response: JudgeResponse, latency_ms: float) -> RecallResult:
+        """Score, success and reason from the verdicts; pure."""
+        statements = prepared.request.statements
+        verdicts = [
+            Verdict(statement=s, verdict=v.verdict, reason=v.reason, chunk_ids=v.chunk_ids, flagged=v.flagged)
+            for s, v in zip(statements, response.verdicts, strict=True)
+        ]
+        attributed = sum(v.verdict == "yes" for v in verdicts)
+        total = len(verdicts)
+        if self.strict_mode:
+            score = self.scale if attributed == total else 0.0
+        else:
+            score = attributed / total * self.scale
+        metadata = ResultMetadata(
+            metric=self.task,
+            sentence_count=prepared.sentence_count,
+            attributed_count=attributed,
+            context_count=prepared.context_count,
+            latency_ms=latency_ms,
+            prompt_tokens=response.prompt_tokens,
+            completion_tokens=response.completion_tokens,
+            cost_usd=response.cost_usd,
+            requests=response.requests,
+            judge_model=response.model,
+            prompt_version=response.prompt_version,
+            flags=response.flags,
+        )
+        return RecallResult(
+            score=score,
+            success=score >= self.threshold,
+            threshold=self.threshold,
+            reason=self._reason(score, verdicts, response.summary) if self.include_reason else None,
+            verdicts=verdicts,
+            metadata=metadata,
+        )
+
+    def missing_result(self, missing: Missing, context_count: int = 0) -> RecallResult:
+        """The result of a case with a missing field under the ``zero`` or ``skip`` policy."""
+        if self.on_missing == "error":
+            raise MissingInputError(missing.field, self.display_name)
+        metadata = ResultMetadata(
+            metric=self.task,
+            context_count=context_count,
+            judge_model=self.judge.model,
+            prompt_version=self.judge.prompt_version,
+            flags=[f"missing {missing.field}"],
+        )
+        if self.on_missing == "skip":
+            return RecallResult(
+                score=None,
+                success=None,
+                threshold=self.threshold,
+                skipped=True,
+                reason=f"not assessed: {missing.field} is missing or empty",
+                metadata=metadata,
+            )
+        return RecallResult(
+            score=0.0,
+            success=0.0 >= self.threshold,
+            threshold=self.threshold,
+            reason=f"score 0: {missing.field} is missing or empty",
+            metadata=metadata,
+        )
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def a_measure(self, case: RecallCase) -> RecallResult:
+        """Measure one case: at most one judge call, none when an input is missing."""
+        context = await self.resolve_context(case)
+        prepared = self.prepare(case, context)
+        if isinstance(prepared, Missing):
+            return self.missing_result(prepared, len(context or []))
+        started = time.perf_counter()
+        response = await self.judge.judge(prepared.request)
+        return self.finalize(prepared, response, (time.perf_counter() - started) * 1000)
+
+    def measure(self, case: RecallCase) -> RecallResult:
+        """Sync convenience over :meth:`a_measure` (same code path, run on a background loop)."""
+        return run_sync(self.a_measure(case))
+
+    # -- reason ----------------------------------------------------------------------------------
+
+    def _reason(self, score: float, verdicts: list[Verdict], summary: str) -> str:
+        total = len(verdicts)
+        missing = [(i, v) for i, v in enumerate(verdicts, 1) if v.verdict == "no"]
+        supported = [(i, v) for i, v in enumerate(verdicts, 1) if v.verdict == "yes"]
+        head = f"The score is {score:.2f} because "
+        if not missing:
+            head += f"all {total} {self.unit}s are {self.supported_word}."
+        else:
+            head += (
+                f"{len(missing)} of {total} {self.unit}{'s' if total > 1 else ''} "
+                f"{'is' if len(missing) == 1 else 'are'} not {self.supported_word}: "
+            )
+            head += "; ".join(
+                f'[{i}] "{_clip(v.statement)}"' + (f" ({v.reason})" if v.reason else "") for i, v in missing
+            )
+            head += "."
+        if supported:
+            head += (
+                f" {self.supported_word.capitalize()}: "
+                + ", ".join(
+                    f"[{i}] by {self.evidence_unit} {'+'.join(map(str, v.chunk_ids))}"
+                    if v.chunk_ids
+                    else f"[{i}]"
+                    for i, v in supported
+                )
+                + "."
+            )
+        if summary:
+            head += f" Judge summary: {summary}"
+        return head
+
+    supported_word: ClassVar[str] = "supported"

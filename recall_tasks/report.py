@@ -1,0 +1,92 @@
+"""Human-readable views of a run: the summary table and a markdown report of the worst rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.compute as pc
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
+    """The run summary as two-column rows (Prefect table artifact, CLI table)."""
+    keys = [
+        "run_id",
+        "dataset",
+        "label",
+        "metric",
+        "judge_model",
+        "rows",
+        "scored",
+        "errors",
+        "skipped",
+        "cached",
+        "mean_score",
+        "ci_low",
+        "ci_high",
+        "median_score",
+        "p10_score",
+        "pass_rate",
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "cost_usd",
+        "wall_seconds",
+    ]
+    return [{"field": k, "value": _fmt(summary.get(k))} for k in keys]
+
+
+def worst_rows(plan: Any, limit: int = 10) -> list[dict[str, Any]]:
+    """The lowest-scoring rows of a run still in staging or committed, with their unsupported statements."""
+    ds = plan.store.read_table("results")
+    if ds is None:
+        return []
+    import pyarrow.dataset as pads
+
+    table = ds.to_table(
+        columns=["row_id", "score", "error", "verdicts", "input"]
+        if "input" in ds.schema.names
+        else ["row_id", "score", "error", "verdicts"],
+        filter=pads.field("run_id") == plan.run_id,
+    )
+    if table.num_rows == 0:
+        return []
+    order = pc.sort_indices(table, sort_keys=[("score", "ascending", "at_start")])
+    out = []
+    for row in table.take(order[:limit]).to_pylist():
+        missing = [v["statement"] for v in row["verdicts"] or [] if v["verdict"] == "no"]
+        out.append({**row, "missing": missing})
+    return out
+
+
+def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10) -> str:
+    """Markdown: headline figures, then the worst rows and the sentences their context lacks."""
+    lines = [
+        f"# Contextual recall run `{summary['run_id']}`",
+        "",
+        f"Dataset **{summary['dataset']}** (`{summary['dataset_uri']}`), metric {summary['metric']}, "
+        f"judge {summary['judge_model']} (prompt {summary['prompt_version']}).",
+        "",
+        f"- mean score **{_fmt(summary['mean_score'])}** (95 % CI {_fmt(summary['ci_low'])}–"
+        f"{_fmt(summary['ci_high'])}), pass rate {_fmt(summary['pass_rate'])} at threshold {summary['threshold']}",
+        f"- rows {summary['rows']}: scored {summary['scored']}, errors {summary['errors']}, "
+        f"skipped {summary['skipped']}, cached {summary['cached']}",
+        f"- judge requests {summary['requests']}, tokens {summary['prompt_tokens']}+{summary['completion_tokens']}, "
+        f"cost ${summary['cost_usd']:.4f}",
+        "",
+        "## Worst rows",
+        "",
+        "| row_id | score | missing sentences / error |",
+        "|---|---|---|",
+    ]
+    for row in worst_rows(plan, limit):
+        detail = row["error"] or "; ".join(f"“{s}”" for s in row["missing"]) or "-"
+        lines.append(f"| `{row['row_id']}` | {_fmt(row['score'])} | {detail.replace('|', '/')[:400]} |")
+    return "\n".join(lines)

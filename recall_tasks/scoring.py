@@ -1,0 +1,217 @@
+"""Scoring a block of rows: one async judge call per row, bounded by the judge, errors kept per row.
+
+``score_block`` is the one place every row goes through, and the seam where caches plug in: it asks the
+optional ``RowCache`` for verdicts by content key first and judges only the misses. Errors:
+- a missing input under ``on_missing="error"``, a judge reply that stays unusable, transient failures past
+  the retry budget: the row is recorded with its error, the block goes on;
+- :class:`JudgeConfigError` (auth, quota, bad model): re-raised, the run stops before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from recall_tasks.datasets import RowBlock
+from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
+from recall_tasks.judges.base import JudgeResponse
+from recall_tasks.metrics.base import Metric, Missing, Prepared
+from recall_tasks.models import RecallCase, RecallResult
+from recall_tasks.sentences import SPLITTER_VERSION
+
+
+class RowCache(Protocol):
+    """Row-level verdict cache (content addressed). Implemented by the caching layer."""
+
+    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]: ...
+
+    def put_many(self, entries: dict[str, JudgeResponse]) -> None: ...
+
+
+def metric_fingerprint(metric: Metric) -> str:
+    """Hash of everything about a metric and its judge that changes verdicts (never secrets)."""
+    config = {
+        "task": metric.task,
+        "include_reason": metric.include_reason,
+        "splitter": SPLITTER_VERSION,
+        "judge": metric.judge.config(),
+    }
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def row_cache_key(fingerprint: str, prepared: Prepared) -> str:
+    """Content address of one judge request under one metric configuration."""
+    r = prepared.request
+    payload = json.dumps([fingerprint, r.question, r.statements, r.evidence], ensure_ascii=False)
+    return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+@dataclass
+class RowOutcome:
+    """The result of one row, or its error."""
+
+    result: RecallResult | None
+    error: str | None
+    cached: bool = False
+
+
+def _case(row: dict[str, Any]) -> RecallCase:
+    ctx = row.get("retrieval_context")
+    return RecallCase(
+        input=row.get("input"),
+        expected_output=row.get("expected_output"),
+        retrieval_context=None if ctx is None else [c if c is not None else "" for c in ctx],
+        actual_output=row.get("actual_output"),
+    )
+
+
+async def score_rows(
+    metric: Metric, rows: list[dict[str, Any]], cache: RowCache | None = None
+) -> list[RowOutcome]:
+    """Score rows concurrently; the judge bounds concurrency. A JudgeConfigError cancels the rest."""
+    outcomes: list[RowOutcome | None] = [None] * len(rows)
+    pending: list[tuple[int, Prepared, str]] = []
+    fingerprint = metric_fingerprint(metric)
+    for i, row in enumerate(rows):
+        case = _case(row)
+        context = await metric.resolve_context(case)
+        prepared = metric.prepare(case, context)
+        if isinstance(prepared, Missing):
+            try:
+                outcomes[i] = RowOutcome(metric.missing_result(prepared, len(context or [])), None)
+            except MissingInputError as exc:
+                outcomes[i] = RowOutcome(None, str(exc))
+            continue
+        pending.append((i, prepared, row_cache_key(fingerprint, prepared)))
+
+    hits = cache.get_many([k for _, _, k in pending]) if cache and pending else {}
+    fresh: dict[str, JudgeResponse] = {}
+
+    async def judge_one(i: int, prepared: Prepared, key: str) -> None:
+        if key in hits:
+            outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=True)
+            return
+        started = time.perf_counter()
+        try:
+            response = await metric.judge.judge(prepared.request)
+        except JudgeConfigError:
+            raise
+        except JudgeError as exc:
+            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}")
+            return
+        fresh[key] = response
+        outcomes[i] = RowOutcome(
+            metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None
+        )
+
+    if pending:
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i, prepared, key in pending:
+                    group.create_task(judge_one(i, prepared, key))
+        except BaseExceptionGroup as group_error:  # the first configuration error stops the block
+            raise group_error.exceptions[0] from None
+    if cache and fresh:
+        cache.put_many(fresh)
+    return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
+
+
+VERDICT_TYPE = pa.struct(
+    [
+        ("statement", pa.string()),
+        ("verdict", pa.string()),
+        ("reason", pa.string()),
+        ("chunk_ids", pa.list_(pa.int32())),
+    ]
+)
+
+RESULT_FIELDS: list[pa.Field] = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("row_id", pa.string(), nullable=False),
+    pa.field("content_hash", pa.string()),
+    pa.field("source_file", pa.string()),
+    pa.field("source_row", pa.int64()),
+    pa.field("metric", pa.string()),
+    pa.field("score", pa.float64()),
+    pa.field("success", pa.bool_()),
+    pa.field("threshold", pa.float64()),
+    pa.field("reason", pa.string()),
+    pa.field("verdicts", pa.list_(VERDICT_TYPE)),
+    pa.field("sentence_count", pa.int32()),
+    pa.field("attributed_count", pa.int32()),
+    pa.field("context_count", pa.int32()),
+    pa.field("skipped", pa.bool_()),
+    pa.field("error", pa.string()),
+    pa.field("cached", pa.bool_()),
+    pa.field("judge_model", pa.string()),
+    pa.field("prompt_version", pa.string()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("completion_tokens", pa.int64()),
+    pa.field("requests", pa.int32()),
+    pa.field("cost_usd", pa.float64()),
+    pa.field("latency_ms", pa.float64()),
+    pa.field("flags", pa.list_(pa.string())),
+]
+RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
+
+
+def passthrough_name(name: str) -> str:
+    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``)."""
+    return f"data_{name}" if name in RESERVED else name
+
+
+def results_table(block: RowBlock, outcomes: list[RowOutcome], run_id: str, metric: Metric) -> pa.Table:
+    """The per-row result table of a block (result columns, then pass-through columns)."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in RESULT_FIELDS}
+    for i, out in enumerate(outcomes):
+        r = out.result
+        md = r.metadata if r else None
+        cols["run_id"].append(run_id)
+        cols["row_id"].append(block.row_ids[i])
+        cols["content_hash"].append(block.content_hashes[i])
+        cols["source_file"].append(block.source)
+        cols["source_row"].append(block.first_row + i)
+        cols["metric"].append(metric.task)
+        cols["score"].append(r.score if r else None)
+        cols["success"].append(r.success if r else None)
+        cols["threshold"].append(metric.threshold)
+        cols["reason"].append(r.reason if r else None)
+        cols["verdicts"].append(
+            [v.model_dump(include={"statement", "verdict", "reason", "chunk_ids"}) for v in r.verdicts]
+            if r
+            else []
+        )
+        cols["sentence_count"].append(md.sentence_count if md else None)
+        cols["attributed_count"].append(md.attributed_count if md else None)
+        cols["context_count"].append(md.context_count if md else None)
+        cols["skipped"].append(bool(r and r.skipped))
+        cols["error"].append(out.error)
+        cols["cached"].append(out.cached)
+        cols["judge_model"].append(md.judge_model if md else metric.judge.model)
+        cols["prompt_version"].append(md.prompt_version if md else metric.judge.prompt_version)
+        cols["prompt_tokens"].append(0 if out.cached or not md else md.prompt_tokens)
+        cols["completion_tokens"].append(0 if out.cached or not md else md.completion_tokens)
+        cols["requests"].append(0 if out.cached or not md else md.requests)
+        cols["cost_usd"].append(0.0 if out.cached else (md.cost_usd if md else None))
+        cols["latency_ms"].append(md.latency_ms if md else None)
+        cols["flags"].append(md.flags if md else [])
+    table = pa.table(cols, schema=pa.schema(RESULT_FIELDS))
+    for name in block.table.column_names:
+        if name not in ("expected_output", "retrieval_context", "actual_output"):
+            table = table.append_column(passthrough_name(name), block.table.column(name))
+    return table
+
+
+async def score_block(
+    metric: Metric, block: RowBlock, run_id: str, cache: RowCache | None = None
+) -> pa.Table:
+    """Score every row of ``block`` and return its result table."""
+    rows = block.table.select(["input", "expected_output", "retrieval_context", "actual_output"]).to_pylist()
+    outcomes = await score_rows(metric, rows, cache)
+    return results_table(block, outcomes, run_id, metric)

@@ -1,0 +1,30 @@
+"""Shared fixtures: the fake OpenAI server, SeaweedFS, an isolated Prefect.
+
+No test needs a key or the internet: OPENAI_* variables are cleared so nothing can reach a real endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+os.environ.pop("OPENAI_API_KEY", None)
+os.environ.pop("OPENAI_BASE_URL", None)
+_PREFECT_HOME = tempfile.mkdtemp(prefix="recall-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
+from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server (SQLite) for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -1,0 +1,632 @@
+"""A real HTTP server speaking the OpenAI chat-completions API, used as a scripted LLM judge in tests.
+
+Server side is stdlib only (``http.server.ThreadingHTTPServer`` in a daemon thread).  It listens on
+``127.0.0.1`` on a random free port, speaks HTTP/1.1 with keep-alive and always sends ``Content-Length``,
+so the real ``openai`` SDK (sync or async) can fire hundreds of concurrent requests at it.
+
+Typical use::
+
+    srv = FakeOpenAI().start()
+    srv.set_responder(lambda body: '{"verdicts": [], "summary": "ok"}')
+    srv.enqueue(Status(429, headers={"retry-after": "0.05"}), Reset(), Content('{"verdicts": [', "length"))
+    client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test")
+    ...
+    srv.stop()
+
+Per request, in order: queued faults (FIFO, one per request) -> ``reject_json_schema`` -> random faults
+(``fault_rate`` / ``malformed_rate``) -> the responder.  Every request is recorded in ``requests`` (also
+those answered with a fault), in arrival order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "DEFAULT_CONTENT",
+    "Content",
+    "Delay",
+    "FakeOpenAI",
+    "Reset",
+    "Responder",
+    "Status",
+    "error_body",
+    "extract_user_text",
+    "fake_openai",
+    "fake_openai_server",
+]
+
+#: Content returned when no responder is set.
+DEFAULT_CONTENT = '{"verdicts": [], "summary": ""}'
+
+#: ``fn(body) -> str | dict``: the assistant content, or a dict with optional keys ``content``,
+#: ``finish_reason`` ("stop" | "length"), ``status`` (int), ``headers`` (dict) and ``json`` (raw body).
+Responder = Callable[[dict[str, Any]], "str | dict[str, Any] | None"]
+
+
+# --------------------------------------------------------------------------------------------- faults
+
+
+@dataclass
+class Status:
+    """Answer with HTTP ``status`` and an OpenAI-shaped error body.
+
+    ``body`` (dict/str/bytes) replaces the error body entirely; otherwise ``message``, ``type`` and
+    ``code`` (e.g. "rate_limit_exceeded", "insufficient_quota", "invalid_api_key") fill it, with
+    defaults that depend on the status.  ``headers`` are added to the response (e.g. ``retry-after``).
+    """
+
+    status: int
+    body: dict[str, Any] | str | bytes | None = None
+    headers: dict[str, str] | None = None
+    code: str | None = None
+    message: str | None = None
+    type: str | None = None
+    param: str | None = None
+
+
+@dataclass
+class Delay:
+    """Sleep ``seconds`` before answering normally (e.g. to go past a client timeout)."""
+
+    seconds: float
+
+
+@dataclass
+class Reset:
+    """Close the socket without answering (TCP RST: connection reset by peer)."""
+
+
+@dataclass
+class Content:
+    """Answer 200 with exactly this assistant content (truncated JSON, prose, wrong shapes...)."""
+
+    text: str
+    finish_reason: str = "stop"
+
+
+Fault = Status | Delay | Reset | Content
+
+_ERROR_DEFAULTS: dict[int, tuple[str, str, str | None]] = {
+    # status: (message, type, code)
+    400: ("Invalid request.", "invalid_request_error", None),
+    401: ("Incorrect API key provided: sk-test. ", "invalid_request_error", "invalid_api_key"),
+    403: ("You are not allowed to access this resource.", "permission_error", None),
+    404: ("The requested resource does not exist.", "invalid_request_error", "not_found"),
+    408: ("Request timed out.", "timeout", None),
+    409: ("Conflict.", "invalid_request_error", None),
+    422: ("Unprocessable entity.", "invalid_request_error", None),
+    429: ("Rate limit reached for requests. Please try again later.", "requests", "rate_limit_exceeded"),
+    500: ("The server had an error while processing your request. Sorry about that!", "server_error", None),
+    502: ("Bad gateway.", "server_error", None),
+    503: ("The engine is currently overloaded, please try again later.", "server_error", None),
+    504: ("Gateway timeout.", "server_error", None),
+}
+
+_CODE_DEFAULTS: dict[str, tuple[str, str]] = {
+    # code: (message, type)
+    "insufficient_quota": (
+        "You exceeded your current quota, please check your plan and billing details.",
+        "insufficient_quota",
+    ),
+    "rate_limit_exceeded": ("Rate limit reached for requests. Please try again later.", "requests"),
+    "invalid_api_key": ("Incorrect API key provided: sk-test. ", "invalid_request_error"),
+    "context_length_exceeded": (
+        "This model's maximum context length is 8192 tokens. Please reduce the length of the messages.",
+        "invalid_request_error",
+    ),
+}
+
+
+def error_body(
+    status: int,
+    *,
+    message: str | None = None,
+    type: str | None = None,
+    code: str | None = None,
+    param: str | None = None,
+) -> dict[str, Any]:
+    """An OpenAI-shaped error body ``{"error": {"message", "type", "param", "code"}}``."""
+    d_message, d_type, d_code = _ERROR_DEFAULTS.get(
+        status, (f"HTTP {status}", "server_error" if status >= 500 else "invalid_request_error", None)
+    )
+    if code is None:
+        code = d_code
+    elif code in _CODE_DEFAULTS:
+        d_message, d_type = _CODE_DEFAULTS[code]
+    return {
+        "error": {
+            "message": message if message is not None else d_message,
+            "type": type if type is not None else d_type,
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "".join(parts)
+    return str(content)
+
+
+def extract_user_text(body: dict[str, Any], roles: tuple[str, ...] | None = None) -> str:
+    """Concatenate (``\\n``-joined) the text of the request's messages.
+
+    ``content`` may be a string or a list of ``{"type": "text", "text": ...}`` parts.  ``roles`` restricts
+    to some roles (e.g. ``("user",)``); by default every message (system, user, ...) is included.
+    """
+    texts = []
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict):
+            continue
+        if roles is not None and msg.get("role") not in roles:
+            continue
+        texts.append(_content_text(msg.get("content")))
+    return "\n".join(texts)
+
+
+# --------------------------------------------------------------------------------------------- server
+
+
+class _Reply:
+    __slots__ = ("status", "payload", "headers")
+
+    def __init__(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.payload = payload
+        self.headers = headers or {}
+
+
+class _ResetConnection:
+    """Sentinel reply: drop the connection."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+    fake: FakeOpenAI
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # quiet: clients go away
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "FakeOpenAI/1.0"
+    sys_version = ""
+    timeout = 120  # idle keep-alive connections are closed after this many seconds
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    # -- plumbing
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send(self, reply: _Reply) -> None:
+        payload = reply.payload
+        if isinstance(payload, bytes):
+            data, ctype = payload, "application/octet-stream"
+        elif isinstance(payload, str):
+            data, ctype = payload.encode(), "text/plain; charset=utf-8"
+        else:
+            data, ctype = json.dumps(payload).encode(), "application/json"
+        headers = {"content-type": ctype, "x-request-id": f"req_{next(self.server.fake._ids):08d}"}
+        headers.update({k.lower(): str(v) for k, v in reply.headers.items()})
+        headers["content-length"] = str(len(data))
+        self.send_response(reply.status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reset(self) -> None:
+        """Abort the connection with a TCP RST (SO_LINGER 0), without answering."""
+        self.close_connection = True
+        sock = self.connection
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # rfile/wfile hold references to the socket object, so close the descriptor itself.
+        with contextlib.suppress(OSError):
+            os.close(sock.detach())
+
+    def _handle(self, method: str) -> None:
+        raw = self._read_body()
+        path = self.path.split("?", 1)[0]
+        body: Any
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = self.server.fake._dispatch(method, path, headers, body)
+        if isinstance(reply, _ResetConnection):
+            self._reset()
+        else:
+            self._send(reply)
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+
+_RANDOM_FAULTS = ("429", "500", "503", "reset")
+_MALFORMED_KINDS = ("truncated", "prose", "wrong_shape")
+
+
+class FakeOpenAI:
+    """Fake OpenAI chat-completions endpoint on ``127.0.0.1:<random port>``.
+
+    ``responder(body) -> str | dict`` scripts the judge (see :data:`Responder`); without one the content
+    is :data:`DEFAULT_CONTENT`.  ``latency_s`` is slept before every answer.  ``reject_json_schema``
+    answers 400 to ``response_format.type == "json_schema"``.  ``fault_rate`` injects random
+    429 (retry-after 0.05) / 500 / 503 / connection resets, and ``malformed_rate`` truncated or malformed
+    content on that fraction of the remaining requests, drawn from ``random.Random(seed)`` under a lock
+    (a fixed number of draws per request, so the counts are deterministic even under concurrency).
+
+    ``stats`` counts outcomes: "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
+    "malformed:<kind>", "rejected:json_schema", "responder_error".  ``errors`` keeps responder exceptions.
+    The constructor settings are public attributes; :meth:`reset` restores them.
+    """
+
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        latency_s: float = 0.0,
+        *,
+        reject_json_schema: bool = False,
+        fault_rate: float = 0.0,
+        malformed_rate: float = 0.0,
+        seed: int | None = None,
+        model_id: str = "gpt-4o-mini",
+    ) -> None:
+        self._defaults = {
+            "responder": responder,
+            "latency_s": latency_s,
+            "reject_json_schema": reject_json_schema,
+            "fault_rate": fault_rate,
+            "malformed_rate": malformed_rate,
+        }
+        self.responder: Responder | None = responder
+        self.latency_s = latency_s
+        self.reject_json_schema = reject_json_schema
+        self.fault_rate = fault_rate
+        self.malformed_rate = malformed_rate
+        self.seed = seed
+        self.model_id = model_id
+        self.requests: list[dict[str, Any]] = []
+        self.errors: list[BaseException] = []
+        self.stats: Counter[str] = Counter()
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._rng = random.Random(seed)
+        self._ids = itertools.count(1)
+        self._stopping = threading.Event()
+        self._generation = 0  # bumped by reset(): late answers of older requests leave no trace
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port: int = 0
+        self.base_url: str = ""
+
+    # -- lifecycle
+
+    def start(self) -> FakeOpenAI:
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        httpd = _Server(("127.0.0.1", 0), _Handler)
+        httpd.fake = self
+        self._httpd = httpd
+        self.port = httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fake-openai-{self.port}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()  # wakes up Delay / latency sleeps
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- scripting
+
+    def reset(self) -> None:
+        """Clear recorded requests, queued faults, stats and errors; restore constructor settings."""
+        with self._lock:
+            self.requests.clear()
+            self._faults.clear()
+            self.errors.clear()
+            self.stats.clear()
+            self._rng = random.Random(self.seed)
+            self._generation += 1
+            for name, value in self._defaults.items():
+                setattr(self, name, value)
+
+    def set_responder(self, fn: Responder | None) -> None:
+        self.responder = fn
+
+    def enqueue(self, *faults: Fault) -> None:
+        """Queue faults, consumed one per chat request (FIFO) before the responder is used."""
+        for f in faults:
+            if not isinstance(f, Status | Delay | Reset | Content):
+                raise TypeError(f"not a fault: {f!r}")
+        with self._lock:
+            self._faults.extend(faults)
+
+    @property
+    def pending_faults(self) -> int:
+        with self._lock:
+            return len(self._faults)
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """Recorded requests to ``/v1/chat/completions`` only."""
+        with self._lock:
+            return [r for r in self.requests if r["path"].rstrip("/").endswith("/chat/completions")]
+
+    def wait_for_requests(self, n: int, timeout: float = 5.0) -> bool:
+        """Block until at least ``n`` requests were recorded; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.requests) >= n, timeout=timeout)
+
+    # -- request handling (runs in handler threads)
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    def _dispatch(
+        self, method: str, path: str, headers: dict[str, str], body: Any
+    ) -> _Reply | _ResetConnection:
+        norm = path.rstrip("/")
+        is_chat = method == "POST" and norm in ("/v1/chat/completions", "/chat/completions")
+        with self._cond:
+            self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
+            self.stats["requests"] += 1
+            fault = self._faults.pop(0) if is_chat and self._faults else None
+            # always 4 draws per chat request: counts stay deterministic whatever the arrival order
+            draws = [self._rng.random() for _ in range(4)] if is_chat else None
+            self._cond.notify_all()
+            # settings are snapshotted on arrival, so that a slow (Delay) request answered after a
+            # reset() does not use the next test's responder
+            gen = self._generation
+            responder, latency_s = self.responder, self.latency_s
+            reject_json_schema = self.reject_json_schema
+            fault_rate, malformed_rate = self.fault_rate, self.malformed_rate
+
+        def count(key: str) -> None:
+            with self._lock:
+                if gen == self._generation:
+                    self.stats[key] += 1
+
+        self._sleep(latency_s)
+
+        if method == "GET" and norm in ("/v1/models", "/models"):
+            return _Reply(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": self.model_id, "object": "model", "created": 0, "owned_by": "fake-openai"}
+                    ],
+                },
+            )
+        if not is_chat:
+            return _Reply(
+                404,
+                error_body(404, message=f"Unknown request URL: {method} {path}.", code="unknown_url"),
+            )
+        assert draws is not None
+
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _Reply(
+                400, error_body(400, message="'messages' is a required non-empty array.", param="messages")
+            )
+        if not body.get("model"):
+            return _Reply(400, error_body(400, message="you must provide a model parameter", param="model"))
+        if body.get("stream"):
+            return _Reply(
+                400,
+                error_body(400, message="stream=true is not supported by the fake server", param="stream"),
+            )
+
+        # 1. queued faults
+        if fault is not None:
+            count(f"queued:{type(fault).__name__.lower()}")
+            if isinstance(fault, Reset):
+                return _ResetConnection()
+            if isinstance(fault, Status):
+                return self._status_reply(fault)
+            if isinstance(fault, Content):
+                return self._completion(body, fault.text, fault.finish_reason)
+            if isinstance(fault, Delay):
+                self._sleep(fault.seconds)
+
+        # 2. json_schema rejection
+        rf = body.get("response_format")
+        if reject_json_schema and isinstance(rf, dict) and rf.get("type") == "json_schema":
+            count("rejected:json_schema")
+            return _Reply(
+                400,
+                {
+                    "error": {
+                        "message": "response_format json_schema is not supported by this model",
+                        "type": "invalid_request_error",
+                        "param": "response_format",
+                        "code": None,
+                    }
+                },
+            )
+
+        # 3. random faults
+        if fault is None and draws[0] < fault_rate:
+            kind = _RANDOM_FAULTS[int(draws[1] * len(_RANDOM_FAULTS))]
+            count(f"fault:{kind}")
+            if kind == "reset":
+                return _ResetConnection()
+            if kind == "429":
+                return self._status_reply(Status(429, headers={"retry-after": "0.05"}))
+            return self._status_reply(Status(int(kind)))
+
+        # 4. responder
+        try:
+            out = responder(body) if responder is not None else DEFAULT_CONTENT
+        except Exception as exc:  # surfaced to the client as a 500, kept for the test
+            with self._lock:
+                if gen == self._generation:
+                    self.errors.append(exc)
+            count("responder_error")
+            return _Reply(500, error_body(500, message=f"fake responder raised {type(exc).__name__}: {exc}"))
+        if out is None:
+            out = DEFAULT_CONTENT
+        if isinstance(out, str):
+            out = {"content": out}
+        status = int(out.get("status", 200))
+        extra_headers = dict(out.get("headers") or {})
+        if "json" in out:
+            return _Reply(status, out["json"], extra_headers)
+        if status != 200:
+            return _Reply(status, error_body(status), extra_headers)
+        content = str(out.get("content", DEFAULT_CONTENT))
+        finish_reason = str(out.get("finish_reason", "stop"))
+
+        if fault is None and draws[2] < malformed_rate:
+            kind = _MALFORMED_KINDS[int(draws[3] * len(_MALFORMED_KINDS))]
+            count(f"malformed:{kind}")
+            if kind == "truncated":
+                content, finish_reason = content[: max(1, len(content) // 2)], "length"
+            elif kind == "prose":
+                content = "I'm sorry, but I can't provide a structured assessment for this request."
+            else:
+                content = '["unexpected", "shape"]'
+        else:
+            count("ok")
+        return self._completion(body, content, finish_reason, extra_headers)
+
+    @staticmethod
+    def _status_reply(fault: Status) -> _Reply:
+        if fault.body is not None:
+            payload: Any = fault.body
+        else:
+            payload = error_body(
+                fault.status, message=fault.message, type=fault.type, code=fault.code, param=fault.param
+            )
+        return _Reply(fault.status, payload, dict(fault.headers or {}))
+
+    def _completion(
+        self, body: dict[str, Any], content: str, finish_reason: str, headers: dict[str, str] | None = None
+    ) -> _Reply:
+        prompt_tokens = len(extract_user_text(body)) // 4
+        completion_tokens = max(1, len(content) // 4)
+        payload = {
+            "id": f"chatcmpl-fake{next(self._ids):08d}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "system_fingerprint": "fp_fake",
+        }
+        return _Reply(200, payload, headers)
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def fake_openai_server() -> Iterator[FakeOpenAI]:
+    """One fake OpenAI server for the whole test session."""
+    srv = FakeOpenAI().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def fake_openai(fake_openai_server: FakeOpenAI) -> FakeOpenAI:
+    """The session server, reset (no requests, no faults, default responder) for this test."""
+    fake_openai_server.reset()
+    return fake_openai_server
