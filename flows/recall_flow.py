@@ -1,7 +1,13 @@
-"""The benchmark flow: validate -> score chunks (mapped tasks) -> commit -> report. Logic lives in recall_tasks."""
+"""The benchmark flow: validate -> score chunks (Prefect tasks, cached) -> commit -> report.
+
+Logic lives in ``recall_tasks``; this module only orchestrates. Why the chunk loop is not one big ``.map``:
+a task's parameters stay in the flow's memory until it finishes, so chunks are submitted through a window of
+``max_workers`` futures: memory stays bounded by the window whatever the dataset size.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import deque
 from typing import Any
 
@@ -14,7 +20,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
-from prefect.context import get_run_context
+from prefect.context import TaskRunContext, get_run_context
 from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
@@ -24,6 +30,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
 from recall_tasks.errors import JudgeTransientError, StorageError
 from recall_tasks.report import markdown_report, summary_rows
+from recall_tasks.results import ChunkPart
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -37,17 +44,35 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """Prefect's chunk cache key: the chunk's content address (rows, pass-through values, judge config)."""
+    return f"recall-chunk-{parameters['key']}"
+
+
 @task(
     name="score-chunk",
     retries=2,
     retry_delay_seconds=[2, 10],
     retry_condition_fn=_transient,
-    cache_policy=NO_CACHE,
-    log_prints=False,
+    cache_key_fn=_chunk_cache_key,
+    persist_result=True,
 )
-def score_chunk(plan: pipeline.RunPlan, seq: int, block: Any) -> pipeline.ChunkReport:
-    """Score one chunk of rows and stage its results (idempotent: the same part file is rewritten)."""
-    return pipeline.score_chunk(plan, seq, block)
+def score_chunk(plan: pipeline.RunPlan, seq: int, block: Any, key: str) -> pipeline.ChunkReport:
+    """Score one chunk of rows and write its result file (a retry rewrites the same file)."""
+    return pipeline.score_chunk(plan, seq, block, key)
+
+
+def _chunk_task(params: RunParams) -> Any:
+    """The chunk task with this run's cache settings (storage, expiry, refresh, or no cache)."""
+    if not params.cache:
+        return score_chunk.with_options(cache_policy=NO_CACHE, persist_result=False)
+    options: dict[str, Any] = {
+        "cache_expiration": dt.timedelta(days=params.chunk_cache_days),
+        "refresh_cache": params.refresh_cache,
+    }
+    if params.chunk_cache_storage:
+        options["result_storage"] = pipeline.chunk_cache_storage(params)
+    return score_chunk.with_options(**options)
 
 
 def _flow_run_name() -> str:
@@ -59,10 +84,9 @@ def _flow_run_name() -> str:
 
 @flow(
     name="recall-benchmark",
-    flow_run_name=_flow_run_name,
-    log_prints=False,
-    task_runner=ThreadPoolTaskRunner(max_workers=8),
-)  # type: ignore[arg-type]
+    flow_run_name=_flow_run_name,  # type: ignore[arg-type]
+    task_runner=ThreadPoolTaskRunner(max_workers=16),  # type: ignore[arg-type]
+)
 def recall_benchmark(params: RunParams) -> dict[str, Any]:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
@@ -71,49 +95,50 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     flow_run_id = str(ctx.flow_run.id) if getattr(ctx, "flow_run", None) else None  # type: ignore[union-attr]
     total = plan.dataset.num_rows
     logger.info(
-        "run %s: %s rows from %s (%d file(s)), metric %s, judge %s",
-        plan.run_id,
-        total,
-        plan.dataset.uri,
-        len(plan.dataset.files),
-        params.metric,
+        "run %s%s: %s rows from %s (%d file(s)), metric %s, judge %s", plan.run_id,
+        " (resumed)" if plan.resumed else "", total, plan.dataset.uri, len(plan.dataset.files), params.metric,
         plan.metric.judge.model,
-    )
+    )  # fmt: skip
     progress_id = create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}")
-    window: deque[PrefectFuture[pipeline.ChunkReport]] = deque()
+    chunk_task = _chunk_task(params)
+    window: deque[tuple[PrefectFuture[pipeline.ChunkReport], Any, str]] = deque()
+    parts: list[ChunkPart] = []
     done_rows = 0
-    errors = 0
 
-    def settle(future: PrefectFuture[pipeline.ChunkReport]) -> None:
-        nonlocal done_rows, errors
+    def settle() -> None:
+        nonlocal done_rows
+        future, block, key = window.popleft()
         report = future.result()
+        reused = future.state.name == "Cached" and not report.path.endswith(f"/{plan.run_id}.parquet")
+        if reused and not plan.store.exists(report.path):  # the cached file was pruned: judge again
+            report = chunk_task.with_options(refresh_cache=True)(quote(plan), report.seq, quote(block), key)
+            reused = False
+        parts.append(ChunkPart(report.path, reused=reused))
         done_rows += report.rows
-        errors += report.errors
         pipeline.notify_progress(done_rows, total)
         if total:
             update_progress_artifact(progress_id, progress=100.0 * done_rows / total)
 
     try:
         for seq, block in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
-            window.append(score_chunk.submit(quote(plan), seq, quote(block)))
+            key = pipeline.chunk_key(plan, block)
+            window.append((chunk_task.submit(quote(plan), seq, quote(block), key), block, key))
             while len(window) >= params.max_workers:
-                settle(window.popleft())
+                settle()
         while window:
-            settle(window.popleft())
+            settle()
     except BaseException:
-        for future in window:
+        for future, _, _ in window:
             future.wait()
-        plan.store.discard(plan.run_id)
         raise
-    summary = pipeline.commit_run(plan, flow_run_id)
+    summary = pipeline.commit_run(plan, parts, flow_run_id)
     logger.info(
-        "run %s committed: %s scored, %s errors, %s skipped, mean %.3f",
-        plan.run_id,
-        summary["scored"],
-        summary["errors"],
-        summary["skipped"],
-        summary["mean_score"] or 0.0,
-    )
+        "run %s committed: %s rows, %s scored, %s errors, %s skipped, %s cached, mean %s",
+        plan.run_id, summary["rows"], summary["scored"], summary["errors"], summary["skipped"], summary["cached"],
+        summary["mean_score"],
+    )  # fmt: skip
+    if summary["status_reason"]:
+        logger.warning("run %s stopped judging early: %s", plan.run_id, summary["status_reason"])
     create_table_artifact(summary_rows(summary), key="recall-summary", description=f"run {plan.run_id}")
     create_markdown_artifact(
         markdown_report(plan, summary), key="recall-report", description=f"worst rows of run {plan.run_id}"

@@ -19,16 +19,12 @@ class RunParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset_uri: str = Field(
-        description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
-    )
+    dataset_uri: str = Field(description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path")
     output_uri: str = Field("recall-output", description="Where the results/ and runs/ tables live")
     metric: Literal["contextual_recall", "context_coverage"] = "contextual_recall"
     judge: Literal["lexical", "openai"] = "lexical"
     model: str = Field("gpt-4o-mini", description="Judge model (openai judge)")
-    base_url: str | None = Field(
-        None, description="OpenAI-compatible endpoint; default OPENAI_BASE_URL or OpenAI"
-    )
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; default OPENAI_BASE_URL or OpenAI")
     threshold: float = Field(0.5, ge=0)
     scale: float = Field(1.0, gt=0)
     strict_mode: bool = False
@@ -45,6 +41,15 @@ class RunParams(BaseModel):
     columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
     format: Literal["delta", "parquet"] = "delta"
     storage_options: dict[str, str] = Field(default_factory=dict, description="Non-secret storage settings")
+    cache: bool = Field(True, description="Use the row verdict cache and Prefect's chunk cache (--no-cache: off)")
+    refresh_cache: bool = Field(False, description="Re-judge everything, then refresh the caches")
+    cache_uri: str | None = Field(None, description="Row verdict cache location; default <output>/cache")
+    chunk_cache_storage: str | None = Field(
+        None, description="Prefect result storage for the chunk cache: a path, an fsspec URL or block:<slug>"
+    )
+    chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
+    max_cost_usd: float | None = Field(None, gt=0, description="Stop judging once this much was spent")
+    max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
 
     @field_validator("storage_options")
     @classmethod

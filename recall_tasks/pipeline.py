@@ -8,24 +8,28 @@ results. ``commit_run`` aggregates the staged results, commits them and the run 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import secrets as pysecrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks._sync import run_sync
 from recall_tasks.aggregates import summarize, summarize_segments
+from recall_tasks.cache import RowVerdictCache
 from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides
 from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
-from recall_tasks.results import ResultStore, today
-from recall_tasks.scoring import RowCache, passthrough_name, score_block
-from recall_tasks.storage import StorageConfig
+from recall_tasks.results import ChunkPart, ResultStore, today
+from recall_tasks.scoring import CHUNK_FIELDS, Budget, metric_fingerprint, passthrough_name, score_block
+from recall_tasks.storage import StorageConfig, join_uri
 
 ProgressListener = Callable[[int, int], None]
 _listeners: list[ProgressListener] = []
@@ -86,13 +90,23 @@ class RunPlan:
 
     params: Any
     run_id: str
+    run_key: str
+    resumed: bool
     dataset: Dataset
     metric: Metric
     store: ResultStore
     started_at: dt.datetime
     started_clock: float
     segment_columns: list[str] = field(default_factory=list)
-    cache: RowCache | None = None
+    cache: RowVerdictCache | None = None
+    budget: Budget | None = None
+    config_hash: str = ""
+
+
+def _run_key(params: Any, dataset: Dataset) -> str:
+    """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
+    payload = json.dumps([params.model_dump(mode="json"), dataset.fingerprint], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
 def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
@@ -103,32 +117,57 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
     segments = []
     for col in params.segment_by:
         if col not in dataset.passthrough:
+            available = ", ".join(dataset.passthrough) or "none"
             raise DatasetError(
-                f"--segment-by {col}: not a pass-through column; available: {', '.join(dataset.passthrough) or 'none'}",
-                uri=params.dataset_uri,
-                column=col,
-            )
+                f"--segment-by {col}: not a pass-through column; available: {available}",
+                uri=params.dataset_uri, column=col,
+            )  # fmt: skip
         segments.append(passthrough_name(col))
     try:
         store = ResultStore(params.output_uri, storage, params.format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     metric = make_metric(params, make_judge(params))
+    cache = None
+    if params.cache:
+        cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
+        cache = RowVerdictCache(cache_uri, storage, read=not params.refresh_cache)
+    run_key = _run_key(params, dataset)
+    started = dt.datetime.now(dt.UTC)
+    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
+    config = {
+        "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
+        "strict": params.strict_mode, "on_missing": params.on_missing, "output": params.output_uri,
+        "passthrough": dataset.passthrough,
+    }  # fmt: skip
     return RunPlan(
-        params=params,
-        run_id=run_id or new_run_id(),
-        dataset=dataset,
-        metric=metric,
-        store=store,
-        started_at=dt.datetime.now(dt.UTC),
-        started_clock=time.perf_counter(),
-        segment_columns=segments,
-    )
+        params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
+        store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=segments,
+        cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
+        config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+    )  # fmt: skip
+
+
+def chunk_key(plan: RunPlan, block: RowBlock) -> str:
+    """Content address of a chunk's results: its rows (ids, content, pass-through values) and the config.
+
+    Prefect's chunk cache is keyed on this; it never sees run ids, timestamps or Arrow objects.
+    """
+    h = hashlib.sha256(plan.config_hash.encode())
+    for row_id, content in zip(block.row_ids, block.content_hashes, strict=True):
+        h.update(f"{row_id}\x00{content}\x01".encode())
+    passthrough = [c for c in block.table.column_names if c not in _ROLE_COLUMNS]
+    if passthrough:
+        h.update(json.dumps(block.table.select(passthrough).to_pydict(), default=str).encode())
+    return h.hexdigest()[:32]
+
+
+_ROLE_COLUMNS = {"input", "expected_output", "retrieval_context", "actual_output"}
 
 
 @dataclass
 class ChunkReport:
-    """What a chunk task returns: small, so Prefect never holds row data."""
+    """What a chunk task returns: small, so Prefect never holds row data (and can cache it)."""
 
     seq: int
     rows: int
@@ -137,68 +176,66 @@ class ChunkReport:
     path: str
 
 
-def score_chunk(plan: RunPlan, seq: int, block: RowBlock) -> ChunkReport:
-    """Score one block (async judge calls on the shared loop) and stage its result table."""
-    table = run_sync(score_block(plan.metric, block, plan.run_id, plan.cache))
-    path = plan.store.stage(plan.run_id, seq, table)
+def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
+    """Score one block (async judge calls on the shared loop) and write its result file."""
+    table = run_sync(score_block(plan.metric, block, plan.cache, plan.budget))
+    path = plan.store.chunk_path(key, plan.run_id)
+    plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
     scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
     return ChunkReport(seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path)
 
 
 _SUMMARY_COLUMNS = [
-    "score",
-    "success",
-    "error",
-    "skipped",
-    "cached",
-    "prompt_tokens",
-    "completion_tokens",
-    "requests",
-    "cost_usd",
-]
+    "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
+]  # fmt: skip
 
 
-def commit_run(plan: RunPlan, flow_run_id: str | None = None) -> dict[str, Any]:
-    """Aggregate the staged results, then commit results and run rows; returns the overall run row."""
-    staged = plan.store.staged(plan.run_id)
+def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> dict[str, Any]:
+    """Aggregate the run's chunk files, commit results and run rows; returns the overall run row."""
     columns = _SUMMARY_COLUMNS + plan.segment_columns
-    if staged is None:
-        import pyarrow as pa
-
-        from recall_tasks.scoring import RESULT_FIELDS
-
-        fields = [f for f in RESULT_FIELDS if f.name in _SUMMARY_COLUMNS]
-        table = pa.schema(fields).empty_table()
+    if parts:
+        table = pa.Table.from_batches(list(plan.store.read_parts(parts, columns=columns)))
+    else:
+        table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
         for col in plan.segment_columns:
             table = table.append_column(col, pa.array([], pa.string()))
-    else:
-        table = staged.to_table(columns=columns)
+    if plan.cache is not None:
+        plan.cache.close()
     p = plan.params
-    finished = dt.datetime.now(dt.UTC)
+    budget_reason = plan.budget.exhausted_reason if plan.budget else None
     base = {
-        "run_id": plan.run_id,
-        "flow_run_id": flow_run_id,
-        "started_at": plan.started_at,
-        "finished_at": finished,
-        "dataset": plan.dataset.name,
-        "run_date": today(),
-        "dataset_uri": p.dataset_uri,
-        "dataset_fingerprint": plan.dataset.fingerprint,
-        "label": p.label,
-        "index_version": p.index_version or p.label,
-        "metric": p.metric,
-        "judge_model": plan.metric.judge.model,
-        "prompt_version": plan.metric.judge.prompt_version,
-        "threshold": p.threshold,
-        "scale": p.scale,
+        "run_id": plan.run_id, "flow_run_id": flow_run_id, "started_at": plan.started_at,
+        "finished_at": dt.datetime.now(dt.UTC), "dataset": plan.dataset.name, "run_date": today(),
+        "dataset_uri": p.dataset_uri, "dataset_fingerprint": plan.dataset.fingerprint, "label": p.label,
+        "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": plan.metric.judge.model,
+        "prompt_version": plan.metric.judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        "status": "completed",
-    }
+        "status": "budget_exhausted" if budget_reason else "completed", "status_reason": budget_reason,
+    }  # fmt: skip
     overall = {**base, "segment_column": None, "segment_value": None, **summarize(table)}
     runs = [overall]
     for col in plan.segment_columns:
         for value, stats in summarize_segments(table, col):
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
-    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], runs)
+    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
+    plan.store.end_run(plan.run_key)
     return overall
+
+
+def chunk_cache_storage(params: Any) -> Any:
+    """Prefect result storage for the chunk cache: ``block:<slug>``, an fsspec URL, or a local path."""
+    spec = params.chunk_cache_storage
+    if spec.startswith("block:"):
+        from prefect.filesystems import WritableFileSystem
+
+        return WritableFileSystem.load(spec.removeprefix("block:"))
+    if "://" in spec and not spec.startswith("file://"):
+        from prefect.filesystems import RemoteFileSystem
+
+        storage = StorageConfig.from_options(params.storage_options)
+        settings = storage.s3fs_options() if spec.startswith(("s3://", "s3a://")) else storage.plain_extra()
+        return RemoteFileSystem(basepath=spec, settings={k: v for k, v in settings.items() if v is not None})
+    from prefect.filesystems import LocalFileSystem
+
+    return LocalFileSystem(basepath=spec.removeprefix("file://"))

@@ -1,22 +1,26 @@
-"""Result tables: chunk results staged under the output, then committed all at once.
+"""Result tables: chunk results written as they finish, then committed all at once.
 
 Layout under ``<output>``:
 - ``results/`` per-row results, partitioned by ``dataset`` and ``run_date``;
 - ``runs/`` one row per run (``segment_column`` null) plus one per segment value;
-- ``_staging/<run_id>/`` chunk parts while a run is in progress (a leading underscore: Spark, Hive, Trino
-  and pyarrow dataset discovery ignore it), removed after the commit.
+- ``_chunks/<kk>/<chunk key>/<run id>.parquet`` the results of one chunk, keyed by the chunk's content and
+  configuration (so Prefect's chunk cache can hand them to a later run) — invisible to readers (a leading
+  underscore: Spark, Hive, Trino and pyarrow dataset discovery skip it);
+- ``_pending/<run key>.json`` the run id of an attempt that has not committed yet: rerunning the same command
+  on the same data resumes it (same run id, finished chunks reused, nothing committed twice).
 
 Formats:
-- ``delta`` (default): the staged parts are appended to the ``results`` Delta table in ONE commit (readers see
-  all of a run's rows or none), then the run rows to ``runs``. Pass-through columns can differ between
-  datasets: new columns are merged into the table schema.
+- ``delta`` (default): a run's rows are appended to ``results`` in ONE Delta commit (readers see all of them
+  or none), then its run rows to ``runs``. New pass-through columns are merged into the table schema.
 - ``parquet``: Hive-partitioned files under ``results/dataset=<d>/run_date=<day>/``; the run's ``runs`` file is
-  written last and is the commit marker: a run's rows count only when its run id is in ``runs``.
+  written last and is the commit marker: ``read_table("results")`` only returns rows of runs listed in ``runs``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,14 +29,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from recall_tasks.cache import write_atomically
 from recall_tasks.errors import StorageError
-from recall_tasks.storage import (
-    StorageConfig,
-    delta_storage_options,
-    filesystem,
-    join_uri,
-    translate_storage_error,
-)
+from recall_tasks.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 
 Format = Literal["delta", "parquet"]
 
@@ -71,13 +70,44 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("cost_usd", pa.float64()),
     pa.field("wall_seconds", pa.float64()),
     pa.field("status", pa.string()),
+    pa.field("status_reason", pa.string()),
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 
 
+@dataclass(frozen=True)
+class ChunkPart:
+    """One chunk file of a run; ``reused`` when a Prefect cache hit took it from an earlier run."""
+
+    path: str
+    reused: bool = False
+
+
+def _as_cached(table: pa.Table) -> pa.Table:
+    """Rows reused from an earlier run cost nothing in this one."""
+    n = table.num_rows
+    replace = {
+        "cached": pa.array([True] * n),
+        "prompt_tokens": pa.array([0] * n, pa.int64()),
+        "completion_tokens": pa.array([0] * n, pa.int64()),
+        "requests": pa.array([0] * n, pa.int32()),
+        "cost_usd": pa.array([0.0] * n),
+    }
+    for name, values in replace.items():
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, values)
+    return table
+
+
+def crashpoint(name: str) -> None:
+    """Test hook: ``RECALL_BENCH_CRASH_AT=<name>`` kills the process here (used by the crash-safety tests)."""
+    if os.environ.get("RECALL_BENCH_CRASH_AT") == name:
+        os.kill(os.getpid(), 9)
+
+
 @dataclass
 class ResultStore:
-    """Where a run's results go, and how they are staged and committed."""
+    """Where a run's results go, and how they are written and committed."""
 
     output_uri: str
     storage: StorageConfig
@@ -99,105 +129,142 @@ class ResultStore:
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
-    def staging_path(self, run_id: str) -> str:
-        return self._path("_staging", run_id)
+    # -- chunk files -----------------------------------------------------------------------------
 
-    # -- staging ---------------------------------------------------------------------------------
+    def chunk_path(self, chunk_key: str, run_id: str) -> str:
+        """Where a chunk's results go: keyed by its content (reusable by later runs) and the run writing it."""
+        return self._path("_chunks", chunk_key[:2], chunk_key, f"{run_id}.parquet")
 
-    def stage(self, run_id: str, seq: int, table: pa.Table) -> str:
-        """Write one chunk's results under the run's staging folder (idempotent per ``seq``)."""
-        path = f"{self.staging_path(run_id)}/part-{seq:06d}.parquet"
+    def write_chunk(self, path: str, table: pa.Table) -> None:
+        """Write one chunk's results whole (a retried task rewrites the same file)."""
         try:
-            self.fs.makedirs(self.staging_path(run_id), exist_ok=True)
-            pq.write_table(table, path, filesystem=self.fs, compression="zstd")
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            write_atomically(self.fs, path, table)
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.output_uri) from None
-        return path
 
-    def staged(self, run_id: str) -> pads.Dataset | None:
-        """The staged parts of a run as one dataset (schemas unified), or None."""
-        base = self.staging_path(run_id)
+    def exists(self, path: str) -> bool:
         try:
-            if not self.fs.exists(base):
-                return None
-            files = sorted(p for p in self.fs.find(base) if p.endswith(".parquet"))
+            return bool(self.fs.exists(path))
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.output_uri) from None
-        if not files:
-            return None
-        schemas = [pq.read_schema(f, filesystem=self.fs) for f in files[:1]]
-        return pads.dataset(files, schema=schemas[0], filesystem=self.fs, format="parquet")
 
-    def discard(self, run_id: str) -> None:
-        """Remove a run's staging folder (after commit, or to abandon it)."""
+    # -- resumable runs --------------------------------------------------------------------------
+
+    def _marker(self, run_key: str) -> str:
+        return self._path("_pending", f"{run_key}.json")
+
+    def begin_run(self, run_key: str, new_run_id: str, started_at: dt.datetime) -> tuple[str, dt.datetime, bool]:
+        """The run id for ``run_key``: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded)."""
+        marker = self._marker(run_key)
         try:
-            if self.fs.exists(self.staging_path(run_id)):
-                self.fs.rm(self.staging_path(run_id), recursive=True)
-        except Exception:  # noqa: BLE001 - leftover staging is invisible to readers; never fail a run for it
-            pass
+            if self.fs.exists(marker):
+                with self.fs.open(marker, "r") as fh:
+                    data = json.load(fh)
+                return str(data["run_id"]), dt.datetime.fromisoformat(data["started_at"]), True
+            self.fs.makedirs(marker.rsplit("/", 1)[0], exist_ok=True)
+            with self.fs.open(marker, "w") as fh:
+                json.dump({"run_id": new_run_id, "started_at": started_at.isoformat()}, fh)
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, self.output_uri) from None
+        return new_run_id, started_at, False
+
+    def end_run(self, run_key: str) -> None:
+        """Forget the unfinished-attempt marker once the run is committed."""
+        try:
+            if self.fs.exists(self._marker(run_key)):
+                self.fs.rm(self._marker(run_key))
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, self.output_uri) from None
 
     # -- commit ----------------------------------------------------------------------------------
 
-    def commit(self, run_id: str, dataset: str, run_date: str, runs: list[dict[str, Any]]) -> None:
-        """Make a run's results visible at once, then append its run rows."""
-        staged = self.staged(run_id)
+    def read_parts(self, parts: list[ChunkPart], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """The rows of a run's chunk files in order; rows of chunks reused from earlier runs read as cached."""
+        for part in parts:
+            table = pq.read_table(part.path, filesystem=self.fs, columns=columns)
+            if part.reused:
+                table = _as_cached(table)
+            yield from table.to_batches(max_chunksize=65_536)
+
+    def commit(
+        self, run_id: str, dataset: str, run_date: str, parts: list[ChunkPart], runs: list[dict[str, Any]]
+    ) -> None:
+        """Make a run's results visible at once, then append its run rows. Idempotent per run id.
+
+        A crash after the results commit and before the runs commit is finished by the rerun (same run id):
+        results already holding the run id are not appended again.
+        """
         runs_table = pa.Table.from_pylist(runs, schema=RUN_SCHEMA)
         try:
             if self.format == "delta":
-                self._commit_delta(staged, dataset, run_date, runs_table)
+                self._commit_delta(run_id, parts, dataset, run_date, runs_table)
             else:
-                self._commit_parquet(run_id, staged, dataset, run_date, runs_table)
+                self._commit_parquet(run_id, parts, dataset, run_date, runs_table)
         except StorageError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.output_uri) from None
-        self.discard(run_id)
 
-    def _batches(self, staged: pads.Dataset, dataset: str, run_date: str) -> pa.RecordBatchReader:
-        schema = staged.schema.append(pa.field("dataset", pa.string())).append(
-            pa.field("run_date", pa.string())
-        )
+    def _run_batches(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str) -> pa.RecordBatchReader:
+        first = pq.read_schema(parts[0].path, filesystem=self.fs)
+        schema = pa.schema(
+            [pa.field("run_id", pa.string(), nullable=False), *first,
+             pa.field("dataset", pa.string()), pa.field("run_date", pa.string())]
+        )  # fmt: skip
 
         def gen() -> Iterator[pa.RecordBatch]:
-            for batch in staged.to_batches(batch_size=65_536):
+            for batch in self.read_parts(parts):
                 n = batch.num_rows
                 yield pa.RecordBatch.from_arrays(
-                    [
-                        *batch.columns,
-                        pa.array([dataset] * n, pa.string()),
-                        pa.array([run_date] * n, pa.string()),
-                    ],
+                    [pa.array([run_id] * n, pa.string()), *batch.select(first.names).columns,
+                     pa.array([dataset] * n, pa.string()), pa.array([run_date] * n, pa.string())],
                     schema=schema,
-                )
+                )  # fmt: skip
 
         return pa.RecordBatchReader.from_batches(schema, gen())
 
-    def _commit_delta(self, staged: pads.Dataset | None, dataset: str, run_date: str, runs: pa.Table) -> None:
+    def has_run(self, table: Literal["results", "runs"], run_id: str) -> bool:
+        """Whether a committed table already holds rows of ``run_id``."""
+        ds = self.read_table(table)
+        return ds is not None and ds.count_rows(filter=pads.field("run_id") == run_id) > 0
+
+    def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         from deltalake import write_deltalake
 
         options = delta_storage_options(self.output_uri, self.storage)
-        if staged is not None:
+        if parts and not self.has_run("results", run_id):
             write_deltalake(
-                self.results_uri,
-                self._batches(staged, dataset, run_date),
-                mode="append",
-                partition_by=["dataset", "run_date"],
-                schema_mode="merge",
-                storage_options=options,
-            )
-        write_deltalake(self.runs_uri, runs, mode="append", schema_mode="merge", storage_options=options)
+                self.results_uri, self._run_batches(run_id, parts, dataset, run_date), mode="append",
+                partition_by=["dataset", "run_date"], schema_mode="merge", storage_options=options,
+            )  # fmt: skip
+        crashpoint("after-results-commit")
+        if not self.has_run("runs", run_id):
+            write_deltalake(self.runs_uri, runs, mode="append", schema_mode="merge", storage_options=options)
 
-    def _commit_parquet(
-        self, run_id: str, staged: pads.Dataset | None, dataset: str, run_date: str, runs: pa.Table
-    ) -> None:
-        if staged is not None:
-            folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
-            self.fs.makedirs(folder, exist_ok=True)
-            for i, fragment in enumerate(staged.get_fragments()):
-                self.fs.copy(fragment.path, f"{folder}/{run_id}-part-{i:06d}.parquet")
+    def _commit_parquet(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+        folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
+        self.fs.makedirs(folder, exist_ok=True)
+        if parts:
+            group: list[pa.RecordBatch] = []
+            index = 0
+
+            def flush() -> None:
+                nonlocal group, index
+                table = pa.Table.from_batches(group).drop_columns(["dataset", "run_date"])
+                write_atomically(self.fs, f"{folder}/{run_id}-part-{index:05d}.parquet", table)
+                group, index = [], index + 1
+
+            for batch in self._run_batches(run_id, parts, dataset, run_date):
+                group.append(batch)
+                if sum(b.num_rows for b in group) >= 250_000:
+                    flush()
+            if group:
+                flush()
+        crashpoint("after-results-commit")
         folder = self._path("runs", f"dataset={dataset}")
         self.fs.makedirs(folder, exist_ok=True)
-        pq.write_table(runs.drop_columns(["dataset"]), f"{folder}/{run_id}.parquet", filesystem=self.fs)
+        write_atomically(self.fs, f"{folder}/{run_id}.parquet", runs.drop_columns(["dataset"]))
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -210,9 +277,8 @@ class ResultStore:
                 from deltalake.exceptions import TableNotFoundError
 
                 try:
-                    return DeltaTable(
-                        uri, storage_options=delta_storage_options(uri, self.storage)
-                    ).to_pyarrow_dataset()
+                    options = delta_storage_options(uri, self.storage)
+                    return DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
                 except TableNotFoundError:
                     return None
             path = self._path(name)
@@ -221,10 +287,8 @@ class ResultStore:
             ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive")
             if name == "results":
                 committed = self.read_table("runs")
-                ids = (
-                    [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()
-                )
-                return pads.dataset(ds.to_table(filter=pads.field("run_id").isin(ids)))
+                ids = [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()
+                return ds.filter(pads.field("run_id").isin(ids))
             return ds
         except StorageError:
             raise

@@ -71,10 +71,45 @@ def _case(row: dict[str, Any]) -> RecallCase:
     )
 
 
+class Budget:
+    """Stops new judge calls once ``max_requests`` or ``max_cost_usd`` is reached (calls in flight finish).
+
+    Shared by every chunk of a run; checked and updated on the one event loop the judge calls run on.
+    """
+
+    def __init__(self, max_requests: int | None = None, max_cost_usd: float | None = None) -> None:
+        self.max_requests = max_requests
+        self.max_cost_usd = max_cost_usd
+        self.requests = 0
+        self.cost_usd = 0.0
+        self.in_flight = 0
+        self.exhausted_reason: str | None = None
+
+    def acquire(self) -> bool:
+        """Reserve one call; False (and the reason recorded) when the budget is spent."""
+        if self.max_requests is not None and self.requests + self.in_flight >= self.max_requests:
+            self.exhausted_reason = f"request budget reached (--max-requests {self.max_requests})"
+        elif self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+            self.exhausted_reason = f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
+        else:
+            self.in_flight += 1
+            return True
+        return False
+
+    def release(self, requests: int, cost_usd: float | None) -> None:
+        self.in_flight -= 1
+        self.requests += requests
+        self.cost_usd += cost_usd or 0.0
+
+
 async def score_rows(
-    metric: Metric, rows: list[dict[str, Any]], cache: RowCache | None = None
+    metric: Metric, rows: list[dict[str, Any]], cache: RowCache | None = None, budget: Budget | None = None
 ) -> list[RowOutcome]:
-    """Score rows concurrently; the judge bounds concurrency. A JudgeConfigError cancels the rest."""
+    """Score rows concurrently; the judge bounds concurrency. A JudgeConfigError cancels the rest.
+
+    Cache hits are finalised without a judge call; each fresh response is handed to the cache as soon as it
+    arrives (so a crash loses little); rows past the budget are marked not assessed with the reason.
+    """
     outcomes: list[RowOutcome | None] = [None] * len(rows)
     pending: list[tuple[int, Prepared, str]] = []
     fingerprint = metric_fingerprint(metric)
@@ -90,14 +125,20 @@ async def score_rows(
             continue
         pending.append((i, prepared, row_cache_key(fingerprint, prepared)))
 
-    hits = cache.get_many([k for _, _, k in pending]) if cache and pending else {}
-    fresh: dict[str, JudgeResponse] = {}
-
-    async def judge_one(i: int, prepared: Prepared, key: str) -> None:
+    hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in pending]) if cache and pending else {}
+    to_judge = []
+    for i, prepared, key in pending:
         if key in hits:
             outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=True)
+        else:
+            to_judge.append((i, prepared, key))
+
+    async def judge_one(i: int, prepared: Prepared, key: str) -> None:
+        if budget is not None and not budget.acquire():
+            outcomes[i] = RowOutcome(_not_judged(metric, prepared, budget.exhausted_reason or "budget"), None)
             return
         started = time.perf_counter()
+        response: JudgeResponse | None = None
         try:
             response = await metric.judge.judge(prepared.request)
         except JudgeConfigError:
@@ -105,21 +146,41 @@ async def score_rows(
         except JudgeError as exc:
             outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}")
             return
-        fresh[key] = response
-        outcomes[i] = RowOutcome(
-            metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None
-        )
+        finally:
+            if budget is not None:
+                budget.release(response.requests if response else 1, response.cost_usd if response else None)
+        outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
+        if cache is not None:
+            await asyncio.to_thread(cache.put_many, {key: response})
 
-    if pending:
+    if to_judge:
         try:
             async with asyncio.TaskGroup() as group:
-                for i, prepared, key in pending:
+                for i, prepared, key in to_judge:
                     group.create_task(judge_one(i, prepared, key))
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
-    if cache and fresh:
-        cache.put_many(fresh)
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
+
+
+def _not_judged(metric: Metric, prepared: Prepared, why: str) -> RecallResult:
+    from recall_tasks.models import ResultMetadata
+
+    return RecallResult(
+        score=None,
+        success=None,
+        threshold=metric.threshold,
+        skipped=True,
+        reason=f"not judged: {why}",
+        metadata=ResultMetadata(
+            metric=metric.task,
+            sentence_count=prepared.sentence_count,
+            context_count=prepared.context_count,
+            judge_model=metric.judge.model,
+            prompt_version=metric.judge.prompt_version,
+            flags=[f"not judged: {why}"],
+        ),
+    )
 
 
 VERDICT_TYPE = pa.struct(
@@ -158,6 +219,7 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("latency_ms", pa.float64()),
     pa.field("flags", pa.list_(pa.string())),
 ]
+CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
 RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
 
 
@@ -166,13 +228,12 @@ def passthrough_name(name: str) -> str:
     return f"data_{name}" if name in RESERVED else name
 
 
-def results_table(block: RowBlock, outcomes: list[RowOutcome], run_id: str, metric: Metric) -> pa.Table:
-    """The per-row result table of a block (result columns, then pass-through columns)."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in RESULT_FIELDS}
+def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:
+    """The per-row result table of a block (result columns, then pass-through columns), without ``run_id``."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in CHUNK_FIELDS}
     for i, out in enumerate(outcomes):
         r = out.result
         md = r.metadata if r else None
-        cols["run_id"].append(run_id)
         cols["row_id"].append(block.row_ids[i])
         cols["content_hash"].append(block.content_hashes[i])
         cols["source_file"].append(block.source)
@@ -183,9 +244,7 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], run_id: str, metr
         cols["threshold"].append(metric.threshold)
         cols["reason"].append(r.reason if r else None)
         cols["verdicts"].append(
-            [v.model_dump(include={"statement", "verdict", "reason", "chunk_ids"}) for v in r.verdicts]
-            if r
-            else []
+            [v.model_dump(include={"statement", "verdict", "reason", "chunk_ids"}) for v in r.verdicts] if r else []
         )
         cols["sentence_count"].append(md.sentence_count if md else None)
         cols["attributed_count"].append(md.attributed_count if md else None)
@@ -201,7 +260,7 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], run_id: str, metr
         cols["cost_usd"].append(0.0 if out.cached else (md.cost_usd if md else None))
         cols["latency_ms"].append(md.latency_ms if md else None)
         cols["flags"].append(md.flags if md else [])
-    table = pa.table(cols, schema=pa.schema(RESULT_FIELDS))
+    table = pa.table(cols, schema=pa.schema(CHUNK_FIELDS))
     for name in block.table.column_names:
         if name not in ("expected_output", "retrieval_context", "actual_output"):
             table = table.append_column(passthrough_name(name), block.table.column(name))
@@ -209,9 +268,9 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], run_id: str, metr
 
 
 async def score_block(
-    metric: Metric, block: RowBlock, run_id: str, cache: RowCache | None = None
+    metric: Metric, block: RowBlock, cache: RowCache | None = None, budget: Budget | None = None
 ) -> pa.Table:
-    """Score every row of ``block`` and return its result table."""
+    """Score every row of ``block``; its result table has no run columns (added at commit, see results.py)."""
     rows = block.table.select(["input", "expected_output", "retrieval_context", "actual_output"]).to_pylist()
-    outcomes = await score_rows(metric, rows, cache)
-    return results_table(block, outcomes, run_id, metric)
+    outcomes = await score_rows(metric, rows, cache, budget)
+    return results_table(block, outcomes, metric)

@@ -69,9 +69,7 @@ def make_rows(n: int, seed: int = 7) -> list[dict]:
 def expected(row: dict) -> float:
     from recall_tasks import split_sentences
 
-    return judge_script.expected_score(
-        "contextual_recall", split_sentences(row["ground_truth"]), row["contexts"]
-    )
+    return judge_script.expected_score("contextual_recall", split_sentences(row["ground_truth"]), row["contexts"])
 
 
 def write_parquet(path: Path, rows: list[dict], row_group_size: int = 1000) -> str:
@@ -126,7 +124,7 @@ def test_local_run_delta_scores_match_truth(prefect_harness, judge_env, tmp_path
     for value, seg in segs.items():
         members = [r for r in rows if r["category"] == value]
         assert seg["mean_score"] == pytest.approx(sum(expected(r) for r in members) / len(members))
-    assert not (out / "_staging").exists() or not any((out / "_staging").iterdir())
+    assert not any((out / "_pending").iterdir())
 
 
 def test_s3_run_delta_and_parquet(prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path):
@@ -150,14 +148,12 @@ def test_s3_run_delta_and_parquet(prefect_harness, judge_env, s3_server, s3_buck
         store = ResultStore(out, StorageConfig.from_options(), fmt)
         results = store.read_table("results").to_table()
         assert results.num_rows == 25
-        got = dict(
-            zip(results.column("row_id").to_pylist(), results.column("score").to_pylist(), strict=True)
-        )
+        got = dict(zip(results.column("row_id").to_pylist(), results.column("score").to_pylist(), strict=True))
         assert got == {r["row_id"]: pytest.approx(expected(r)) for r in rows}
         assert store.read_table("runs").to_table().num_rows == 1
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
     assert any(k.startswith("out-parquet/results/dataset=eval/run_date=") for k in keys)
-    assert not any("_staging" in k for k in keys)
+    assert not any(k.startswith(("out-delta/_pending/", "out-parquet/_pending/")) for k in keys)
 
 
 def test_permanent_judge_failures_are_recorded_per_row(prefect_harness, judge_env, tmp_path):
@@ -181,9 +177,7 @@ def test_permanent_judge_failures_are_recorded_per_row(prefect_harness, judge_en
     errored = {r["row_id"]: r for r in results if r["error"]}
     assert set(errored) == bad
     assert all("JudgeResponseError" in r["error"] and r["score"] is None for r in errored.values())
-    assert summary["mean_score"] == pytest.approx(
-        sum(expected(r) for r in rows if r["row_id"] not in bad) / 10
-    )
+    assert summary["mean_score"] == pytest.approx(sum(expected(r) for r in rows if r["row_id"] not in bad) / 10)
 
 
 def test_auth_error_stops_the_run_and_writes_nothing(prefect_harness, judge_env, tmp_path):
@@ -191,9 +185,7 @@ def test_auth_error_stops_the_run_and_writes_nothing(prefect_harness, judge_env,
     judge_env.enqueue(*[Status(401, message=f"bad key {KEY}")] * 40)
     out = tmp_path / "out"
     with pytest.raises(JudgeConfigError, match="rejected the API key") as info:
-        recall_benchmark(
-            params(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url)
-        )
+        recall_benchmark(params(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url))
     assert KEY not in str(info.value)
     assert not (out / "results").exists() and not (out / "runs").exists()
     assert len(judge_env.chat_requests) < 30
@@ -203,9 +195,7 @@ def _bad_dataset(tmp_path: Path, kind: str) -> tuple[str, str]:
     rows = make_rows(5)
     p = tmp_path / "bad" / "eval.parquet"
     if kind == "missing-column":
-        return write_parquet(
-            p, [{k: v for k, v in r.items() if k != "ground_truth"} for r in rows]
-        ), "ground_truth"
+        return write_parquet(p, [{k: v for k, v in r.items() if k != "ground_truth"} for r in rows]), "ground_truth"
     if kind == "mistyped-column":
         return write_parquet(p, [{**r, "ground_truth": 3} for r in rows]), "expected string, found int64"
     if kind == "string-context":
@@ -239,9 +229,7 @@ def test_bad_datasets_fail_before_judging_or_writing(prefect_harness, judge_env,
     uri, message = _bad_dataset(tmp_path, kind)
     out = tmp_path / "out"
     with pytest.raises((DatasetError, StorageError)) as info:
-        recall_benchmark(
-            params(dataset_uri=uri, output_uri=str(out), judge="openai", base_url=judge_env.base_url)
-        )
+        recall_benchmark(params(dataset_uri=uri, output_uri=str(out), judge="openai", base_url=judge_env.base_url))
     assert message in str(info.value)
     assert "eval.parquet" in str(info.value) or "nope.parquet" in str(info.value)
     assert judge_env.chat_requests == []
@@ -255,9 +243,7 @@ def test_wrong_s3_credentials_fail_cleanly(prefect_harness, s3_server, s3_bucket
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(StorageError, match="access denied") as info:
-        recall_benchmark(
-            params(dataset_uri=f"s3://{s3_bucket}/eval.parquet", output_uri=f"s3://{s3_bucket}/out")
-        )
+        recall_benchmark(params(dataset_uri=f"s3://{s3_bucket}/eval.parquet", output_uri=f"s3://{s3_bucket}/out"))
     assert "wrong-secret-value-123" not in str(info.value) and s3_server.access_key not in str(info.value)
 
 
@@ -286,9 +272,7 @@ def test_rows_without_ids_get_stable_unique_content_ids(prefect_harness, tmp_pat
     b = recall_benchmark(params(dataset_uri=data, output_uri=str(tmp_path / "o")))
     res = DeltaTable(str(tmp_path / "o" / "results")).to_pyarrow_table()
     by_run: dict[str, list[str]] = {}
-    for run_id, row_id in zip(
-        res.column("run_id").to_pylist(), res.column("row_id").to_pylist(), strict=True
-    ):
+    for run_id, row_id in zip(res.column("run_id").to_pylist(), res.column("row_id").to_pylist(), strict=True):
         by_run.setdefault(run_id, []).append(row_id)
     ids_a, ids_b = sorted(by_run[a["run_id"]]), sorted(by_run[b["run_id"]])
     assert ids_a == ids_b and len(set(ids_a)) == 6
@@ -305,9 +289,7 @@ def test_no_secret_in_tables_logs_or_artifacts(
         monkeypatch.setenv(k, v)
     data = write_parquet(tmp_path / "eval.parquet", make_rows(8))
     out = f"s3://{s3_bucket}/out"
-    summary = recall_benchmark(
-        params(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url)
-    )
+    summary = recall_benchmark(params(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url))
     opts = delta_storage_options(out, StorageConfig.from_options())
     tables = [DeltaTable(f"{out}/{t}", storage_options=opts).to_pyarrow_table() for t in ("results", "runs")]
     dumped = json.dumps([t.to_pylist() for t in tables], default=str) + json.dumps(summary, default=str)

@@ -1,0 +1,165 @@
+"""Row-level verdict cache, content addressed, stored next to the results (``<output>/cache`` by default).
+
+Key: ``row_cache_key`` = hash(metric task, judge config incl. model, prompt version and parameters, sentence
+splitter version, question, sentences, context chunks in order). Value: the judge's parsed response (JSON).
+Only parsed verdicts are cached; errors never are.
+
+Layout: Parquet *segments* (``seg-<run>-<n>.parquet``, columns ``key``, ``response``), each holding the
+entries of one flush, never one object per row. A run reads the ``key`` column of every segment once (an
+index of ~50 bytes per entry) and then reads verdict payloads only from the segments a chunk hits: a chunk
+of an unchanged dataset hits the one or two segments written when that chunk was first judged. Entries are
+flushed every ``flush_rows`` rows so a crash loses at most that much judging; at the end of a run the small
+segments it wrote are compacted into one. Segments are written whole (local: temp file + rename; object
+stores: one PUT), so a reader never sees a partial segment; two runs writing the same entries at once
+only duplicate them, which lookups tolerate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from recall_tasks.judges.base import JudgeResponse
+from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("response", pa.string())])
+
+
+def write_atomically(fs: Any, path: str, table: pa.Table) -> None:
+    """Write a Parquet file so that readers see all of it or nothing."""
+    if type(fs).__name__ == "LocalFileSystem":
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        pq.write_table(table, tmp, filesystem=fs, compression="zstd")
+        os.replace(tmp, path)
+    else:
+        pq.write_table(table, path, filesystem=fs, compression="zstd")
+
+
+class RowVerdictCache:
+    """Content-addressed verdicts in Parquet segments; thread-safe; implements ``scoring.RowCache``."""
+
+    def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 100) -> None:
+        self.uri = uri
+        self.read = read
+        self.flush_rows = flush_rows
+        self.fs, self.root = filesystem(uri, storage)
+        self._lock = threading.Lock()
+        self._index: dict[str, int] = {}
+        self._segments: list[str] = []
+        self._pending: dict[str, str] = {}
+        self._written: list[str] = []
+        self._run = uuid.uuid4().hex[:12]
+        self._counter = itertools.count()
+        self.hits = 0
+        self.misses = 0
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            if read:
+                self._load_index()
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, uri) from None
+
+    def _load_index(self) -> None:
+        files = sorted(p for p in self.fs.find(self.root) if p.endswith(".parquet"))
+        for path in files:
+            try:
+                keys = pq.read_table(path, columns=["key"], filesystem=self.fs).column(0).to_pylist()
+            except Exception as exc:  # noqa: BLE001 - an unreadable segment is skipped, not fatal
+                log.warning("skipping unreadable cache segment %s: %s", path, exc)
+                continue
+            seg = len(self._segments)
+            self._segments.append(path)
+            for key in keys:
+                self._index[key] = seg
+
+    @property
+    def size(self) -> int:
+        return len(self._index)
+
+    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
+        """Cached responses for ``keys`` (those present), reading only the segments that hold them."""
+        if not self.read:
+            return {}
+        by_segment: dict[int, list[str]] = defaultdict(list)
+        with self._lock:
+            pending = {k: self._pending[k] for k in keys if k in self._pending}
+            for k in keys:
+                if k not in pending and k in self._index:
+                    by_segment[self._index[k]].append(k)
+        found: dict[str, JudgeResponse] = {k: JudgeResponse.model_validate_json(v) for k, v in pending.items()}
+        for seg, wanted in by_segment.items():
+            try:
+                table = pq.read_table(self._segments[seg], filesystem=self.fs)
+            except Exception as exc:  # noqa: BLE001 - a vanished segment means misses, not a failed run
+                log.warning("cache segment %s unreadable (%s); re-judging its rows", self._segments[seg], exc)
+                continue
+            table = table.filter(pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string())))
+            for key, payload in zip(table.column("key").to_pylist(), table.column("response").to_pylist(), strict=True):
+                found[key] = JudgeResponse.model_validate_json(payload)
+        self.hits += len(found)
+        self.misses += len(keys) - len(found)
+        return found
+
+    def put_many(self, entries: dict[str, JudgeResponse]) -> None:
+        """Add entries; flushed as a segment every ``flush_rows`` entries."""
+        with self._lock:
+            for key, response in entries.items():
+                self._pending[key] = response.model_dump_json()
+            ready = len(self._pending) >= self.flush_rows
+        if ready:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write pending entries as one segment."""
+        with self._lock:
+            if not self._pending:
+                return
+            batch, self._pending = self._pending, {}
+            path = f"{self.root}/seg-{self._run}-{next(self._counter):06d}.parquet"
+        table = pa.table({"key": list(batch), "response": list(batch.values())}, schema=SEGMENT_SCHEMA)
+        try:
+            write_atomically(self.fs, path, table)
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:  # keep them for the next flush
+                self._pending = {**batch, **self._pending}
+            raise translate_storage_error(exc, self.uri) from None
+        with self._lock:
+            seg = len(self._segments)
+            self._segments.append(path)
+            for key in batch:
+                self._index[key] = seg
+            self._written.append(path)
+
+    def close(self) -> None:
+        """Flush, then compact the segments this run wrote into one."""
+        self.flush()
+        with self._lock:
+            written, self._written = self._written, []
+        if len(written) < 2:
+            return
+        tables = [pq.read_table(p, filesystem=self.fs) for p in written]
+        merged = f"{self.root}/seg-{self._run}-all.parquet"
+        try:
+            write_atomically(self.fs, merged, pa.concat_tables(tables))
+            for p in written:
+                self.fs.rm(p)
+        except Exception as exc:  # noqa: BLE001 - compaction is an optimisation; the segments stay valid
+            log.warning("cache compaction failed: %s", exc)
+            return
+        with self._lock:
+            seg = len(self._segments)
+            self._segments.append(merged)
+            for t in tables:
+                for key in t.column("key").to_pylist():
+                    self._index[key] = seg
