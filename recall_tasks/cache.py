@@ -49,7 +49,7 @@ def write_atomically(fs: Any, path: str, table: pa.Table) -> None:
 class RowVerdictCache:
     """Content-addressed verdicts in Parquet segments; thread-safe; implements ``scoring.RowCache``."""
 
-    def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 100) -> None:
+    def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 2000) -> None:
         self.uri = uri
         self.read = read
         self.flush_rows = flush_rows

@@ -40,9 +40,7 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
         if looks_secret(key):
             env = _SECRET_ENV.get(key.lower())
             if env is None:
-                raise typer.BadParameter(
-                    f"--storage-option {key}: unknown credential option; use AWS_* variables"
-                )
+                raise typer.BadParameter(f"--storage-option {key}: unknown credential option; use AWS_* variables")
             os.environ[env] = value
         else:
             plain[key] = value
@@ -94,9 +92,7 @@ def _run(params: Any) -> dict[str, Any]:
 
 @app.command()
 def run(
-    dataset_uri: Annotated[
-        str, typer.Argument(help="Parquet file, folder or glob (s3://, gs://, az://, path)")
-    ],
+    dataset_uri: Annotated[str, typer.Argument(help="Parquet file, folder or glob (s3://, gs://, az://, path)")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output location for results/ and runs/")],
     metric: Annotated[str, typer.Option(help="contextual_recall | context_coverage")] = "contextual_recall",
     judge: Annotated[str, typer.Option(help="openai | lexical")] = "lexical",
@@ -111,12 +107,16 @@ def run(
     max_concurrency: int = 64,
     chunk_size: int = 500,
     label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
-    segment_by: Annotated[
-        list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")
-    ] = None,
+    segment_by: Annotated[list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")] = None,
     column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
     format: Annotated[str, typer.Option("--format", help="delta | parquet")] = "delta",
     storage_option: Annotated[list[str] | None, typer.Option("--storage-option", help="key=value")] = None,
+    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Read and write the verdict caches")] = True,
+    refresh_cache: Annotated[bool, typer.Option("--refresh-cache", help="Re-judge, then refresh caches")] = False,
+    cache_uri: Annotated[str | None, typer.Option(help="Row cache location (default <output>/cache)")] = None,
+    chunk_cache_storage: Annotated[str | None, typer.Option(help="Prefect result storage for chunk cache")] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(help="Stop judging once this much is spent")] = None,
+    max_requests: Annotated[int | None, typer.Option(help="Stop judging after this many requests")] = None,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
     from pydantic import ValidationError
@@ -143,6 +143,12 @@ def run(
             columns=parse_column_overrides(column or []),
             format=format,  # type: ignore[arg-type]
             storage_options=_split_storage_options(storage_option or []),
+            cache=cache,
+            refresh_cache=refresh_cache,
+            cache_uri=cache_uri,
+            chunk_cache_storage=chunk_cache_storage,
+            max_cost_usd=max_cost_usd,
+            max_requests=max_requests,
         )
         summary = _run(params)
     except ValidationError as exc:
@@ -152,6 +158,8 @@ def run(
     _print_summary(summary, output)
     if summary["errors"]:
         err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
+    if summary.get("status_reason"):
+        err.print(f"[yellow]judging stopped early: {summary['status_reason']}; rows not judged are marked[/]")
 
 
 @app.command()
@@ -164,10 +172,7 @@ def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output
 
     rows = [
         json.loads(line)
-        for line in resources.files("recall_tasks")
-        .joinpath("data", "sample.jsonl")
-        .read_text("utf-8")
-        .splitlines()
+        for line in resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
         if line
     ]
     data_dir = Path(output) / "datasets"
@@ -205,9 +210,7 @@ def query(
     from recall_tasks.storage import StorageConfig
 
     try:
-        store = ResultStore(
-            output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format
-        )  # type: ignore[arg-type]
+        store = ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
         con = duckdb.connect()
         for name in ("results", "runs"):
             ds = store.read_table(name)  # type: ignore[arg-type]

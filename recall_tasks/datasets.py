@@ -9,6 +9,22 @@ Decisions:
   found type. Nothing is judged or written before it returns.
 - Without a ``row_id`` column, a row's id is a hash of its content; identical rows get ``~2``, ``~3``...
   suffixes in dataset order, so ids stay unique and stable across runs.
+
+Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage failures, raised by
+``open_dataset`` before anything is judged or written; "row N" is the 0-based row index within the file):
+- an empty URI, a URI without a path (``s3://``) or with an unknown protocol;
+- a folder without ``.parquet``/``.pq`` files, a glob matching nothing (both named as such);
+- a file that is not Parquet or is truncated; every file's schema must equal the first file's (same column
+  names and types, pass-through columns included), so a mixed folder fails here, not halfway through a run;
+- a required column missing or of the wrong type (``expected list<string>, found ...``);
+- null, empty or duplicate ``row_id`` values (the duplicates are listed with their files and rows);
+- a dataset with zero rows in total: an empty export is almost always an upstream failure, and a run of
+  zero rows would commit a run row without a score, so it is refused (``dataset has no rows``). Empty
+  files next to non-empty ones are fine.
+
+Handled, not refused: null or blank values in a row (``expected_output`` null/empty/whitespace/no sentence,
+an empty context list, context items that are all null or blank, a ``list<null>`` context column) make that
+row "missing" and follow ``on_missing`` (error/zero/skip, counted in the run summary).
 """
 
 from __future__ import annotations
@@ -54,11 +70,7 @@ def parse_column_overrides(pairs: list[str] | Mapping[str, str] | None) -> dict[
     """``["input=question_text", ...]`` -> ``{"input": "question_text"}``, roles checked."""
     if not pairs:
         return {}
-    items = (
-        pairs.items()
-        if isinstance(pairs, Mapping)
-        else [p.split("=", 1) if "=" in p else (p, "") for p in pairs]
-    )
+    items = pairs.items() if isinstance(pairs, Mapping) else [p.split("=", 1) if "=" in p else (p, "") for p in pairs]
     out: dict[str, str] = {}
     for role, name in items:
         role = role.strip()
@@ -117,41 +129,114 @@ def dataset_name(uri: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in tail.replace("*", "all")) or "dataset"
 
 
-def _list_files(fs: Any, path: str, uri: str) -> list[str]:
+_GLOB_CHARS = "*?["
+
+
+def _open_filesystem(uri: str, storage: StorageConfig) -> tuple[Any, str]:
+    """The filesystem and path of ``uri``; an empty, path-less or unknown-protocol URI is a DatasetError."""
+    if not uri or not uri.strip():
+        raise DatasetError("the dataset URI is empty: give a Parquet file, folder or glob (a path or s3://...)")
+    protocol, sep, rest = uri.partition("://")
+    if sep and not rest.strip("/ "):
+        raise DatasetError(f"the dataset URI {uri!r} has no path after {protocol}://: give bucket/key or a path")
     try:
-        if any(ch in path for ch in "*?["):
-            found = sorted(p for p in fs.glob(path) if not fs.isdir(p))
+        return filesystem(uri, storage)
+    except (ValueError, ImportError, OSError) as exc:
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, ValueError) and "Protocol not known" in text:
+            text = f"unknown protocol {protocol + '://'!r}; use a path, file://, s3://, gs:// or az://"
+        raise DatasetError(f"cannot open the dataset's storage: {text}", uri=uri) from None
+
+
+def _list_files(fs: Any, path: str, uri: str) -> list[str]:
+    is_glob = any(ch in path for ch in _GLOB_CHARS)
+    try:
+        if is_glob:
+            matched = sorted(fs.glob(path))
+            found = [p for p in matched if not fs.isdir(p)]
         elif fs.isdir(path):
-            found = sorted(
+            matched = sorted(fs.find(path))
+            found = [
                 p
-                for p in fs.find(path)
+                for p in matched
                 if p.endswith((".parquet", ".pq"))
                 and not any(part.startswith(("_", ".")) for part in p[len(path) :].split("/"))
-            )
+            ]
         elif fs.exists(path):
-            found = [path]
+            matched = found = [path]
         else:
-            raise StorageError(f"dataset not found: {uri}")
+            raise StorageError(_not_found(fs, path, uri))
     except StorageError:
         raise
     except Exception as exc:  # noqa: BLE001 - every storage failure becomes one clear message
-        raise translate_storage_error(exc, uri) from None
+        raise translate_storage_error(exc, uri, fs=fs) from None
     if not found:
-        raise DatasetError("no Parquet files found", uri=uri)
+        if is_glob:
+            what = "the glob matched no files" if not matched else f"the glob matched only folders ({len(matched)})"
+        elif matched:
+            what = (
+                f"the folder has no .parquet/.pq files ({len(matched)} other file(s); names starting "
+                "with _ or . are ignored)"
+            )
+        else:
+            what = "the folder is empty"
+        raise DatasetError(f"no Parquet files found: {what}", uri=uri)
     return found
 
 
-def _resolve_columns(
-    schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str
-) -> dict[str, str]:
+def _not_found(fs: Any, path: str, uri: str) -> str:
+    """``dataset not found: <uri>``, saying so when the bucket itself is missing (object stores)."""
+    protocol = uri.partition("://")[0].lower() if "://" in uri else "file"
+    bucket = path.split("/", 1)[0]
+    if protocol not in ("file", "local") and bucket:
+        try:
+            if not fs.exists(bucket):
+                return f"dataset not found: {uri} (bucket {protocol}://{bucket} does not exist)"
+        except Exception:  # noqa: BLE001 - best effort: keep the plain message
+            pass
+    return f"dataset not found: {uri}"
+
+
+def _type_name(t: pa.DataType) -> str:
+    return str(t).replace("item: ", "").replace("element: ", "")
+
+
+def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: str) -> None:
+    """Every file must have the first file's columns with the same types (string flavours aside)."""
+    names0, names = set(schema0.names), set(schema.names)
+    missing = [n for n in schema0.names if n not in names]
+    if missing:
+        raise DatasetError(
+            f"schema differs from the first file {uri0}: column(s) {', '.join(map(repr, missing))} missing",
+            uri=uri,
+            column=missing[0],
+        )
+    extra = [n for n in schema.names if n not in names0]
+    if extra:
+        raise DatasetError(
+            f"schema differs from the first file {uri0}: extra column(s) {', '.join(map(repr, extra))}",
+            uri=uri,
+            column=extra[0],
+        )
+    for name in schema0.names:
+        t0, t = schema0.field(name).type, schema.field(name).type
+        if t0 == t or (_is_string(t0) and _is_string(t)) or (_is_string_list(t0) and _is_string_list(t)):
+            continue
+        raise DatasetError(
+            f"schema differs from the first file {uri0}: expected {_type_name(t0)}, found {_type_name(t)}",
+            uri=uri,
+            column=name,
+        )
+
+
+def _resolve_columns(schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str) -> dict[str, str]:
     names = set(schema.names)
     columns: dict[str, str] = {}
     for role in ROLES:
         if role in overrides:
             if overrides[role] not in names:
                 raise DatasetError(
-                    f"column {overrides[role]!r} given for {role} is not in the file; it has "
-                    f"{', '.join(schema.names)}",
+                    f"column {overrides[role]!r} given for {role} is not in the file; it has {', '.join(schema.names)}",
                     uri=uri,
                     column=overrides[role],
                 )
@@ -173,9 +258,12 @@ def _resolve_columns(
         t = schema.field(col).type
         if role == "retrieval_context":
             if not _is_string_list(t):
-                raise DatasetError(f"expected list<string>, found {t}", uri=uri, column=col)
-        elif not (_is_string(t) or pa.types.is_null(t)) and not (role == "row_id" and pa.types.is_integer(t)):
-            raise DatasetError(f"expected string, found {t}", uri=uri, column=col)
+                raise DatasetError(f"{role}: expected list<string>, found {_type_name(t)}", uri=uri, column=col)
+        elif role == "row_id":
+            if not (_is_string(t) or pa.types.is_integer(t)):
+                raise DatasetError(f"row_id: expected string or integer, found {_type_name(t)}", uri=uri, column=col)
+        elif not (_is_string(t) or pa.types.is_null(t)):
+            raise DatasetError(f"{role}: expected string, found {_type_name(t)}", uri=uri, column=col)
     return columns
 
 
@@ -185,10 +273,14 @@ def open_dataset(
     metric: str = "contextual_recall",
     overrides: Mapping[str, str] | None = None,
 ) -> Dataset:
-    """List and validate every file of the dataset; raise one clear error, or return the dataset."""
+    """List and validate every file of the dataset; raise one clear error, or return the dataset.
+
+    Reads only footers (and the ``row_id`` column when there is one). See the module docstring for what is
+    refused and what is handled per row.
+    """
     if metric not in REQUIRED:
         raise DatasetError(f"unknown metric {metric!r}; choose {', '.join(REQUIRED)}")
-    fs, path = filesystem(uri, storage)
+    fs, path = _open_filesystem(uri, storage)
     paths = _list_files(fs, path, uri)
     proto = uri.split("://", 1)[0] + "://" if "://" in uri else ""
     files: list[DatasetFile] = []
@@ -200,20 +292,20 @@ def open_dataset(
             with fs.open(p, "rb") as fh:
                 meta = pq.ParquetFile(fh).metadata
                 schema = meta.schema.to_arrow_schema()
+            info = fs.info(p)
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, file_uri) from None
-            raise DatasetError(f"not a readable Parquet file: {exc}", uri=file_uri) from None
+                raise translate_storage_error(exc, file_uri, fs=fs) from None
+            raise DatasetError(f"not a readable Parquet file: {_first_line(exc)}", uri=file_uri) from None
         except Exception as exc:  # noqa: BLE001
-            raise translate_storage_error(exc, file_uri) from None
+            raise translate_storage_error(exc, file_uri, fs=fs) from None
+        if schema0 is not None:
+            _check_same_schema(schema0, files[0].uri, schema, file_uri)
         file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri)
         if columns is None:
             columns, schema0 = file_columns, schema
         elif file_columns != columns:
-            raise DatasetError(
-                f"columns differ from the first file's ({columns} vs {file_columns})", uri=file_uri
-            )
-        info = fs.info(p)
+            raise DatasetError(f"columns differ from the first file's ({columns} vs {file_columns})", uri=file_uri)
         stamp = f"{p}|{info.get('size')}|{info.get('ETag') or info.get('mtime') or ''}|{meta.num_rows}"
         files.append(
             DatasetFile(
@@ -225,6 +317,10 @@ def open_dataset(
             )
         )
     assert columns is not None and schema0 is not None
+    num_rows = sum(f.num_rows for f in files)
+    if num_rows == 0:
+        where = files[0].uri if len(files) == 1 else f"{uri} ({len(files)} files)"
+        raise DatasetError(f"dataset has no rows: {where} holds 0 rows; check the export that wrote it", uri=uri)
     role_cols = set(columns.values())
     passthrough = [n for n in schema0.names if n not in role_cols]
     ds = Dataset(
@@ -234,7 +330,7 @@ def open_dataset(
         columns=columns,
         passthrough=passthrough,
         fs=fs,
-        num_rows=sum(f.num_rows for f in files),
+        num_rows=num_rows,
         fingerprint=hashlib.sha256("".join(f.fingerprint for f in files).encode()).hexdigest()[:16],
         has_row_id="row_id" in columns,
         passthrough_types={n: schema0.field(n).type for n in passthrough},
@@ -244,32 +340,47 @@ def open_dataset(
     return ds
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
 def _check_unique_ids(ds: Dataset) -> None:
     col = ds.columns["row_id"]
     seen: dict[str, tuple[str, int]] = {}
     dups: list[str] = []
     for f in ds.files:
-        with ds.fs.open(f.path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            offset = 0
-            for g in range(pf.num_row_groups):
-                values = pf.read_row_group(g, columns=[col]).column(0).to_pylist()
-                for i, v in enumerate(values):
-                    if v is None or str(v) == "":
-                        raise DatasetError("row_id is null or empty", uri=f.uri, row=offset + i, column=col)
-                    key = str(v)
-                    if key in seen:
-                        dups.append(
-                            f"{key!r} (rows {seen[key][1]} of {seen[key][0]} and {offset + i} of {f.uri})"
-                        )
-                    else:
-                        seen[key] = (f.uri, offset + i)
-                offset += len(values)
+        try:
+            with ds.fs.open(f.path, "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                offset = 0
+                for g in range(pf.num_row_groups):
+                    values = pf.read_row_group(g, columns=[col]).column(0).to_pylist()
+                    for i, v in enumerate(values):
+                        if v is None or str(v) == "":
+                            raise DatasetError(
+                                f"row_id is {'null' if v is None else 'empty'}: every row needs an id",
+                                uri=f.uri,
+                                row=offset + i,
+                                column=col,
+                            )
+                        key = str(v)
+                        if key in seen:
+                            first_uri, first_row = seen[key]
+                            where = "" if first_uri == f.uri else f" of {first_uri}"
+                            dups.append(f"{key!r} (rows {first_row}{where} and {offset + i} of {f.uri})")
+                        else:
+                            seen[key] = (f.uri, offset + i)
+                    offset += len(values)
+        except DatasetError:
+            raise
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
+            raise DatasetError(f"row_id cannot be read: {_first_line(exc)}", uri=f.uri, column=col) from None
     if dups:
         shown = "; ".join(dups[:5]) + (f"; and {len(dups) - 5} more" if len(dups) > 5 else "")
-        raise DatasetError(
-            f"row_id must be unique; {len(dups)} duplicate(s): {shown}", uri=ds.uri, column=col
-        )
+        raise DatasetError(f"row_id must be unique; {len(dups)} duplicate(s): {shown}", uri=ds.uri, column=col)
 
 
 def content_hash(values: tuple[Any, ...]) -> str:
@@ -326,10 +437,7 @@ def _block(
             arrays[role] = part.column(col).cast(typ)
     content = list(
         zip(
-            *(
-                arrays[r].to_pylist()
-                for r in ("input", "expected_output", "retrieval_context", "actual_output")
-            ),
+            *(arrays[r].to_pylist() for r in ("input", "expected_output", "retrieval_context", "actual_output")),
             strict=True,
         )
     )
@@ -345,6 +453,4 @@ def _block(
     for name in ds.passthrough:
         if name not in arrays:
             arrays[name] = part.column(name)
-    return RowBlock(
-        source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays)
-    )
+    return RowBlock(source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays))

@@ -32,8 +32,9 @@ class ConfigError(RecallBenchError):
 class DatasetError(ConfigError):
     """A dataset cannot be read or does not have the expected schema."""
 
-    def __init__(self, message: str, *, uri: str | None = None, column: str | None = None,
-                 row: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, uri: str | None = None, column: str | None = None, row: int | None = None
+    ) -> None:
         parts = [message]
         where = []
         if uri:

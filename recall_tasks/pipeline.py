@@ -179,6 +179,8 @@ class ChunkReport:
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     """Score one block (async judge calls on the shared loop) and write its result file."""
     table = run_sync(score_block(plan.metric, block, plan.cache, plan.budget))
+    if plan.cache is not None:
+        plan.cache.flush()
     path = plan.store.chunk_path(key, plan.run_id)
     plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)

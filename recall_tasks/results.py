@@ -288,7 +288,7 @@ class ResultStore:
             if name == "results":
                 committed = self.read_table("runs")
                 ids = [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()
-                return ds.filter(pads.field("run_id").isin(ids))
+                return ds.filter(pads.field("run_id").isin(pa.array(ids, pa.string())))
             return ds
         except StorageError:
             raise

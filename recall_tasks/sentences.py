@@ -99,11 +99,7 @@ def _is_boundary(s: str, m: re.Match[str]) -> bool:
         return False
     if key in _NUMERIC:
         return not c.isdigit()
-    may_end = (
-        key in _MAY_END
-        or (len(tok) == 1 and tok.isupper() and tok != "I")
-        or _DOTTED.fullmatch(key) is not None
-    )
+    may_end = key in _MAY_END or (len(tok) == 1 and tok.isupper() and tok != "I") or _DOTTED.fullmatch(key) is not None
     if not may_end or newline:
         return True
     w = _NEXT_WORD.match(s, nxt)

@@ -131,9 +131,7 @@ class OpenAIJudge:
         self.max_tokens_param = max_tokens_param or ("max_completion_tokens" if official else "max_tokens")
         self._format = response_format
         self._azure = {k: v for k, v in (azure or {}).items() if k != "api_key"}
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
 
     @classmethod
     def azure(
@@ -151,9 +149,7 @@ class OpenAIJudge:
             "api_key": api_key or os.environ.get("AZURE_OPENAI_API_KEY", ""),
         }
         if not settings["azure_endpoint"]:
-            raise JudgeConfigError(
-                "Azure judge needs azure_endpoint or AZURE_OPENAI_ENDPOINT", model=deployment
-            )
+            raise JudgeConfigError("Azure judge needs azure_endpoint or AZURE_OPENAI_ENDPOINT", model=deployment)
         if not settings["api_key"]:
             raise JudgeConfigError("Azure judge needs api_key or AZURE_OPENAI_API_KEY", model=deployment)
         return cls(model=deployment, azure=settings, api_key=settings["api_key"], **kwargs)
@@ -237,9 +233,7 @@ class OpenAIJudge:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage)
                 try:
-                    verdicts, summary, flags = parse_verdicts(
-                        content, len(request.statements), len(request.evidence)
-                    )
+                    verdicts, summary, flags = parse_verdicts(content, len(request.statements), len(request.evidence))
                 except ParseError as first:
                     log.info("judge reply unusable (%s); sending one repair request", first)
                     repair = [
@@ -257,8 +251,7 @@ class OpenAIJudge:
                         )
                     except ParseError as second:
                         raise JudgeResponseError(
-                            f"judge {self._model} gave an unusable reply twice (after one repair request): "
-                            f"{second}",
+                            f"judge {self._model} gave an unusable reply twice (after one repair request): {second}",
                             model=self._model,
                         ) from None
                     flags = ["repaired after an unusable first reply", *flags]
@@ -294,9 +287,7 @@ class OpenAIJudge:
             kwargs["response_format"] = {"type": "json_object"}
         return kwargs
 
-    async def _complete(
-        self, state: _LoopState, msgs: list[dict[str, str]], budget: int, usage: list[int]
-    ) -> str:
+    async def _complete(self, state: _LoopState, msgs: list[dict[str, str]], budget: int, usage: list[int]) -> str:
         """One logical completion: format fallback, one retry on truncation; returns the content."""
         truncated_once = False
         while True:
@@ -309,9 +300,7 @@ class OpenAIJudge:
             except openai.BadRequestError as exc:
                 if self._format != "none" and "response_format" in _error_text(exc):
                     fallback = _FORMATS[_FORMATS.index(self._format) + 1]
-                    log.warning(
-                        "endpoint rejected response_format=%s; falling back to %s", self._format, fallback
-                    )
+                    log.warning("endpoint rejected response_format=%s; falling back to %s", self._format, fallback)
                     self._format = fallback
                     continue
                 raise self._translate(exc) from None
@@ -348,9 +337,7 @@ class OpenAIJudge:
                 status=401,
             )
         if isinstance(exc, openai.PermissionDeniedError):
-            return JudgeConfigError(
-                f"{where} denied access to model {model} (403): {text}", model=model, status=403
-            )
+            return JudgeConfigError(f"{where} denied access to model {model} (403): {text}", model=model, status=403)
         if isinstance(exc, openai.NotFoundError):
             return JudgeConfigError(
                 f"{where} does not serve model {model!r} (404): check --model and --base-url. {text}",
@@ -375,9 +362,7 @@ class OpenAIJudge:
                 f"{where} did not answer within {self.timeout_s:g}s ({self.max_retries} retries)", model=model
             )
         if isinstance(exc, openai.APIConnectionError):
-            return JudgeTransientError(
-                f"cannot connect to {where} ({self.max_retries} retries): {text}", model=model
-            )
+            return JudgeTransientError(f"cannot connect to {where} ({self.max_retries} retries): {text}", model=model)
         if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
             return JudgeTransientError(
                 f"{where} failed with {status} after {self.max_retries} retries: {text}",
@@ -385,9 +370,7 @@ class OpenAIJudge:
                 status=status,
             )
         if isinstance(exc, openai.APIStatusError):
-            return JudgeConfigError(
-                f"{where} rejected the request ({status}): {text}", model=model, status=status
-            )
+            return JudgeConfigError(f"{where} rejected the request ({status}): {text}", model=model, status=status)
         return JudgeTransientError(f"judge call failed: {text}", model=model)
 
 

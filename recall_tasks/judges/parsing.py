@@ -125,8 +125,6 @@ def parse_verdicts(text: str, count: int, evidence_count: int) -> tuple[list[Jud
             continue
         chunks = sorted({c for c in raw_v.chunk_ids if 1 <= c <= evidence_count})
         verdicts.append(
-            JudgeVerdict(
-                id=i, verdict="yes" if raw_v.verdict == "yes" else "no", reason=raw_v.reason, chunk_ids=chunks
-            )
+            JudgeVerdict(id=i, verdict="yes" if raw_v.verdict == "yes" else "no", reason=raw_v.reason, chunk_ids=chunks)
         )
     return verdicts, reply.summary, flags

@@ -199,9 +199,7 @@ class Metric:
             head += (
                 f" {self.supported_word.capitalize()}: "
                 + ", ".join(
-                    f"[{i}] by {self.evidence_unit} {'+'.join(map(str, v.chunk_ids))}"
-                    if v.chunk_ids
-                    else f"[{i}]"
+                    f"[{i}] by {self.evidence_unit} {'+'.join(map(str, v.chunk_ids))}" if v.chunk_ids else f"[{i}]"
                     for i, v in supported
                 )
                 + "."

@@ -1,0 +1,5 @@
+"""``python -m recall_tasks`` is the ``recall-bench`` command."""
+
+from recall_tasks.cli import app
+
+app()
