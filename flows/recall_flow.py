@@ -21,14 +21,15 @@ from prefect.artifacts import (
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext, get_run_context
+from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from recall_tasks import pipeline
+from recall_tasks import pipeline, tracking
 from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
-from recall_tasks.errors import JudgeTransientError, StorageError
+from recall_tasks.errors import JudgeTransientError, RegressionDetected, StorageError
 from recall_tasks.report import markdown_report, summary_rows
 from recall_tasks.results import ChunkPart
 
@@ -144,4 +145,32 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         markdown_report(plan, summary), key="recall-report", description=f"worst rows of run {plan.run_id}"
     )
     create_link_artifact(plan.store.results_uri, link_text="results table", key="recall-results")
+    comparison = tracking.compare_with_baseline(plan, summary)
+    resource = {"prefect.resource.id": f"recall.dataset.{plan.dataset.name}", "recall.run_id": plan.run_id}
+    emit_event("recall.run.completed", resource=resource, payload=tracking.run_event_payload(summary))
+    if comparison is None:
+        logger.info("run %s is the first of its series (no baseline %r)", plan.run_id, params.baseline)
+    else:
+        logger.info(
+            "run %s vs baseline %s: %s (mean delta %s)",
+            plan.run_id,
+            comparison.baseline_run_id,
+            comparison.verdict,
+            comparison.mean_delta,
+        )
+        create_markdown_artifact(
+            comparison.to_markdown(),
+            key="recall-regression",
+            description=f"run {plan.run_id} vs {comparison.baseline_run_id}",
+        )
+        summary = {**summary, "comparison": comparison.event_payload()}
+        if comparison.verdict == "regressed":
+            emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
+    pipeline.finish_run(plan)
+    if comparison is not None and comparison.verdict == "regressed" and params.fail_on_regression:
+        raise RegressionDetected(
+            f"run {plan.run_id} regressed against {comparison.baseline_run_id}: mean delta "
+            f"{comparison.mean_delta:+.4f} (95 % CI {comparison.ci_low:+.4f}..{comparison.ci_high:+.4f}), "
+            f"{comparison.flips_pass_to_fail} rows pass->fail"
+        )
     return summary

@@ -50,6 +50,17 @@ class RunParams(BaseModel):
     chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop judging once this much was spent")
     max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
+    baseline: str | None = Field(
+        "latest", description="Run to compare with: latest, a run id, label:<label>; None to skip the comparison"
+    )
+    tolerance: float = Field(0.02, ge=0, description="Mean drop that counts as a regression (with a CI below 0)")
+    fail_on_regression: bool = Field(False, description="Fail the flow run when the comparison says regressed")
+    retriever: str | None = Field(
+        None, description="module:function filling retrieval_context from the questions at run time"
+    )
+    retrieval_uri: str | None = Field(
+        None, description="Parquet of row_id + retrieval_context from a new index, joined to the dataset by row_id"
+    )
 
     @field_validator("storage_options")
     @classmethod

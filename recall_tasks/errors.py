@@ -12,7 +12,9 @@ The tree, and what the pipeline does with each branch::
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
-    └── BudgetExceededError           --max-cost-usd / --max-requests reached: remaining rows not judged
+    ├── BudgetExceededError           --max-cost-usd / --max-requests reached: remaining rows not judged
+    └── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
+                                      (raised after everything is written)
 
 Every message says what to fix. No message ever contains an API key or a storage secret
 (see ``recall_tasks.secrets.redact``).
@@ -89,3 +91,7 @@ class StorageError(RecallBenchError):
 
 class BudgetExceededError(RecallBenchError):
     """The run's cost or request budget was reached; rows not yet judged are marked, not scored."""
+
+
+class RegressionDetected(RecallBenchError):
+    """The run regressed against its baseline and ``fail_on_regression`` is set; results are committed."""

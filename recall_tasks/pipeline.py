@@ -221,8 +221,12 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         for value, stats in summarize_segments(table, col):
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
-    plan.store.end_run(plan.run_key)
     return overall
+
+
+def finish_run(plan: RunPlan) -> None:
+    """The run is committed and compared: a rerun of the same command now starts a new run."""
+    plan.store.end_run(plan.run_key)
 
 
 def chunk_cache_storage(params: Any) -> Any:

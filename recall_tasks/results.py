@@ -126,6 +126,10 @@ class ResultStore:
     def runs_uri(self) -> str:
         return join_uri(self.output_uri, "runs")
 
+    @property
+    def comparisons_uri(self) -> str:
+        return join_uri(self.output_uri, "comparisons")
+
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
@@ -266,11 +270,38 @@ class ResultStore:
         self.fs.makedirs(folder, exist_ok=True)
         write_atomically(self.fs, f"{folder}/{run_id}.parquet", runs.drop_columns(["dataset"]))
 
+    def append_comparison(self, comparison_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
+        """Record a baseline comparison (overall + segment rows) unless it is already recorded."""
+        from recall_tasks.regression import COMPARISON_SCHEMA
+
+        table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
+        try:
+            existing = self.read_table("comparisons")
+            if existing is not None and existing.count_rows(filter=pads.field("comparison_id") == comparison_id):
+                return
+            if self.format == "delta":
+                from deltalake import write_deltalake
+
+                options = delta_storage_options(self.output_uri, self.storage)
+                write_deltalake(
+                    self.comparisons_uri, table, mode="append", schema_mode="merge", storage_options=options
+                )
+            else:
+                folder = self._path("comparisons", f"dataset={dataset}")
+                self.fs.makedirs(folder, exist_ok=True)
+                write_atomically(self.fs, f"{folder}/{comparison_id}.parquet", table.drop_columns(["dataset"]))
+        except StorageError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, self.comparisons_uri) from None
+
     # -- reading ---------------------------------------------------------------------------------
 
-    def read_table(self, name: Literal["results", "runs"]) -> pads.Dataset | None:
+    def read_table(self, name: Literal["results", "runs", "comparisons"]) -> pads.Dataset | None:
         """A committed table as a pyarrow dataset (what ``recall-bench query`` hands to DuckDB)."""
-        uri = self.results_uri if name == "results" else self.runs_uri
+        if name not in ("results", "runs", "comparisons"):
+            raise ValueError(f"unknown table {name!r}")
+        uri = join_uri(self.output_uri, name)
         try:
             if self.format == "delta":
                 from deltalake import DeltaTable

@@ -1,0 +1,595 @@
+"""Known-answer tests of recall_tasks.regression: pairing, statistics, verdicts, baseline selection, outputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from recall_tasks.errors import ConfigError
+from recall_tasks.regression import (
+    COMPARISON_SCHEMA,
+    MCNEMAR_EXACT_MAX,
+    _binomial_tail_exact,
+    _binomial_tail_log,
+    compare_runs,
+    find_baseline,
+    lost_statements,
+    mcnemar_exact_p,
+    paired_mean_ci,
+)
+from recall_tasks.results import RUN_SCHEMA
+from recall_tasks.scoring import VERDICT_TYPE
+
+THRESHOLD = 0.5
+
+
+def verdicts_for(row: int, score: float, n: int = 4) -> list[dict[str, Any]]:
+    """n statements for a row, the first round(score * n) judged yes."""
+    yes = round(score * n)
+    return [
+        {"statement": f"row{row} s{j}", "verdict": "yes" if j < yes else "no", "reason": "", "chunk_ids": []}
+        for j in range(n)
+    ]
+
+
+def results(
+    run_id: str,
+    row_ids: list[str],
+    scores: list[float | None],
+    *,
+    success: list[bool | None] | None = None,
+    verdicts: list[list[dict[str, Any]]] | None = None,
+    segment: list[str | None] | None = None,
+) -> pa.Table:
+    """A results table of one run (the columns compare_runs reads)."""
+    if success is None:
+        success = [None if s is None else s >= THRESHOLD for s in scores]
+    if verdicts is None:
+        verdicts = [[] if s is None else verdicts_for(i, s) for i, s in enumerate(scores)]
+    cols: dict[str, Any] = {
+        "run_id": pa.array([run_id] * len(row_ids), pa.string()),
+        "row_id": pa.array(row_ids, pa.string()),
+        "score": pa.array(scores, pa.float64()),
+        "success": pa.array(success, pa.bool_()),
+        "verdicts": pa.array(verdicts, pa.list_(VERDICT_TYPE)),
+        "error": pa.array(["JudgeResponseError: bad" if s is None else None for s in scores], pa.string()),
+    }
+    if segment is not None:
+        cols["segment"] = pa.array(segment, pa.string())
+    return pa.table(cols)
+
+
+def run_row(run_id: str, **kw: Any) -> dict[str, Any]:
+    row = {
+        "run_id": run_id,
+        "dataset": "faq",
+        "metric": "contextual_recall",
+        "judge_model": "gpt-4o-mini",
+        "prompt_version": "v3",
+        "threshold": THRESHOLD,
+    }
+    row.update(kw)
+    return row
+
+
+MIXED = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def mixed_scores(n: int) -> list[float]:
+    return [MIXED[i % len(MIXED)] for i in range(n)]
+
+
+def ids(n: int, prefix: str = "r") -> list[str]:
+    return [f"{prefix}{i:05d}" for i in range(n)]
+
+
+def planted_drop(n: int = 1000, dropped: int = 100) -> tuple[pa.Table, pa.Table, list[str]]:
+    """Baseline: `dropped` rows at 1.0 (all yes), the rest mixed; current: those rows at 0.0 (fail)."""
+    row_ids = ids(n)
+    base_scores = mixed_scores(n)
+    planted = list(range(3, n, n // dropped))[:dropped]
+    for i in planted:
+        base_scores[i] = 1.0
+    cur_scores = list(base_scores)
+    cur_verdicts = [verdicts_for(i, s) for i, s in enumerate(base_scores)]
+    for i in planted:
+        cur_scores[i] = 0.0
+        # s0 and s2 now "no", s1 and s3 missing from the judge's output: all four lost
+        cur_verdicts[i] = [
+            {"statement": f"row{i} s0", "verdict": "no", "reason": "", "chunk_ids": []},
+            {"statement": f"row{i} s2", "verdict": "no", "reason": "", "chunk_ids": []},
+        ]
+    base = results("base", row_ids, list(base_scores))
+    cur = results("cur", row_ids, list(cur_scores), verdicts=cur_verdicts)
+    return cur, base, [row_ids[i] for i in planted]
+
+
+# -- McNemar ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("b", "c", "expected"),
+    [
+        (3, 0, 0.25),
+        (0, 3, 0.25),
+        (5, 1, 0.21875),
+        (1, 5, 0.21875),
+        (0, 0, 1.0),
+        (4, 4, 1.0),
+        (10, 0, 2 * 0.5**10),
+        (6, 2, 0.2890625),  # 2 * (1 + 8 + 28) / 256
+        (100, 0, 2 * 0.5**100),
+    ],
+)
+def test_mcnemar_exact_hand_computed(b: int, c: int, expected: float) -> None:
+    assert mcnemar_exact_p(b, c) == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_mcnemar_exact_matches_math_comb() -> None:
+    for b, c in [(7, 2), (20, 9), (41, 60), (150, 120)]:
+        n, m = b + c, min(b, c)
+        expected = min(1.0, 2 * sum(math.comb(n, k) for k in range(m + 1)) / 2**n)
+        assert mcnemar_exact_p(b, c) == pytest.approx(expected, rel=1e-12)
+
+
+def test_mcnemar_log_space_agrees_with_exact() -> None:
+    for n, m in [(1000, 430), (15_000, 7_300), (20_000, 9_800), (5_000, 3)]:
+        assert _binomial_tail_log(n, m) == pytest.approx(_binomial_tail_exact(n, m), rel=1e-8)
+    # past the exact limit the log path is used and stays sensible
+    n = MCNEMAR_EXACT_MAX + 1000
+    p = mcnemar_exact_p(n // 2 + 50, n - (n // 2 + 50))
+    assert 0.4 < p < 0.6
+    assert mcnemar_exact_p(600_000, 400_000) == 0.0  # underflows: far beyond any alpha
+    with pytest.raises(ValueError):
+        mcnemar_exact_p(-1, 2)
+
+
+# -- interval ---------------------------------------------------------------------------------------
+
+
+def test_paired_ci_methods() -> None:
+    assert paired_mean_ci(np.array([])) == (None, None)
+    assert paired_mean_ci(np.zeros(500)) == (0.0, 0.0)
+    assert paired_mean_ci(np.array([0.3])) == (0.3, 0.3)
+    rng = np.random.default_rng(1)
+    d = rng.normal(-0.05, 0.2, size=5_000)
+    lo, hi = paired_mean_ci(d, seed=3)
+    assert lo is not None and hi is not None
+    assert lo < d.mean() < hi
+    half = 1.96 * d.std(ddof=1) / math.sqrt(len(d))
+    assert hi - lo == pytest.approx(2 * half, rel=0.1)  # bootstrap ≈ normal at this n
+    assert paired_mean_ci(d, seed=3) == (lo, hi)  # seeded: reproducible
+    big = rng.normal(0.01, 0.3, size=50_000)  # normal approximation
+    lo, hi = paired_mean_ci(big)
+    half = 1.959963984540054 * big.std(ddof=1) / math.sqrt(len(big))
+    assert (lo, hi) == pytest.approx((big.mean() - half, big.mean() + half), rel=1e-12)
+
+
+# -- verdicts ---------------------------------------------------------------------------------------
+
+
+def test_identical_runs_unchanged() -> None:
+    scores = mixed_scores(500)
+    base = results("base", ids(500), list(scores))
+    cur = results("cur", ids(500), list(scores))
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "unchanged"
+    assert cmp.n_paired == 500 and cmp.n_added == 0 and cmp.n_removed == 0 and cmp.n_unpaired_unscored == 0
+    assert cmp.mean_delta == 0.0
+    assert cmp.mean_current == cmp.mean_baseline == pytest.approx(0.5)
+    assert (cmp.ci_low, cmp.ci_high) == (0.0, 0.0)
+    assert cmp.flips_pass_to_fail == 0 and cmp.flips_fail_to_pass == 0
+    assert cmp.mcnemar_p == 1.0
+    assert cmp.worst_rows == []
+    assert cmp.like_for_like is True and cmp.warnings == []
+
+
+def test_planted_drop_regressed() -> None:
+    cur, base, planted = planted_drop()
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "regressed"
+    assert cmp.n_paired == 1000
+    assert cmp.mean_delta == -0.1
+    assert cmp.ci_low is not None and cmp.ci_high is not None
+    assert cmp.ci_low < -0.1 < cmp.ci_high < 0
+    assert cmp.flips_pass_to_fail == 100 and cmp.flips_fail_to_pass == 0
+    assert cmp.mcnemar_p < 1e-10
+    assert cmp.mcnemar_p == pytest.approx(2 * 0.5**100)
+    assert len(cmp.worst_rows) == 10
+    planted_set = set(planted)
+    for w in cmp.worst_rows:
+        assert w.row_id in planted_set
+        assert (w.score_baseline, w.score_current, w.delta) == (1.0, 0.0, -1.0)
+        i = int(w.row_id[1:])
+        assert w.lost == [f"row{i} s0", f"row{i} s1", f"row{i} s2", f"row{i} s3"]
+    # ties broken by table order: the first ten planted rows
+    assert [w.row_id for w in cmp.worst_rows] == planted[:10]
+
+
+def test_symmetric_improvement() -> None:
+    cur, base, _ = planted_drop()
+    cmp = compare_runs(base, cur, current_run=run_row("base"), baseline_run=run_row("cur"))
+    assert cmp.verdict == "improved"
+    assert cmp.mean_delta == 0.1
+    assert cmp.ci_low is not None and cmp.ci_low > 0
+    assert cmp.flips_pass_to_fail == 0 and cmp.flips_fail_to_pass == 100
+    assert cmp.mcnemar_p < 1e-10
+    assert cmp.worst_rows == []  # nothing dropped
+
+
+def test_noise_within_tolerance_unchanged() -> None:
+    rng = np.random.default_rng(7)
+    n = 2000
+    base_scores = np.where(rng.random(n) < 0.5, rng.uniform(0.1, 0.4, n), rng.uniform(0.6, 0.95, n))
+    cur_scores = base_scores + rng.uniform(-0.01, 0.01, n)
+    base = results("base", ids(n), base_scores.tolist())
+    cur = results("cur", ids(n), cur_scores.tolist())
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "unchanged"
+    assert cmp.mean_delta is not None and abs(cmp.mean_delta) < 0.001
+    assert cmp.flips_pass_to_fail == cmp.flips_fail_to_pass == 0
+    assert cmp.mcnemar_p == 1.0
+
+
+def test_small_drop_with_consistent_flips_regressed_by_mcnemar() -> None:
+    # 1 % of rows drop 1.0 → 0.0: mean −0.01 is inside the 0.02 tolerance, but 10 flips one way and none back
+    # are significant (p = 2 · 0.5¹⁰): the flips rule reports a regression on purpose.
+    cur, base, _ = planted_drop(n=1000, dropped=10)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), tolerance=0.02)
+    assert cmp.mean_delta == -0.01
+    assert cmp.mean_delta > -cmp.tolerance
+    assert cmp.flips_pass_to_fail == 10 and cmp.flips_fail_to_pass == 0
+    assert cmp.mcnemar_p == pytest.approx(0.001953125, rel=1e-12)
+    assert cmp.verdict == "regressed"
+    # with a stricter alpha the flips are not enough and the mean change is within tolerance
+    strict = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), alpha=0.001)
+    assert strict.verdict == "unchanged"
+
+
+def test_mean_drop_without_flips_regressed() -> None:
+    # every row loses 0.05 but nobody crosses the threshold: the mean rule alone fires
+    n = 400
+    base_scores = [0.9 if i % 2 else 0.3 for i in range(n)]
+    cur_scores = [s - 0.05 for s in base_scores]
+    base = results("base", ids(n), base_scores)
+    cur = results("cur", ids(n), cur_scores)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.flips_pass_to_fail == 0 and cmp.mcnemar_p == 1.0
+    assert cmp.mean_delta == pytest.approx(-0.05)
+    assert cmp.ci_high is not None and cmp.ci_high < 0
+    assert cmp.verdict == "regressed"
+    assert len(cmp.worst_rows) == 10
+
+
+# -- pairing ----------------------------------------------------------------------------------------
+
+
+def test_added_removed_and_unscored_rows_are_counted_not_paired() -> None:
+    base_ids = ids(100) + ["gone1", "gone2", "gone3"]
+    cur_ids = ids(100) + ["new1", "new2", "new3", "new4", "new5"]
+    base_scores: list[float | None] = [0.5] * 103
+    cur_scores: list[float | None] = [0.5] * 105
+    cur_scores[10] = None  # errored in the current run
+    cur_scores[11] = None
+    base_scores[12] = None  # errored in the baseline
+    base_scores[13] = None  # unscored in both
+    cur_scores[13] = None
+    # the unpaired rows carry extreme scores: if they leaked into the pairing the means would move
+    base_scores[100:] = [0.0, 0.0, 0.0]
+    cur_scores[100:] = [1.0] * 5
+    base = results("base", base_ids, base_scores)
+    cur = results("cur", cur_ids, cur_scores)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.n_added == 5
+    assert cmp.n_removed == 3
+    assert cmp.n_unpaired_unscored == 4
+    assert cmp.n_paired == 96
+    assert cmp.mean_current == cmp.mean_baseline == 0.5 and cmp.mean_delta == 0.0
+    assert cmp.verdict == "unchanged"
+
+
+def test_pairing_ignores_row_order_and_duplicates_warn() -> None:
+    n = 200
+    scores = mixed_scores(n)
+    base = results("base", ids(n), scores)
+    perm = np.random.default_rng(0).permutation(n)
+    cur = results("cur", [ids(n)[i] for i in perm], [scores[i] for i in perm])
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.n_paired == n and cmp.mean_delta == 0.0 and cmp.verdict == "unchanged"
+
+    dup = pa.concat_tables([cur, cur.slice(0, 5)])
+    cmp = compare_runs(dup, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.n_paired == n and cmp.n_added == 0
+    assert any("repeat 5 row id" in w for w in cmp.warnings)
+
+
+def test_no_overlap() -> None:
+    base = results("base", ids(10, "a"), [0.5] * 10)
+    cur = results("cur", ids(10, "b"), [0.5] * 10)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "no_overlap"
+    assert cmp.n_paired == 0 and cmp.n_added == 10 and cmp.n_removed == 10
+    assert cmp.mean_delta is None and cmp.ci_low is None and cmp.mcnemar_p == 1.0
+    assert any("no row was scored in both" in w for w in cmp.warnings)
+    rows = cmp.to_rows()
+    assert pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA).num_rows == 1
+
+
+def test_results_of_several_runs_rejected() -> None:
+    base = results("base", ids(5), [0.5] * 5)
+    mixed = pa.concat_tables([base, results("other", ids(5), [0.5] * 5)])
+    with pytest.raises(ConfigError, match="several runs"):
+        compare_runs(mixed, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    with pytest.raises(ConfigError, match="lack column"):
+        compare_runs(base.drop_columns(["success"]), base, current_run=run_row("cur"), baseline_run=run_row("base"))
+
+
+# -- segments ---------------------------------------------------------------------------------------
+
+
+def test_segment_drop_only_in_b() -> None:
+    n = 1000
+    segment = ["a" if i % 2 == 0 else "b" for i in range(n)]
+    base_scores = [1.0] * n
+    cur_scores = list(base_scores)
+    b_rows = [i for i in range(n) if segment[i] == "b"]
+    for i in b_rows[:100]:  # 20 % of segment b drops to 0
+        cur_scores[i] = 0.0
+    base = results("base", ids(n), base_scores, segment=segment)
+    cur = results("cur", ids(n), cur_scores, segment=segment)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"])
+    by_value = {s.value: s for s in cmp.segments}
+    assert set(by_value) == {"a", "b"}
+    a, b = by_value["a"], by_value["b"]
+    assert a.column == b.column == "segment"
+    assert a.n_paired == b.n_paired == 500
+    assert a.mean_delta == 0.0 and (a.ci_low, a.ci_high) == (0.0, 0.0) and a.verdict == "unchanged"
+    assert b.mean_delta == pytest.approx(-0.2)
+    assert b.ci_high is not None and b.ci_high < 0
+    assert b.flips_pass_to_fail == 100 and b.verdict == "regressed"
+    assert b.mean_baseline == 1.0 and b.mean_current == pytest.approx(0.8)
+    assert cmp.mean_delta == pytest.approx(-0.1) and cmp.verdict == "regressed"
+
+    rows = cmp.to_rows()
+    assert [(r["segment_column"], r["segment_value"]) for r in rows] == [
+        (None, None),
+        ("segment", "a"),
+        ("segment", "b"),
+    ]
+    assert rows[2]["mean_delta"] == pytest.approx(-0.2) and rows[2]["n_added"] is None
+
+    with pytest.raises(ConfigError, match="segment column 'nope'"):
+        compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["nope"])
+
+
+def test_segment_nulls_are_their_own_segment() -> None:
+    seg: list[str | None] = ["x", None] * 50
+    base = results("base", ids(100), [0.5] * 100, segment=seg)
+    cur = results("cur", ids(100), [0.5] * 100, segment=seg)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"])
+    assert [(s.value, s.n_paired) for s in cmp.segments] == [("x", 50), (None, 50)]
+
+
+# -- like for like ----------------------------------------------------------------------------------
+
+
+def test_different_judge_not_like_for_like() -> None:
+    cur, base, _ = planted_drop()
+    cmp = compare_runs(cur, base, current_run=run_row("cur", judge_model="gpt-4.1"), baseline_run=run_row("base"))
+    assert cmp.like_for_like is False
+    assert any("judge_model differs" in w and "gpt-4.1" in w for w in cmp.warnings)
+    assert cmp.verdict == "regressed"  # still computed, but flagged
+    assert cmp.event_payload()["like_for_like"] is False
+    assert "Not like for like" in cmp.to_markdown()
+
+    other = compare_runs(cur, base, current_run=run_row("cur", prompt_version="v4"), baseline_run=run_row("base"))
+    assert other.like_for_like is False and any("prompt_version" in w for w in other.warnings)
+    threshold = compare_runs(cur, base, current_run=run_row("cur", threshold=0.7), baseline_run=run_row("base"))
+    assert threshold.like_for_like is True and any("threshold differs" in w for w in threshold.warnings)
+
+
+# -- lost statements --------------------------------------------------------------------------------
+
+
+def test_lost_statements_matched_by_text() -> None:
+    def v(statement: str, verdict: str) -> dict[str, Any]:
+        return {"statement": statement, "verdict": verdict}
+
+    base = [v("A", "yes"), v("B", "yes"), v("C", "no"), v("D", "yes"), v("A", "yes")]
+    cur = [v("D", "yes"), v("A", "no"), v("C", "yes")]  # order changed, B absent
+    assert lost_statements(base, cur) == ["A", "B"]
+    assert lost_statements(base, None) == ["A", "B", "D"]
+    assert lost_statements(None, cur) == []
+
+
+# -- baseline selection -----------------------------------------------------------------------------
+
+
+def _t(hour: int) -> dt.datetime:
+    return dt.datetime(2024, 6, 1, hour, tzinfo=dt.UTC)
+
+
+def runs_table() -> pa.Table:
+    def row(run_id: str, hour: int, **kw: Any) -> dict[str, Any]:
+        base = {
+            "run_id": run_id,
+            "dataset": "faq",
+            "metric": "contextual_recall",
+            "label": "nightly",
+            "status": "completed",
+            "started_at": _t(hour) - dt.timedelta(minutes=5),
+            "finished_at": _t(hour),
+            "segment_column": None,
+            "segment_value": None,
+            "mean_score": 0.8,
+        }
+        base.update(kw)
+        return base
+
+    rows = [
+        row("r1", 1, label="prod"),
+        row("r2", 2),
+        row("r2", 2, segment_column="segment", segment_value="a"),
+        row("r3", 3, label="prod"),
+        row("r4", 4, status="failed"),
+        row("r5", 5, dataset="other"),
+        row("r6", 6, metric="context_coverage"),
+        row("r7", 7, label="prod"),  # the current run
+    ]
+    return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
+
+
+def test_find_baseline_latest() -> None:
+    runs = runs_table()
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall", exclude_run_id="r7")
+    assert found is not None
+    assert found["run_id"] == "r3"  # r4 failed, r5/r6 other series, r7 excluded
+    assert found["segment_column"] is None
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall")
+    assert found is not None and found["run_id"] == "r7"
+    assert find_baseline(runs, dataset="new", metric="contextual_recall") is None
+    # a run without finished_at sorts after every finished one
+    unfinished = runs.set_column(
+        runs.schema.get_field_index("finished_at"),
+        "finished_at",
+        pa.array(
+            [
+                None if r == "r7" else t
+                for r, t in zip(runs["run_id"].to_pylist(), runs["finished_at"].to_pylist(), strict=True)
+            ],
+            runs.schema.field("finished_at").type,
+        ),
+    )
+    found = find_baseline(unfinished, dataset="faq", metric="contextual_recall")
+    assert found is not None and found["run_id"] == "r3"
+
+
+def test_find_baseline_label_and_run_id() -> None:
+    runs = runs_table()
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="label:prod", exclude_run_id="r7")
+    assert found is not None and found["run_id"] == "r3"
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="label:nightly")
+    assert found is not None and found["run_id"] == "r2" and found["segment_column"] is None
+    for spec in ("run:r1", "r1", " run:r1 "):
+        found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec=spec, exclude_run_id="r7")
+        assert found is not None and found["run_id"] == "r1"
+    # an explicit run is returned even when its status or series differ (compare_runs flags the mismatch)
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="run:r4")
+    assert found is not None and found["status"] == "failed"
+    found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="r5")
+    assert found is not None and found["dataset"] == "other"
+
+
+def test_find_baseline_errors() -> None:
+    runs = runs_table()
+    with pytest.raises(ConfigError) as info:
+        find_baseline(runs, dataset="faq", metric="contextual_recall", spec="label:staging")
+    assert "'staging'" in str(info.value) and "'prod'" in str(info.value) and "'nightly'" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        find_baseline(runs, dataset="faq", metric="contextual_recall", spec="run:nope")
+    message = str(info.value)
+    assert "'nope'" in message and "'r7'" in message and "'r3'" in message
+    with pytest.raises(ConfigError, match="run being compared"):
+        find_baseline(runs, dataset="faq", metric="contextual_recall", spec="r7", exclude_run_id="r7")
+    with pytest.raises(ConfigError, match="empty"):
+        find_baseline(runs, dataset="faq", metric="contextual_recall", spec=" ")
+
+
+def test_find_baseline_no_runs() -> None:
+    empty = RUN_SCHEMA.empty_table()
+    assert find_baseline(empty, dataset="faq", metric="contextual_recall") is None
+    assert find_baseline(empty, dataset="faq", metric="contextual_recall", exclude_run_id="x") is None
+    with pytest.raises(ConfigError, match="labels available: none"):
+        find_baseline(empty, dataset="faq", metric="contextual_recall", spec="label:prod")
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+
+
+def test_outputs() -> None:
+    n = 1000
+    cur, base, planted = planted_drop(n)
+    seg = pa.array(["a" if i % 2 == 0 else "b" for i in range(n)], pa.string())
+    cur, base = cur.append_column("segment", seg), base.append_column("segment", seg)
+    cmp = compare_runs(
+        cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"], worst=3
+    )
+    rows = cmp.to_rows()
+    assert len(rows) == 3
+    assert all(list(r) == COMPARISON_SCHEMA.names for r in rows)
+    table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
+    assert table.schema == COMPARISON_SCHEMA
+    assert set(table.column("comparison_id").to_pylist()) == {"cur__base"}
+    overall = rows[0]
+    assert overall["verdict"] == "regressed" and overall["mean_delta"] == -0.1
+    assert overall["flips_pass_to_fail"] == 100 and overall["n_added"] == 0
+    assert overall["compared_at"].tzinfo is not None
+
+    md = cmp.to_markdown()
+    assert md.startswith("## REGRESSED")
+    assert cmp.worst_rows[0].row_id in md and planted[0] in md
+    assert "lost: row3 s0" in md
+    assert "| segment | a |" in md
+
+    payload = cmp.event_payload()
+    decoded = json.loads(json.dumps(payload))
+    assert decoded["verdict"] == "regressed"
+    assert decoded["mean_delta"] == -0.1
+    assert decoded["flips"] == {"pass_to_fail": 100, "fail_to_pass": 0}
+    assert decoded["current_run_id"] == "cur" and decoded["baseline_run_id"] == "base"
+    assert decoded["ci"][1] < 0 and decoded["p"] < 1e-10
+
+
+# -- scale ------------------------------------------------------------------------------------------
+
+
+def _big(run_id: str, row_ids: pa.Array, scores: np.ndarray, segment: pa.Array) -> pa.Table:
+    n = len(scores)
+    statements = pa.array(np.char.add("s", np.arange(n).astype(str)))
+    verdict = pa.array(np.where(scores >= 0.5, "yes", "no"))
+    structs = pa.StructArray.from_arrays(
+        [statements, verdict, pa.nulls(n, pa.string()), pa.nulls(n, pa.list_(pa.int32()))],
+        fields=list(VERDICT_TYPE),
+    )
+    verdicts = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32)), structs)
+    return pa.table(
+        {
+            "run_id": pa.array([run_id] * n),
+            "row_id": row_ids,
+            "score": pa.array(scores),
+            "success": pa.array(scores >= 0.5),
+            "verdicts": verdicts,
+            "segment": segment,
+        }
+    )
+
+
+def test_200k_rows() -> None:
+    n = 200_000
+    rng = np.random.default_rng(0)
+    row_ids = pa.array(np.char.add("row-", np.arange(n).astype(str)))
+    segment = pa.array(np.array(["a", "b", "c", "d"])[rng.integers(0, 4, n)])
+    base_scores = rng.integers(0, 5, n) / 4
+    cur_scores = base_scores.copy()
+    drop = rng.random(n) < 0.05
+    cur_scores[drop] = 0.0
+    base = _big("base", row_ids, base_scores, segment)
+    shuffled = rng.permutation(n)
+    cur = _big("cur", row_ids, cur_scores, segment).take(pa.array(shuffled))
+    started = time.perf_counter()
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"])
+    seconds = time.perf_counter() - started
+    print(f"\n200k-row comparison: {seconds:.2f} s")
+    assert cmp.n_paired == n
+    assert cmp.mean_delta == pytest.approx(float((cur_scores - base_scores).mean()))
+    assert cmp.verdict == "regressed"
+    assert len(cmp.segments) == 4 and all(s.verdict == "regressed" for s in cmp.segments)
+    assert len(cmp.worst_rows) == 10 and all(w.delta == -1.0 for w in cmp.worst_rows)
+    assert all(w.lost == [f"s{w.row_id[4:]}"] for w in cmp.worst_rows)

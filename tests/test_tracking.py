@@ -1,0 +1,91 @@
+"""Regression tracking through the real flow: baselines, comparisons table, events, artifacts, failing runs."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from prefect.events.clients import AssertingEventsClient
+from prefect.events.worker import EventsWorker
+from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 - pytest fixture
+
+from flows.recall_flow import recall_benchmark
+from recall_tasks.config import RunParams
+from recall_tasks.errors import RegressionDetected
+from tests.test_pipeline import make_rows
+
+
+def write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def events(worker: EventsWorker) -> list:
+    worker.drain()
+    return [e for client in AssertingEventsClient.all for e in client.events]
+
+
+def degrade(rows: list[dict], every: int) -> list[dict]:
+    """Drop the supporting chunks of every ``every``-th row: its recall falls to 0."""
+    out = []
+    for i, r in enumerate(rows):
+        r = dict(r)
+        if i % every == 0:
+            r["contexts"] = ["unrelated filler text"]
+        out.append(r)
+    return out
+
+
+def test_series_baseline_comparison_events_and_fail(prefect_harness, asserting_events_worker, tmp_path):  # noqa: F811
+    rows = [r for r in make_rows(200, seed=31) if any(c != "unrelated filler text" for c in r["contexts"])]
+    out = str(tmp_path / "out")
+    data = write(tmp_path / "v1" / "eval.parquet", rows)
+    first = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, label="prod", segment_by=["category"]))
+    assert "comparison" not in first
+    same = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, label="idx-2", segment_by=["category"]))
+    assert same["comparison"]["verdict"] == "unchanged" and same["comparison"]["mean_delta"] == 0
+    worse = write(tmp_path / "v2" / "eval.parquet", degrade(rows, 5))
+    with pytest.raises(RegressionDetected, match="regressed against"):
+        recall_benchmark(
+            RunParams(
+                dataset_uri=worse,
+                output_uri=out,
+                label="idx-3",
+                baseline="label:prod",
+                segment_by=["category"],
+                fail_on_regression=True,
+            )
+        )
+    comparisons = DeltaTable(f"{out}/comparisons").to_pyarrow_table().to_pylist()
+    overall = sorted((c for c in comparisons if c["segment_column"] is None), key=lambda c: c["compared_at"])
+    assert [c["verdict"] for c in overall] == ["unchanged", "regressed"]
+    regressed = overall[1]
+    assert regressed["baseline_run_id"] == first["run_id"]
+    degraded = len(range(0, len(rows), 5))
+    assert regressed["flips_pass_to_fail"] >= degraded * 0.8 and regressed["mean_delta"] < -0.1
+    assert regressed["ci_high"] < 0
+    assert {c["segment_value"] for c in comparisons if c["segment_column"] == "category"} == {"a", "b", "c"}
+    runs = DeltaTable(f"{out}/runs").to_pyarrow_table().to_pylist()
+    assert len([r for r in runs if r["segment_column"] is None]) == 3  # the failing run is still committed
+    names = [e.event for e in events(asserting_events_worker)]
+    assert names.count("recall.run.completed") == 3 and names.count("recall.regression.detected") == 1
+    detected = next(e for e in events(asserting_events_worker) if e.event == "recall.regression.detected")
+    assert detected.resource.id == "recall.dataset.eval" and detected.payload["verdict"] == "regressed"
+
+
+def test_unknown_baseline_label_is_a_clear_error(prefect_harness, tmp_path):
+    out = str(tmp_path / "out")
+    data = write(tmp_path / "eval.parquet", make_rows(10))
+    recall_benchmark(RunParams(dataset_uri=data, output_uri=out, label="a"))
+    with pytest.raises(Exception, match="label"):
+        recall_benchmark(RunParams(dataset_uri=data, output_uri=out, baseline="label:nope", refresh_cache=True))
+
+
+def test_no_baseline_skips_comparison(prefect_harness, tmp_path):
+    out = str(tmp_path / "out")
+    data = write(tmp_path / "eval.parquet", make_rows(10))
+    recall_benchmark(RunParams(dataset_uri=data, output_uri=out))
+    second = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, baseline=None))
+    assert "comparison" not in second
