@@ -121,7 +121,8 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
             update_progress_artifact(progress_id, progress=100.0 * done_rows / total)
 
     try:
-        for seq, block in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
+        for seq, raw in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
+            block = plan.prepare_block(raw)
             key = pipeline.chunk_key(plan, block)
             window.append((chunk_task.submit(quote(plan), seq, quote(block), key), block, key))
             while len(window) >= params.max_workers:
@@ -132,6 +133,8 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         for future, _, _ in window:
             future.wait()
         raise
+    finally:
+        pipeline.release(plan)
     summary = pipeline.commit_run(plan, parts, flow_run_id)
     logger.info(
         "run %s committed: %s rows, %s scored, %s errors, %s skipped, %s cached, mean %s",

@@ -111,14 +111,18 @@ class RowVerdictCache:
         self.misses += len(keys) - len(found)
         return found
 
-    def put_many(self, entries: dict[str, JudgeResponse]) -> None:
-        """Add entries; flushed as a segment every ``flush_rows`` entries."""
+    def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
+        """Add entries (in memory, cheap); returns whether ``flush_rows`` is reached, flushing unless told not to.
+
+        The async scorer passes ``flush=False`` and flushes in a worker thread when asked: no file I/O on the loop.
+        """
         with self._lock:
             for key, response in entries.items():
                 self._pending[key] = response.model_dump_json()
             ready = len(self._pending) >= self.flush_rows
-        if ready:
+        if ready and flush:
             self.flush()
+        return ready
 
     def flush(self) -> None:
         """Write pending entries as one segment."""

@@ -7,19 +7,21 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from recall_tasks.errors import RecallBenchError
+from recall_tasks.errors import RecallBenchError, RegressionDetected
 from recall_tasks.secrets import looks_secret, redact
 from recall_tasks.storage import parse_storage_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Contextual recall of retrieval systems.")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 _SECRET_ENV = {
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",
@@ -47,9 +49,18 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
     return plain
 
 
-def _fail(exc: BaseException) -> None:
-    err.print(f"[bold red]error:[/] {redact(str(exc))}")
+def _fail(exc: BaseException) -> NoReturn:
+    err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(map(str, e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
 
 
 def _print_summary(summary: dict[str, Any], output: str) -> None:
@@ -117,10 +128,14 @@ def run(
     chunk_cache_storage: Annotated[str | None, typer.Option(help="Prefect result storage for chunk cache")] = None,
     max_cost_usd: Annotated[float | None, typer.Option(help="Stop judging once this much is spent")] = None,
     max_requests: Annotated[int | None, typer.Option(help="Stop judging after this many requests")] = None,
+    index_version: Annotated[str | None, typer.Option(help="Version of the search index being scored")] = None,
+    baseline: Annotated[str, typer.Option(help="latest | RUN_ID | label:LABEL | none")] = "latest",
+    tolerance: Annotated[float, typer.Option(help="Mean drop counted as a regression")] = 0.02,
+    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 3 on regression")] = False,
+    retriever: Annotated[str | None, typer.Option(help="module:function filling contexts at run time")] = None,
+    retrieval_uri: Annotated[str | None, typer.Option(help="Parquet of row_id + contexts from a new index")] = None,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from pydantic import ValidationError
-
     from recall_tasks.config import RunParams
     from recall_tasks.datasets import parse_column_overrides
 
@@ -149,13 +164,29 @@ def run(
             chunk_cache_storage=chunk_cache_storage,
             max_cost_usd=max_cost_usd,
             max_requests=max_requests,
+            index_version=index_version,
+            baseline=None if baseline.lower() == "none" else baseline,
+            tolerance=tolerance,
+            fail_on_regression=fail_on_regression,
+            retriever=retriever,
+            retrieval_uri=retrieval_uri,
         )
         summary = _run(params)
+    except RegressionDetected as exc:
+        err.print(f"[bold red]regression:[/] {exc}")
+        raise typer.Exit(code=3) from None
     except ValidationError as exc:
-        _fail(ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+        _fail(ValueError(_validation_message(exc)))
     except RecallBenchError as exc:
         _fail(exc)
     _print_summary(summary, output)
+    comparison = summary.get("comparison")
+    if comparison and comparison.get("mean_delta") is not None and comparison.get("ci_low") is not None:
+        console.print(
+            f"vs baseline {comparison['baseline_run_id']}: [bold]{comparison['verdict']}[/] "
+            f"(mean delta {comparison['mean_delta']:+.4f}, "
+            f"95 % CI {comparison['ci_low']:+.4f}..{comparison['ci_high']:+.4f})"
+        )
     if summary["errors"]:
         err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
     if summary.get("status_reason"):
@@ -226,6 +257,62 @@ def query(
     table = Table(*rel.columns)
     for row in rel.limit(limit).fetchall():
         table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+
+
+def _store(output: str, format: str, storage_option: list[str] | None) -> Any:
+    from recall_tasks.results import ResultStore
+    from recall_tasks.storage import StorageConfig
+
+    return ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
+
+
+@app.command()
+def history(
+    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    dataset: Annotated[str | None, typer.Option(help="Only this dataset")] = None,
+    format: Annotated[str, typer.Option("--format")] = "delta",
+    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
+    limit: int = 30,
+) -> None:
+    """The series of runs: mean with its 95 % CI, pass rate, and the verdict against each run's baseline."""
+    import pyarrow.compute as pc
+
+    try:
+        store = _store(output, format, storage_option)
+        runs_ds = store.read_table("runs")
+        comparisons_ds = store.read_table("comparisons")
+    except RecallBenchError as exc:
+        _fail(exc)
+    if runs_ds is None:
+        _fail(ValueError(f"no runs recorded under {output}"))
+    runs = runs_ds.to_table()
+    runs = runs.filter(pc.is_null(runs.column("segment_column")))
+    if dataset:
+        runs = runs.filter(pc.equal(runs.column("dataset"), dataset))
+    verdicts: dict[str, str] = {}
+    if comparisons_ds is not None:
+        comps = comparisons_ds.to_table(columns=["current_run_id", "segment_column", "verdict", "baseline_run_id"])
+        for c in comps.to_pylist():
+            if c["segment_column"] is None:
+                verdicts[c["current_run_id"]] = f"{c['verdict']} vs {c['baseline_run_id']}"
+    rows = sorted(runs.to_pylist(), key=lambda r: r["started_at"])[-limit:]
+    table = Table("started", "dataset", "label", "run_id", "rows", "mean", "95 % CI", "pass rate", "verdict")
+    for r in rows:
+        ci = "-" if r["ci_low"] is None else f"{r['ci_low']:.3f}..{r['ci_high']:.3f}"
+        mean = "-" if r["mean_score"] is None else f"{r['mean_score']:.3f}"
+        rate = "-" if r["pass_rate"] is None else f"{r['pass_rate']:.1%}"
+        table.add_row(
+            r["started_at"].strftime("%Y-%m-%d %H:%M"),
+            r["dataset"],
+            r["label"] or "",
+            r["run_id"],
+            str(r["rows"]),
+            mean,
+            ci,
+            rate,
+            verdicts.get(r["run_id"], "first of series"),
+        )
     console.print(table)
 
 

@@ -73,6 +73,20 @@ class RunParams(BaseModel):
             )
         return value
 
+    @field_validator("output_uri")
+    @classmethod
+    def _output_has_a_path(cls, value: str) -> str:
+        stripped = value.strip()
+        if not stripped or stripped.endswith("://"):
+            raise ValueError(f"the output location {value!r} names no folder or bucket")
+        return stripped
+
+    @field_validator("retrieval_uri", "retriever", "index_version", "label", "base_url", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        # event-templated deployment parameters render a missing optional field as "" or "None"
+        return None if isinstance(value, str) and value.strip() in ("", "None", "null") else value
+
     @model_validator(mode="after")
     def _threshold_within_scale(self) -> RunParams:
         if self.threshold > self.scale:

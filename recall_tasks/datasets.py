@@ -18,6 +18,9 @@ Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage
   names and types, pass-through columns included), so a mixed folder fails here, not halfway through a run;
 - a required column missing or of the wrong type (``expected list<string>, found ...``);
 - null, empty or duplicate ``row_id`` values (the duplicates are listed with their files and rows);
+- a data page that cannot be decoded is found only when its row group is read, during the run (validation
+  reads footers, not data): the run stops with a DatasetError naming the file, row group and rows, and
+  nothing is committed (blocks judged before it are only kept for a resume);
 - a dataset with zero rows in total: an empty export is almost always an upstream failure, and a run of
   zero rows would commit a run row without a score, so it is refused (``dataset has no rows``). Empty
   files next to non-empty ones are fine.
@@ -30,7 +33,7 @@ row "missing" and follow ``on_missing`` (error/zero/skip, counted in the run sum
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +145,7 @@ def _open_filesystem(uri: str, storage: StorageConfig) -> tuple[Any, str]:
     try:
         return filesystem(uri, storage)
     except (ValueError, ImportError, OSError) as exc:
-        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__  # hdfs: 1 line
         if isinstance(exc, ValueError) and "Protocol not known" in text:
             text = f"unknown protocol {protocol + '://'!r}; use a path, file://, s3://, gs:// or az://"
         raise DatasetError(f"cannot open the dataset's storage: {text}", uri=uri) from None
@@ -201,8 +204,12 @@ def _type_name(t: pa.DataType) -> str:
     return str(t).replace("item: ", "").replace("element: ", "")
 
 
-def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: str) -> None:
-    """Every file must have the first file's columns with the same types (string flavours aside)."""
+def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: str, role_columns: Iterable[str]) -> None:
+    """Every file must have the first file's columns with the same types.
+
+    Role columns may differ in string flavour (``string``/``large_string``, ``list``/``large_list``): they are
+    cast when read. Pass-through columns must match exactly: they are copied to the results as they are.
+    """
     names0, names = set(schema0.names), set(schema.names)
     missing = [n for n in schema0.names if n not in names]
     if missing:
@@ -218,9 +225,12 @@ def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: st
             uri=uri,
             column=extra[0],
         )
+    roles = set(role_columns)
     for name in schema0.names:
         t0, t = schema0.field(name).type, schema.field(name).type
-        if t0 == t or (_is_string(t0) and _is_string(t)) or (_is_string_list(t0) and _is_string_list(t)):
+        if t0 == t:
+            continue
+        if name in roles and ((_is_string(t0) and _is_string(t)) or (_is_string_list(t0) and _is_string_list(t))):
             continue
         raise DatasetError(
             f"schema differs from the first file {uri0}: expected {_type_name(t0)}, found {_type_name(t)}",
@@ -229,7 +239,9 @@ def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: st
         )
 
 
-def _resolve_columns(schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str) -> dict[str, str]:
+def _resolve_columns(
+    schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str, context_supplied: bool = False
+) -> dict[str, str]:
     names = set(schema.names)
     columns: dict[str, str] = {}
     for role in ROLES:
@@ -247,6 +259,8 @@ def _resolve_columns(schema: pa.Schema, overrides: Mapping[str, str], metric: st
                 columns[role] = candidate
                 break
     for role in REQUIRED[metric]:
+        if role == "retrieval_context" and context_supplied:
+            continue
         if role not in columns:
             raise DatasetError(
                 f"no {role} column for {metric}: expected one of {', '.join(DEFAULT_NAMES[role])} or "
@@ -272,8 +286,11 @@ def open_dataset(
     storage: StorageConfig,
     metric: str = "contextual_recall",
     overrides: Mapping[str, str] | None = None,
+    context_supplied: bool = False,
 ) -> Dataset:
     """List and validate every file of the dataset; raise one clear error, or return the dataset.
+
+    ``context_supplied``: contexts come from a retriever or retrieval results, so the dataset needs none.
 
     Reads only footers (and the ``row_id`` column when there is one). See the module docstring for what is
     refused and what is handled per row.
@@ -296,12 +313,12 @@ def open_dataset(
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError | PermissionError):
                 raise translate_storage_error(exc, file_uri, fs=fs) from None
-            raise DatasetError(f"not a readable Parquet file: {_first_line(exc)}", uri=file_uri) from None
+            raise DatasetError(f"not a readable Parquet file: {_one_line(exc)}", uri=file_uri) from None
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, file_uri, fs=fs) from None
+        file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri, context_supplied)
         if schema0 is not None:
-            _check_same_schema(schema0, files[0].uri, schema, file_uri)
-        file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri)
+            _check_same_schema(schema0, files[0].uri, schema, file_uri, file_columns.values())
         if columns is None:
             columns, schema0 = file_columns, schema
         elif file_columns != columns:
@@ -340,9 +357,10 @@ def open_dataset(
     return ds
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (pyarrow's span several), clipped."""
+    text = " ".join(str(exc).split())
+    return text[:300] if text else type(exc).__name__
 
 
 def _check_unique_ids(ds: Dataset) -> None:
@@ -377,7 +395,7 @@ def _check_unique_ids(ds: Dataset) -> None:
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError | PermissionError):
                 raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
-            raise DatasetError(f"row_id cannot be read: {_first_line(exc)}", uri=f.uri, column=col) from None
+            raise DatasetError(f"row_id cannot be read: {_one_line(exc)}", uri=f.uri, column=col) from None
     if dups:
         shown = "; ".join(dups[:5]) + (f"; and {len(dups) - 5} more" if len(dups) > 5 else "")
         raise DatasetError(f"row_id must be unique; {len(dups)} duplicate(s): {shown}", uri=ds.uri, column=col)
@@ -417,7 +435,13 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
                 try:
                     group = pf.read_row_group(g, columns=read_cols)
                 except (pa.ArrowInvalid, OSError) as exc:
-                    raise DatasetError(f"row group {g} cannot be read: {exc}", uri=f.uri) from None
+                    if isinstance(exc, FileNotFoundError | PermissionError):
+                        raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
+                    rows = pf.metadata.row_group(g).num_rows
+                    raise DatasetError(
+                        f"row group {g} (rows {offset}-{offset + rows - 1}) cannot be read: {_one_line(exc)}",
+                        uri=f.uri,
+                    ) from None
                 for start in range(0, group.num_rows, block_rows):
                     part = group.slice(start, block_rows)
                     yield _block(ds, f.uri, offset + start, part, role_cols, seen)

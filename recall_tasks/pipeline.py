@@ -28,6 +28,7 @@ from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
 from recall_tasks.results import ChunkPart, ResultStore, today
+from recall_tasks.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.scoring import CHUNK_FIELDS, Budget, metric_fingerprint, passthrough_name, score_block
 from recall_tasks.storage import StorageConfig, join_uri
 
@@ -101,6 +102,17 @@ class RunPlan:
     cache: RowVerdictCache | None = None
     budget: Budget | None = None
     config_hash: str = ""
+    retriever: Retriever | None = None
+    retrieval: RetrievalResults | None = None
+
+    def prepare_block(self, block: RowBlock) -> RowBlock:
+        """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""
+        if self.retrieval is not None:
+            return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
+        if self.retriever is not None:
+            questions = [q or "" for q in block.table.column("input").to_pylist()]
+            return with_contexts(block, retrieve(self.retriever, questions))
+        return block
 
 
 def _run_key(params: Any, dataset: Dataset) -> str:
@@ -113,7 +125,10 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise."""
     storage = StorageConfig.from_options(params.storage_options)
     overrides = parse_column_overrides(params.columns)
-    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides)
+    supplied = bool(params.retriever or params.retrieval_uri)
+    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, context_supplied=supplied)
+    retriever = load_retriever(params.retriever) if params.retriever else None
+    retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     segments = []
     for col in params.segment_by:
         if col not in dataset.passthrough:
@@ -125,8 +140,9 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
         segments.append(passthrough_name(col))
     try:
         store = ResultStore(params.output_uri, storage, params.format)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    except (ValueError, ImportError, OSError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     metric = make_metric(params, make_judge(params))
     cache = None
     if params.cache:
@@ -145,6 +161,7 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+        retriever=retriever, retrieval=retrieval,
     )  # fmt: skip
 
 
@@ -222,6 +239,13 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
     return overall
+
+
+def release(plan: RunPlan) -> None:
+    """Close the judge's HTTP client (it lives on the shared background loop)."""
+    close = getattr(plan.metric.judge, "aclose", None)
+    if close is not None:
+        run_sync(close())
 
 
 def finish_run(plan: RunPlan) -> None:

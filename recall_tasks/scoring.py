@@ -31,7 +31,9 @@ class RowCache(Protocol):
 
     def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]: ...
 
-    def put_many(self, entries: dict[str, JudgeResponse]) -> None: ...
+    def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool: ...
+
+    def flush(self) -> None: ...
 
 
 def metric_fingerprint(metric: Metric) -> str:
@@ -150,8 +152,8 @@ async def score_rows(
             if budget is not None:
                 budget.release(response.requests if response else 1, response.cost_usd if response else None)
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
-        if cache is not None:
-            await asyncio.to_thread(cache.put_many, {key: response})
+        if cache is not None and cache.put_many({key: response}, flush=False):
+            await asyncio.to_thread(cache.flush)
 
     if to_judge:
         try:

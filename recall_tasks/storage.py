@@ -177,8 +177,7 @@ def parse_storage_options(pairs: list[str]) -> dict[str, str]:
         if sep and key.strip():
             out[key.strip()] = value
             continue
-        named = _OPTION_NAME_RE.match(pair) and redact(pair) == pair  # never echo what may be a secret
-        shown = repr(pair) if named else f"<{len(pair)} chars hidden>"
+        shown = f"<{len(pair)} chars hidden>"  # a malformed pair may be a pasted secret: never echo it
         why = "the key is empty" if sep else "there is no '='"
         raise ConfigError(f"invalid --storage-option #{i} {shown}: expected key=value ({why})")
     return out

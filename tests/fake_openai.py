@@ -344,6 +344,7 @@ class FakeOpenAI:
         }
         self.responder: Responder | None = responder
         self.latency_s = latency_s
+        self.record = True  # benchmarks turn this off: request bodies are not kept
         self.reject_json_schema = reject_json_schema
         self.fault_rate = fault_rate
         self.malformed_rate = malformed_rate
@@ -446,13 +447,12 @@ class FakeOpenAI:
         if seconds > 0:
             self._stopping.wait(seconds)
 
-    def _dispatch(
-        self, method: str, path: str, headers: dict[str, str], body: Any
-    ) -> _Reply | _ResetConnection:
+    def _dispatch(self, method: str, path: str, headers: dict[str, str], body: Any) -> _Reply | _ResetConnection:
         norm = path.rstrip("/")
         is_chat = method == "POST" and norm in ("/v1/chat/completions", "/chat/completions")
         with self._cond:
-            self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
+            if self.record:
+                self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
             self.stats["requests"] += 1
             fault = self._faults.pop(0) if is_chat and self._faults else None
             # always 4 draws per chat request: counts stay deterministic whatever the arrival order
@@ -477,9 +477,7 @@ class FakeOpenAI:
                 200,
                 {
                     "object": "list",
-                    "data": [
-                        {"id": self.model_id, "object": "model", "created": 0, "owned_by": "fake-openai"}
-                    ],
+                    "data": [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "fake-openai"}],
                 },
             )
         if not is_chat:
@@ -490,9 +488,7 @@ class FakeOpenAI:
         assert draws is not None
 
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            return _Reply(
-                400, error_body(400, message="'messages' is a required non-empty array.", param="messages")
-            )
+            return _Reply(400, error_body(400, message="'messages' is a required non-empty array.", param="messages"))
         if not body.get("model"):
             return _Reply(400, error_body(400, message="you must provide a model parameter", param="model"))
         if body.get("stream"):

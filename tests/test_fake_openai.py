@@ -239,9 +239,7 @@ def test_200_concurrent_async_requests() -> None:
         client = _aclient(srv, timeout=30.0)
         try:
             coros = [
-                client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"item {i}"}]
-                )
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"item {i}"}])
                 for i in range(n)
             ]
             resps = await asyncio.gather(*coros)
@@ -261,9 +259,7 @@ def test_200_concurrent_async_requests() -> None:
 def _outcomes(srv: FakeOpenAI, n: int) -> Counter[str]:
     async def one(client: openai.AsyncOpenAI, i: int) -> str:
         try:
-            resp = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"q{i}"}]
-            )
+            resp = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"q{i}"}])
         except openai.APIStatusError as exc:
             return f"status:{exc.status_code}"
         except openai.APIConnectionError:

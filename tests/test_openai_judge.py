@@ -367,11 +367,7 @@ def test_api_key_never_leaks(fake_openai, caplog):
     fake_openai.set_responder(reply(EINSTEIN_REPLY))
     judge = judge_for(fake_openai)
     result = ContextualRecall(judge=judge).measure(EINSTEIN)
-    assert (
-        KEY not in result.model_dump_json()
-        and KEY not in repr(judge)
-        and KEY not in json.dumps(judge.config())
-    )
+    assert KEY not in result.model_dump_json() and KEY not in repr(judge) and KEY not in json.dumps(judge.config())
     assert KEY not in caplog.text
 
 
@@ -444,7 +440,5 @@ def test_context_extractor_sync_and_async(fake_openai):
     for extractor in (lambda c: ["The Eiffel Tower is in Paris, France."], fetch):
         result = ContextualRecall(judge=judge_for(fake_openai), context_extractor=extractor).measure(case)
         assert result.score == 1.0
-    static = ContextualRecall(judge=judge_for(fake_openai), context=["Unrelated text about Rome."]).measure(
-        case
-    )
+    static = ContextualRecall(judge=judge_for(fake_openai), context=["Unrelated text about Rome."]).measure(case)
     assert static.score == 0.0

@@ -180,9 +180,7 @@ def test_wrong_secret_is_access_denied_without_secrets(s3_server: _s3.S3Server, 
         with pytest.raises(StorageError) as info, storage_errors(uri, config, fs):
             attempt()
         message = str(info.value)
-        assert message.startswith(
-            "access denied (check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --storage-option)"
-        )
+        assert message.startswith("access denied (check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --storage-option)")
         assert wrong not in message and s3_server.secret_key not in message
 
 
@@ -225,9 +223,7 @@ def test_translate_local_generic_and_redacted_errors() -> None:
 
 
 def test_parse_storage_options() -> None:
-    assert parse_storage_options(
-        ["aws_region=eu-west-1", " endpoint_url =http://h:1/?a=b", "k=v", "k=w"]
-    ) == {
+    assert parse_storage_options(["aws_region=eu-west-1", " endpoint_url =http://h:1/?a=b", "k=v", "k=w"]) == {
         "aws_region": "eu-west-1",
         "endpoint_url": "http://h:1/?a=b",
         "k": "w",
@@ -250,10 +246,7 @@ def test_env_vars_picked_up(s3_server: _s3.S3Server, s3_bucket: str, monkeypatch
         monkeypatch.setenv(name, value)
     config = StorageConfig.from_options(None)
     assert config.endpoint_url == s3_server.endpoint_url and config.allow_http is True
-    assert (
-        config.secret_access_key is not None
-        and config.secret_access_key.get_secret_value() == s3_server.secret_key
-    )
+    assert config.secret_access_key is not None and config.secret_access_key.get_secret_value() == s3_server.secret_key
     fs, path = filesystem(f"s3://{s3_bucket}/env.parquet")  # config from the environment
     pq.write_table(TABLE, path, filesystem=fs)
     assert pq.read_table(path, filesystem=fs).equals(TABLE)
@@ -320,14 +313,12 @@ def test_delta_storage_options_shape(tmp_path: Path) -> None:
         "AWS_REGION": "eu-west-1",
         "AWS_CONDITIONAL_PUT": "etag",
     }
-    timeouts = StorageConfig.from_options(
-        {"connect_timeout": "2.5", "timeout": "30", "max_attempts": "1"}, env={}
-    )
+    timeouts = StorageConfig.from_options({"connect_timeout": "2.5", "timeout": "30", "max_attempts": "1"}, env={})
     opts = delta_storage_options("s3://b/t", timeouts) or {}
     assert (opts["connect_timeout"], opts["timeout"], opts["max_retries"]) == ("2500ms", "30000ms", "0")
-    assert delta_storage_options(
-        "az://c/t", StorageConfig.from_options({"account_name": "acct"}, env={})
-    ) == {"account_name": "acct"}
+    assert delta_storage_options("az://c/t", StorageConfig.from_options({"account_name": "acct"}, env={})) == {
+        "account_name": "acct"
+    }
 
 
 def test_filesystem_local_and_other_protocols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,6 +39,8 @@ What it cannot do
       beyond dropping pronouns, approximate numbers ("over 21,000" vs ``21,196``), dates written as numbers
       (``1879-03-14``), version numbers (``3.12`` vs ``3.12.0``), number words beyond English, ``10.000``
       as a German thousands separator (it reads as ten).
+    * Names are recognised by capitals, so in German every noun counts as a name that must be found;
+      scripts without case (CJK) get no name check.
     * Negation scope is approximated by clauses; double negation, negative words ("failed", "lacks") and
       exceptions ("every day except Monday") are not understood. Stemming is English-centred: inflected
       Russian, Arabic or Spanish forms (``escrito``/``escrita``) do not match.
@@ -915,15 +917,15 @@ def _read_number(raws: list[RawToken], i: int, b: _Builder) -> int:
         surface += " " + raws[j][1]
         j += 1
     key = _number_key(value)
-    if j < n and raws[j][0] == _W and raws[j][1].casefold() in _UNITS:  # 300 m, 5 kg, 9 pm
-        unit = raws[j][1].casefold()
-        b.add(stem(_CANONICAL.get(unit, unit)), raws[j][1])
-        j += 1
     if kind == _W and len(words) == 1 and words[0].casefold() == "one":
         b.alt(key)  # "one of the founders" is rarely a quantity: matchable, never required
     else:
         b.add(key, surface)
         b.numbers.append(key)
+    if j < n and raws[j][0] == _W and raws[j][1].casefold() in _UNITS:  # 300 m, 5 kg, 9 pm
+        unit = raws[j][1].casefold()
+        b.add(stem(_CANONICAL.get(unit, unit)), raws[j][1])
+        j += 1
     return j
 
 
@@ -1122,7 +1124,7 @@ class LexicalJudge:
         pairs.sort()
         numeric = [(t, w, m) for t, w, m in zip(terms, weights, masks, strict=True) if t[0] == "#"]
         threshold = self.support_threshold
-        failure: tuple[int, str] | None = None  # bitmask of the best candidate failing numbers or negation
+        failure: tuple[int, str] | None = None  # best candidate failing a check: (bitmask, check)
         for neg_cov, _i, cmask in singles + pairs:
             coverage = -neg_cov
             if coverage >= threshold:

@@ -1,0 +1,71 @@
+"""A fast fake OpenAI-compatible judge for benchmarks: fixed latency, unlimited concurrency, valid answers.
+
+aiohttp.web on one event loop in its own process (the tests' thread-per-connection server adds ~60 ms of
+queueing at 100 in flight on two cores, which would measure the server, not the client). Every numbered
+statement is answered "yes" with chunk 1; ``usage.prompt_tokens`` is characters / 4, as the test server.
+
+    python -m benchmarks.fake_judge --latency 0.2 --ready-file /tmp/url
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import socket
+
+from aiohttp import web
+
+_NUMBERED = re.compile(r'^\d+\. "', re.M)
+_ITEMS = re.compile(r"^Context items to decide \((\d+)\)", re.M)
+
+
+def answer(body: dict) -> tuple[str, int]:
+    text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+    user = str(body["messages"][-1].get("content", ""))
+    items = _ITEMS.search(user)
+    n = int(items.group(1)) if items else len(_NUMBERED.findall(user))
+    verdicts = [{"id": i, "chunk_ids": [1], "reason": "", "verdict": "yes"} for i in range(1, n + 1)]
+    return json.dumps({"verdicts": verdicts, "summary": ""}), len(text) // 4
+
+
+def make_app(latency: float) -> web.Application:
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        await asyncio.sleep(latency)
+        content, prompt_tokens = answer(body)
+        completion = max(1, len(content) // 4)
+        return web.json_response({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                      "total_tokens": prompt_tokens + completion},
+        })  # fmt: skip
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--ready-file", default=None)
+    args = parser.parse_args()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    app = make_app(args.latency)
+
+    async def ready(_: web.Application) -> None:
+        if args.ready_file:
+            with open(args.ready_file, "w") as fh:
+                fh.write(url)
+
+    app.on_startup.append(ready)
+    web.run_app(app, sock=sock, print=None, access_log=None, backlog=4096)
+
+
+if __name__ == "__main__":
+    main()

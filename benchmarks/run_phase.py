@@ -1,0 +1,56 @@
+"""One benchmark phase in its own process: run the real flow, print measurements as JSON on the last line.
+
+python -m benchmarks.run_phase DATASET OUTPUT --base-url URL --concurrency 100 [--judge openai]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dataset")
+    parser.add_argument("output")
+    parser.add_argument("--base-url", default=None)
+    parser.add_argument("--judge", default="openai")
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--chunk-size", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--profile", default=None, help="write a pyinstrument HTML profile here")
+    args = parser.parse_args()
+
+    from flows.recall_flow import recall_benchmark
+    from recall_tasks.config import RunParams
+
+    params = RunParams(
+        dataset_uri=args.dataset, output_uri=args.output, judge=args.judge, base_url=args.base_url,
+        max_concurrency=args.concurrency, chunk_size=args.chunk_size, max_workers=args.workers, baseline=None,
+    )  # fmt: skip
+    profiler = None
+    if args.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler()
+        profiler.start()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    summary = recall_benchmark(params)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    if profiler is not None:
+        profiler.stop()
+        with open(args.profile, "w") as fh:
+            fh.write(profiler.output_html())
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {
+        "rows": summary["rows"], "scored": summary["scored"], "errors": summary["errors"],
+        "cached": summary["cached"], "requests": summary["requests"], "prompt_tokens": summary["prompt_tokens"],
+        "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": rss_kb / 1024,
+    }  # fmt: skip
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,387 @@
+"""A self-contained HTML report of one run: header figures, regression verdict, histogram, trend, segments, worst rows.
+
+:func:`render_report` is a pure function over the ``runs``, ``results`` and (optional) ``comparisons`` tables. It
+returns one HTML5 document with inline CSS and hand-drawn inline SVG: no JavaScript, no external reference, so the
+file can be mailed, attached as an artifact or opened straight from object storage. Every value taken from the data
+is escaped with :func:`html.escape`. Missing optional columns, null/NaN intervals, empty runs and runs with only
+errors render as dashes and short notes instead of failing.
+
+:func:`write_report` reads the tables of a :class:`~recall_tasks.results.ResultStore` (only the run's own result
+rows) and writes ``<output>/reports/<run_id>.html``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import math
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from recall_tasks.errors import ConfigError
+from recall_tasks.results import ResultStore
+from recall_tasks.storage import join_uri, translate_storage_error
+
+__all__ = ["BINS", "render_report", "write_report"]
+
+BINS = 10
+"""Number of histogram bins over ``[0, scale]``."""
+
+VERDICT_COLORS = {"regressed": "#c62828", "improved": "#2e7d32", "unchanged": "#546e7a", "no_overlap": "#8d6e00"}
+_RESULT_COLUMNS = ("run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason")
+_DASH = "–"
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1000px;margin:24px auto;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555}.meta b{color:#222}code{background:#f3f3f3;padding:0 3px;border-radius:3px}.warn{color:#8d6e00}
+.figures{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}.fig .k{color:#666;font-size:12px}
+.fig{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:100px}.fig .v{font-size:20px;font-weight:600}
+.badge{display:inline-block;color:#fff;border-radius:4px;padding:2px 10px;font-weight:700;letter-spacing:.04em}
+table{border-collapse:collapse;width:100%}th{background:#f6f6f6}.err{color:#c62828}.muted{color:#777}
+th,td{border-bottom:1px solid #eee;padding:4px 8px;text-align:left;vertical-align:top}ul.miss{margin:0}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}svg text{font-size:11px;fill:#444}
+.bar{fill:#5c8dd6}.line{fill:none;stroke:#5c8dd6;stroke-width:1.5}.whisker{stroke:#888;stroke-width:1.2}
+.point{fill:#5c8dd6}.point.current{fill:#e65100;stroke:#222}.grid{stroke:#eee}.axis{stroke:#999}
+text.current{font-weight:700;fill:#e65100}
+"""
+
+
+def _e(value: object) -> str:
+    """Escaped text of a data value (a dash for None)."""
+    return _DASH if value is None else html.escape(str(value))
+
+
+def _num(value: object) -> float | None:
+    """A finite float, or None (None, NaN, infinities and non-numbers)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(cast(float, value)) if ok else None
+
+
+def _fmt(value: object, spec: str = ".3f") -> str:
+    """A number formatted with ``spec``, or a dash when it is missing or not finite."""
+    v = _num(value)
+    return _DASH if v is None else format(v, spec)
+
+
+def _ci(low: object, high: object) -> str:
+    lo, hi = _num(low), _num(high)
+    return "CI n/a" if lo is None or hi is None else f"95 % CI [{lo:.3f}, {hi:.3f}]"
+
+
+def _when(value: object) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if isinstance(value, dt.datetime) else str(value or _DASH)
+
+
+def _clip(text: object, limit: int) -> str:
+    """Escaped text cut to ``limit`` characters (cut before escaping, so no entity is broken)."""
+    return _e(text if len(s := str(text)) <= limit else s[: limit - 1] + "…")
+
+
+def _ts(value: object) -> float:
+    return value.timestamp() if isinstance(value, dt.datetime) else -math.inf
+
+
+def _scores(table: pa.Table) -> np.ndarray:
+    """Scores as float64 (null -> NaN); empty when the column is missing."""
+    if "score" not in table.column_names or table.num_rows == 0:
+        return np.full(table.num_rows, np.nan)
+    return np.asarray(pc.cast(table.column("score"), pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
+
+
+def _flags(table: pa.Table, name: str, valid: bool = False) -> np.ndarray:
+    """Per row: the boolean column ``name`` is true (or, with ``valid``, not null); all False when it is missing."""
+    if name not in table.column_names:
+        return np.zeros(table.num_rows, dtype=bool)
+    col = pc.is_valid(table.column(name)) if valid else pc.fill_null(pc.cast(table.column(name), pa.bool_()), False)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _computed_figures(table: pa.Table, scores: np.ndarray) -> dict[str, Any]:
+    """Headline figures from the result rows, used where the runs row has none (None for a missing column)."""
+    valid, names = scores[np.isfinite(scores)], table.column_names
+    count = {k: int(_flags(table, k, k == "error").sum()) for k in ("error", "skipped", "cached") if k in names}
+    success = None
+    if "success" in table.column_names and table.column("success").null_count < table.num_rows:
+        success = pc.mean(pc.cast(pc.drop_null(table.column("success")), pa.float64())).as_py()
+    return {
+        "rows": table.num_rows, "scored": int(valid.size), "errors": count.get("error"),
+        "skipped": count.get("skipped"), "cached": count.get("cached"),
+        "mean_score": float(valid.mean()) if valid.size else None, "pass_rate": success,
+    }  # fmt: skip
+
+
+def _worst_rows(table: pa.Table, scores: np.ndarray, limit: int) -> list[dict[str, Any]]:
+    """Errors first, then scored rows lowest first, then other unscored rows (stable within each group)."""
+    if table.num_rows == 0 or limit <= 0:
+        return []
+    scored = np.isfinite(scores)
+    rank = np.where(_flags(table, "error", valid=True), 0, np.where(scored, 1, 2))
+    order = np.lexsort((np.where(scored, scores, np.inf), rank))[:limit]
+    columns = [c for c in _RESULT_COLUMNS if c in table.column_names and c != "run_id"]
+    return cast(list[dict[str, Any]], table.select(columns).take(pa.array(order)).to_pylist())
+
+
+def _header(run: dict[str, Any], figures: dict[str, Any]) -> str:
+    dataset = run.get("dataset") or "unknown dataset"
+    meta = [
+        f"run <code>{_e(run['run_id'])}</code>",
+        f"label <b>{_e(run.get('label'))}</b>",
+        f"index version <b>{_e(run.get('index_version'))}</b>",
+        f"metric <b>{_e(run.get('metric'))}</b>",
+        f"judge <b>{_e(run.get('judge_model'))}</b> (prompt {_e(run.get('prompt_version'))})",
+        f"started {_e(_when(run.get('started_at')))}",
+        f"finished {_e(_when(run.get('finished_at')))}",
+    ]
+    cards = [
+        (_fmt(figures["mean_score"]), f"mean score, {_ci(run.get('ci_low'), run.get('ci_high'))}"),
+        (_fmt(figures["pass_rate"], ".1%"), f"pass rate at threshold {_fmt(run.get('threshold'), 'g')}"),
+        *[(_e(figures[k]), k) for k in ("rows", "scored", "errors", "skipped", "cached")],
+    ]
+    out = [f"<h1>Contextual recall – {_e(dataset)}</h1>", f'<p class="meta">{" · ".join(meta)}</p>']
+    if run.get("status") not in (None, "ok", "success", "completed"):
+        out.append(f'<p class="warn">status {_e(run.get("status"))}: {_e(run.get("status_reason"))}</p>')
+    cells = "".join(f'<div class="fig"><div class="v">{v}</div><div class="k">{k}</div></div>' for v, k in cards)
+    out.append(f'<div class="figures">{cells}</div>')
+    return "\n".join(out)
+
+
+def _verdict(cmp: dict[str, Any] | None) -> str:
+    if cmp is None:
+        return '<h2>Regression check</h2>\n<p class="muted">First run of its series: no baseline to compare with.</p>'
+    verdict = str(cmp.get("verdict") or "unknown")
+    color = VERDICT_COLORS.get(verdict, "#546e7a")
+    delta = _num(cmp.get("mean_delta"))
+    out = [
+        "<h2>Regression check</h2>",
+        f'<p><span class="badge" style="background:{color}">{_e(verdict.upper().replace("_", " "))}</span> '
+        f"vs baseline <code>{_e(cmp.get('baseline_run_id'))}</code></p>",
+        f"<p>mean delta <b>{_fmt(delta, '+.3f')}</b> "
+        f"({_ci(cmp.get('ci_low'), cmp.get('ci_high'))}); mean {_fmt(cmp.get('mean_current'))} vs "
+        f"{_fmt(cmp.get('mean_baseline'))} over {_e(cmp.get('n_paired'))} paired rows; "
+        f"flips pass→fail {_e(cmp.get('flips_pass_to_fail'))}, fail→pass {_e(cmp.get('flips_fail_to_pass'))} "
+        f"(McNemar p = {_fmt(cmp.get('mcnemar_p'), '.3g')})</p>",
+    ]
+    if cmp.get("like_for_like") is False:
+        out.append('<p class="warn">Not like for like: judge, prompt, metric or dataset differ from the baseline.</p>')
+    return "\n".join(out)
+
+
+def _histogram(scores: np.ndarray, scale: float, figures: dict[str, Any]) -> str:
+    valid = scores[np.isfinite(scores)]
+    counts = np.zeros(BINS, dtype=int)
+    if valid.size:
+        idx = np.clip(np.floor(valid / scale * BINS + 1e-9), 0, BINS - 1).astype(int)
+        counts = np.bincount(idx, minlength=BINS)
+    width, height, left, top, bottom = 560, 190, 36, 14, 22
+    plot_w, plot_h = width - left - 10, height - top - bottom
+    peak, bw = max(int(counts.max()), 1), plot_w / BINS
+    out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
+    out += [
+        f'<text x="{left - 4}" y="{y}" text-anchor="end">{n}</text>' for y, n in ((top + 4, peak), (top + plot_h, 0))
+    ]
+    for i, c in enumerate(counts):
+        h = plot_h * int(c) / peak
+        x, y = left + i * bw + 1, top + plot_h - h
+        span = f"[{scale * i / BINS:.3g}, {scale * (i + 1) / BINS:.3g}{']' if i == BINS - 1 else ')'}"
+        out.append(
+            f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{h:.1f}">'
+            f"<title>{span}: {int(c)} rows</title></rect>"
+        )
+        if c:
+            out.append(f'<text x="{x + bw / 2 - 1:.1f}" y="{y - 2:.1f}" text-anchor="middle">{int(c)}</text>')
+    out += [f'<text x="{left + i * bw:.1f}" y="{height - 6}" text-anchor="middle">{scale * i / BINS:.3g}</text>'
+            for i in range(0, BINS + 1, 2)]  # fmt: skip
+    out.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>')
+    out.append("</svg>")
+    note = f"{int(valid.size)} scored rows in {BINS} bins over [0, {scale:g}]; not shown: "
+    note += f"{_e(figures['errors'])} errored, {_e(figures['skipped'])} skipped."
+    return "<h2>Score distribution</h2>\n" + "\n".join(out) + f'\n<p class="muted">{note}</p>'
+
+
+def _trend(series: list[dict[str, Any]], run_id: str) -> str:
+    values = [v for r in series for k in ("mean_score", "ci_low", "ci_high") if (v := _num(r.get(k))) is not None]
+    if not values:
+        return '<h2>Trend</h2>\n<p class="muted">No scored runs of this dataset and metric to chart.</p>'
+    lo, hi = min(values), max(values)
+    pad = max((hi - lo) * 0.15, 0.02 * max(abs(hi), 1.0))
+    y0, y1 = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
+    width, height, left, top, bottom = 640, 250, 48, 12, 78
+    plot_w, plot_h = width - left - 12, height - top - bottom
+    step = plot_w / len(series)
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - (v - y0) / (y1 - y0))
+
+    out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
+    for k in range(5):
+        v = y0 + (y1 - y0) * k / 4
+        out.append(f'<line class="grid" x1="{left}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}"/>'
+                   f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')  # fmt: skip
+    line, marks = [], []
+    for i, r in enumerate(series):
+        x, current = left + step * (i + 0.5), r["run_id"] == run_id
+        mean, ci_lo, ci_hi = _num(r.get("mean_score")), _num(r.get("ci_low")), _num(r.get("ci_high"))
+        if ci_lo is not None and ci_hi is not None:
+            marks.append(f'<line class="whisker" x1="{x:.1f}" y1="{y(ci_lo):.1f}" x2="{x:.1f}" y2="{y(ci_hi):.1f}"/>')
+        if mean is not None:
+            line.append(f"{x:.1f},{y(mean):.1f}")
+            tip = f"{r['run_id']}: mean {mean:.3f}, {_ci(ci_lo, ci_hi)}, started {_when(r.get('started_at'))}"
+            marks.append(
+                f'<circle class="point{" current" if current else ""}" cx="{x:.1f}" cy="{y(mean):.1f}" '
+                f'r="{6 if current else 4}"><title>{_e(tip)}</title></circle>'
+            )
+        rid, ty = str(r["run_id"]), top + plot_h + 12
+        name = str(r.get("label") or (rid if len(rid) <= 12 else f"{rid[:8]}…{rid[-6:]}"))  # date…suffix
+        klass = ' class="current"' if current else ""
+        out.append(f'<text{klass} x="{x:.1f}" y="{ty}" text-anchor="end" '
+                   f'transform="rotate(-35 {x:.1f} {ty})">{_clip(name, 16)}</text>')  # fmt: skip
+    if len(line) >= 2:
+        out.append(f'<polyline class="line" points="{" ".join(line)}"/>')
+    out += marks
+    out.append("</svg>")
+    note = f"Last {len(series)} run(s) of this dataset and metric; mean with 95 % CI, this run highlighted."
+    return "<h2>Trend</h2>\n" + "\n".join(out) + f'\n<p class="muted">{note}</p>'
+
+
+def _segments(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    head = "<tr><th>column</th><th>value</th><th>rows</th><th>mean</th><th>CI</th><th>pass rate</th>"
+    head += "<th>vs baseline</th></tr>" if deltas else "</tr>"
+    body = []
+    for r in rows:
+        value = "(null)" if r.get("segment_value") is None else r.get("segment_value")
+        cells = (
+            f'<td>{_e(r.get("segment_column"))}</td><td>{_e(value)}</td><td class="num">{_e(r.get("rows"))}</td>'
+            f'<td class="num">{_fmt(r.get("mean_score"))}</td>'
+            f'<td class="num">{_ci(r.get("ci_low"), r.get("ci_high"))}</td>'
+            f'<td class="num">{_fmt(r.get("pass_rate"), ".1%")}</td>'
+        )
+        if deltas:
+            d = deltas.get((r.get("segment_column"), r.get("segment_value")))
+            delta = None if d is None else _num(d.get("mean_delta"))
+            text = _DASH if d is None else f"{_e(d.get('verdict'))} ({_fmt(delta, '+.3f')})"
+            cells += f'<td class="num">{text}</td>'
+        body.append(f"<tr>{cells}</tr>")
+    return "<h2>Segments</h2>\n<table>" + head + "".join(body) + "</table>"
+
+
+def _worst(rows: list[dict[str, Any]], has_input: bool) -> str:
+    if not rows:
+        return '<h2>Worst rows</h2>\n<p class="muted">No result rows for this run.</p>'
+    head = "<tr><th>row id</th>" + ("<th>question</th>" if has_input else "") + "<th>score</th><th>detail</th></tr>"
+    body = []
+    for r in rows:
+        if r.get("error") is not None:
+            score, detail = '<span class="err">error</span>', f'<span class="err">{_clip(r["error"], 500)}</span>'
+        else:
+            score = "skipped" if _num(r.get("score")) is None and r.get("skipped") else _fmt(r.get("score"))
+            missing = [v.get("statement") for v in r.get("verdicts") or [] if str(v.get("verdict")).lower() == "no"]
+            if missing:
+                detail = '<ul class="miss">' + "".join(f"<li>{_clip(s, 400)}</li>" for s in missing) + "</ul>"
+            else:
+                detail = f'<span class="muted">{_clip(r["reason"], 300)}</span>' if r.get("reason") else _DASH
+        question = f"<td>{_clip(r.get('input') or '', 300)}</td>" if has_input else ""
+        body.append(f"<tr><td><code>{_e(r.get('row_id'))}</code></td>{question}<td class=\"num\">{score}</td>"
+                    f"<td>{detail}</td></tr>")  # fmt: skip
+    return "<h2>Worst rows</h2>\n<table>" + head + "".join(body) + "</table>"
+
+
+def render_report(
+    run_id: str,
+    runs: pa.Table,
+    results: pa.Table,
+    comparisons: pa.Table | None = None,
+    *,
+    history: int = 20,
+    worst: int = 15,
+) -> str:
+    """The HTML report of ``run_id``. ``results`` and ``runs`` may hold other runs and datasets (filtered here)."""
+    if "run_id" in results.column_names and results.num_rows:
+        results = results.filter(pc.equal(results.column("run_id"), run_id))
+    all_runs = runs.to_pylist()
+    overall = [r for r in all_runs if r.get("segment_column") is None]
+    run: dict[str, Any] = next((r for r in reversed(overall) if r["run_id"] == run_id), {"run_id": run_id})
+    scores = _scores(results)
+    computed = _computed_figures(results, scores)
+    figures = {k: run.get(k) if run.get(k) is not None else v for k, v in computed.items()}
+    finite = scores[np.isfinite(scores)]
+    scale = _num(run.get("scale")) or 0.0
+    scale = scale if scale > 0 else max(1.0, float(finite.max()) if finite.size else 1.0)
+
+    key = (run.get("dataset"), run.get("metric"))
+    series = {r["run_id"]: r for r in overall if (r.get("dataset"), r.get("metric")) == key}
+    ordered = sorted(series.values(), key=lambda r: (_ts(r.get("started_at")), str(r["run_id"])))
+    at = next((i for i, r in enumerate(ordered) if r["run_id"] == run_id), None)
+    trend = [] if at is None else ordered[max(0, at + 1 - max(1, history)) : at + 1]
+
+    cmp: dict[str, Any] | None = None
+    deltas: dict[tuple[Any, Any], dict[str, Any]] = {}
+    if comparisons is not None and comparisons.num_rows and "current_run_id" in comparisons.column_names:
+        mine = comparisons.filter(pc.equal(comparisons.column("current_run_id"), run_id)).to_pylist()
+        mine.sort(key=lambda r: _ts(r.get("compared_at")))
+        tops = [r for r in mine if r.get("segment_column") is None]
+        cmp = tops[-1] if tops else None
+        if cmp is not None:
+            same = [r for r in mine if r.get("comparison_id") == cmp.get("comparison_id") and r.get("segment_column")]
+            deltas = {(r.get("segment_column"), r.get("segment_value")): r for r in same}
+
+    segments = sorted(
+        (r for r in all_runs if r["run_id"] == run_id and r.get("segment_column") is not None),
+        key=lambda r: (str(r.get("segment_column")), r.get("segment_value") is None, str(r.get("segment_value"))),
+    )
+    title = f"Recall report – {run.get('dataset') or 'unknown dataset'} – {run_id}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        _header(run, figures),
+        _verdict(cmp),
+        _histogram(scores, scale, figures),
+        _trend(trend, run_id),
+        _segments(segments, deltas),
+        _worst(_worst_rows(results, scores, worst), "input" in results.column_names),
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"
+
+
+def _read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
+    """This run's comparison rows, or None when the store has no (readable) comparisons table."""
+    try:
+        ds = cast(Any, store).read_table("comparisons")
+    except (TypeError, ValueError, KeyError):
+        return None
+    if ds is None or not {"current_run_id", "verdict"} <= set(ds.schema.names):
+        return None
+    return cast(pa.Table, ds.to_table(filter=pads.field("current_run_id") == run_id))
+
+
+def write_report(store: ResultStore, run_id: str) -> str:
+    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI."""
+    runs_ds = store.read_table("runs")
+    runs = runs_ds.to_table() if runs_ds is not None else None
+    if runs is None or runs.num_rows == 0 or run_id not in runs.column("run_id").to_pylist():
+        raise ConfigError(f"run {run_id} not found in {store.runs_uri}")
+    results_ds = store.read_table("results")
+    if results_ds is None:
+        results = pa.table({"run_id": pa.array([], pa.string())})
+    else:
+        columns = [c for c in _RESULT_COLUMNS if c in results_ds.schema.names]
+        results = results_ds.to_table(columns=columns, filter=pads.field("run_id") == run_id)
+    document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
+    path = store._path("reports", f"{run_id}.html")
+    uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
+    try:
+        store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with store.fs.open(path, "w") as fh:
+            fh.write(document)
+    except Exception as exc:  # noqa: BLE001
+        raise translate_storage_error(exc, uri) from None
+    return uri
