@@ -33,7 +33,6 @@ from recall_tasks.secrets import looks_secret, redact, register_secret
 DEFAULT_REGION = "us-east-1"
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
-_OPTION_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z_.-]{0,39}$")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _CHECK_CREDENTIALS = "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or --storage-option"
 

@@ -229,8 +229,11 @@ def test_parse_storage_options() -> None:
         "k": "w",
     }
     assert parse_storage_options([]) == {}
-    with pytest.raises(ConfigError, match=r"#2 'aws_region': expected key=value \(there is no '='\)"):
+    with pytest.raises(ConfigError, match=r"#2 <10 chars hidden>: expected key=value \(there is no '='\)"):
         parse_storage_options(["a=b", "aws_region"])
+    with pytest.raises(ConfigError) as info:  # a malformed pair is never echoed, even when it looks like a name
+        parse_storage_options(["sk-abcdefgh"])
+    assert "sk-abcdefgh" not in str(info.value)
     with pytest.raises(ConfigError, match=r"#1 <12 chars hidden>: expected key=value \(the key is empty\)"):
         parse_storage_options(["=hunter2pass"])
     secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
