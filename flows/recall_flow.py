@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import deque
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
@@ -30,6 +31,7 @@ from recall_tasks import pipeline, tracking
 from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
 from recall_tasks.errors import JudgeTransientError, RegressionDetected, StorageError
+from recall_tasks.html_report import write_report
 from recall_tasks.report import markdown_report, summary_rows
 from recall_tasks.results import ChunkPart
 
@@ -85,7 +87,7 @@ def _flow_run_name() -> str:
 
 @flow(
     name="recall-benchmark",
-    flow_run_name=_flow_run_name,  # type: ignore[arg-type]
+    flow_run_name=_flow_run_name,
     task_runner=ThreadPoolTaskRunner(max_workers=16),  # type: ignore[arg-type]
 )
 def recall_benchmark(params: RunParams) -> dict[str, Any]:
@@ -100,7 +102,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         " (resumed)" if plan.resumed else "", total, plan.dataset.uri, len(plan.dataset.files), params.metric,
         plan.metric.judge.model,
     )  # fmt: skip
-    progress_id = create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}")
+    progress_id = cast(UUID, create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}"))
     chunk_task = _chunk_task(params)
     window: deque[tuple[PrefectFuture[pipeline.ChunkReport], Any, str]] = deque()
     parts: list[ChunkPart] = []
@@ -169,6 +171,9 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         summary = {**summary, "comparison": comparison.event_payload()}
         if comparison.verdict == "regressed":
             emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
+    report_uri = write_report(plan.store, plan.run_id)
+    create_link_artifact(report_uri, link_text="HTML report", key="recall-html-report")
+    summary = {**summary, "report_uri": report_uri}
     pipeline.finish_run(plan)
     if comparison is not None and comparison.verdict == "regressed" and params.fail_on_regression:
         raise RegressionDetected(

@@ -72,6 +72,8 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
     console.print(table)
     query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
     console.print(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}')
+    if summary.get("report_uri"):
+        console.print(f"HTML report: {summary['report_uri']}")
 
 
 def _run(params: Any) -> dict[str, Any]:
@@ -140,36 +142,38 @@ def run(
     from recall_tasks.datasets import parse_column_overrides
 
     try:
-        params = RunParams(
-            dataset_uri=dataset_uri,
-            output_uri=output,
-            metric=metric,
-            judge=judge,
-            model=model,  # type: ignore[arg-type]
-            base_url=base_url,
-            threshold=threshold,
-            scale=scale,
-            strict_mode=strict,
-            on_missing=on_missing,  # type: ignore[arg-type]
-            max_concurrency=max_concurrency,
-            chunk_size=chunk_size,
-            label=label,
-            segment_by=segment_by or [],
-            columns=parse_column_overrides(column or []),
-            format=format,  # type: ignore[arg-type]
-            storage_options=_split_storage_options(storage_option or []),
-            cache=cache,
-            refresh_cache=refresh_cache,
-            cache_uri=cache_uri,
-            chunk_cache_storage=chunk_cache_storage,
-            max_cost_usd=max_cost_usd,
-            max_requests=max_requests,
-            index_version=index_version,
-            baseline=None if baseline.lower() == "none" else baseline,
-            tolerance=tolerance,
-            fail_on_regression=fail_on_regression,
-            retriever=retriever,
-            retrieval_uri=retrieval_uri,
+        params = RunParams.model_validate(
+            {
+                "dataset_uri": dataset_uri,
+                "output_uri": output,
+                "metric": metric,
+                "judge": judge,
+                "model": model,
+                "base_url": base_url,
+                "threshold": threshold,
+                "scale": scale,
+                "strict_mode": strict,
+                "on_missing": on_missing,
+                "max_concurrency": max_concurrency,
+                "chunk_size": chunk_size,
+                "label": label,
+                "segment_by": segment_by or [],
+                "columns": parse_column_overrides(column or []),
+                "format": format,
+                "storage_options": _split_storage_options(storage_option or []),
+                "cache": cache,
+                "refresh_cache": refresh_cache,
+                "cache_uri": cache_uri,
+                "chunk_cache_storage": chunk_cache_storage,
+                "max_cost_usd": max_cost_usd,
+                "max_requests": max_requests,
+                "index_version": index_version,
+                "baseline": None if baseline.lower() == "none" else baseline,
+                "tolerance": tolerance,
+                "fail_on_regression": fail_on_regression,
+                "retriever": retriever,
+                "retrieval_uri": retrieval_uri,
+            }
         )
         summary = _run(params)
     except RegressionDetected as exc:
@@ -224,6 +228,14 @@ def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output
     except RecallBenchError as exc:
         _fail(exc)
     _print_summary(summary, output)
+    console.print("\nThe five rows with the least supported ground truth:")
+    query(
+        "SELECT row_id, category, score, reason FROM results ORDER BY score NULLS FIRST LIMIT 5",
+        output=output,
+        format="delta",
+        storage_option=None,
+        limit=5,
+    )
 
 
 @app.command()
@@ -244,7 +256,7 @@ def query(
         store = ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
         con = duckdb.connect()
         for name in ("results", "runs"):
-            ds = store.read_table(name)  # type: ignore[arg-type]
+            ds = store.read_table(name)
             if ds is not None:
                 con.register(name, ds)
         rel = con.sql(sql)
@@ -314,6 +326,23 @@ def history(
             verdicts.get(r["run_id"], "first of series"),
         )
     console.print(table)
+
+
+@app.command()
+def report(
+    run_id: Annotated[str, typer.Argument(help="The run to report on")],
+    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    format: Annotated[str, typer.Option("--format")] = "delta",
+    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
+) -> None:
+    """Write a self-contained HTML report of a run next to the tables and print where it is."""
+    from recall_tasks.html_report import write_report
+
+    try:
+        uri = write_report(_store(output, format, storage_option), run_id)
+    except RecallBenchError as exc:
+        _fail(exc)
+    console.print(uri)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -363,6 +363,34 @@ def _read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
     return cast(pa.Table, ds.to_table(filter=pads.field("current_run_id") == run_id))
 
 
+_HEAVY_COLUMNS = ("input", "verdicts", "reason")
+
+
+def _bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
+    """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
+
+    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows.
+    """
+    names = results_ds.schema.names
+    light = [c for c in _RESULT_COLUMNS if c in names and c not in _HEAVY_COLUMNS]
+    heavy = [c for c in _HEAVY_COLUMNS if c in names]
+    in_run = pads.field("run_id") == run_id
+    table = results_ds.to_table(columns=light, filter=in_run)
+    if not heavy or table.num_rows == 0:
+        return table
+    order = pc.sort_indices(
+        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
+        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+    )
+    worst_ids = table.column("row_id").take(order[:keep])
+    detail = results_ds.to_table(columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids))
+    position = {rid: i for i, rid in enumerate(detail.column("row_id").to_pylist())}
+    index = pa.array([position.get(rid) for rid in table.column("row_id").to_pylist()], pa.int64())
+    for name in heavy:
+        table = table.append_column(name, detail.column(name).take(index))
+    return table
+
+
 def write_report(store: ResultStore, run_id: str) -> str:
     """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI."""
     runs_ds = store.read_table("runs")
@@ -373,8 +401,7 @@ def write_report(store: ResultStore, run_id: str) -> str:
     if results_ds is None:
         results = pa.table({"run_id": pa.array([], pa.string())})
     else:
-        columns = [c for c in _RESULT_COLUMNS if c in results_ds.schema.names]
-        results = results_ds.to_table(columns=columns, filter=pads.field("run_id") == run_id)
+        results = _bounded_results(results_ds, run_id)
     document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")

@@ -42,7 +42,7 @@ def load_retriever(spec: str) -> Retriever:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--retriever {spec!r}: {module_name} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def retrieve(fn: Retriever, questions: list[str]) -> list[list[str]]:

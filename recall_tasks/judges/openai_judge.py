@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +182,7 @@ class OpenAIJudge:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
-            hooks = {"request": [_count_attempt], "response": [_quota_is_final]}
+            hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
             http: httpx2.AsyncClient
             try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
                 http = openai.DefaultAioHttpClient(timeout=self.timeout_s, event_hooks=hooks)
