@@ -1,0 +1,113 @@
+"""Retrieval at run time: a retriever entrypoint or a retrieval-results file fills the contexts."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from flows.recall_flow import recall_benchmark
+from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError, DatasetError
+from tests import sample_retriever
+from tests.test_pipeline import make_rows
+
+
+def questions_only(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "contexts"} for r in rows]
+
+
+def scores(out, run_id: str) -> dict[str, float]:
+    table = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
+    return {r["row_id"]: r["score"] for r in table if r["run_id"] == run_id}
+
+
+@pytest.mark.parametrize("entrypoint", ["tests.sample_retriever:retrieve", "tests.sample_retriever:aretrieve"])
+def test_retriever_fills_contexts(prefect_harness, tmp_path, entrypoint):
+    rows = make_rows(30, seed=41)
+    sample_retriever.INDEX.clear()
+    sample_retriever.INDEX.update({r["question"]: r["contexts"] for r in rows})
+    sample_retriever.CALLS.clear()
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(questions_only(rows)), data)
+    out = tmp_path / "out"
+    summary = recall_benchmark(
+        RunParams(dataset_uri=str(data), output_uri=str(out), retriever=entrypoint, chunk_size=8, judge="lexical")
+    )
+    assert summary["scored"] == 30
+    assert sample_retriever.CALLS == [8, 8, 8, 6]  # one call per chunk, in batches
+    reference = recall_benchmark(
+        RunParams(
+            dataset_uri=str(_with_contexts(tmp_path, rows)),
+            output_uri=str(out),
+            chunk_size=8,
+            judge="lexical",
+            baseline=None,
+        )
+    )
+    assert scores(out, summary["run_id"]) == scores(out, reference["run_id"])
+
+
+def _with_contexts(tmp_path, rows):
+    path = tmp_path / "full" / "q.parquet"
+    path.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_retrieval_results_joined_by_row_id(prefect_harness, tmp_path):
+    rows = make_rows(20, seed=43)
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(questions_only(rows)), data)
+    retrieved = tmp_path / "index-v2.parquet"
+    shuffled = list(reversed(rows))[:-1]  # one row missing from the new index's results
+    pq.write_table(
+        pa.table({"row_id": [r["row_id"] for r in shuffled], "retrieved_contexts": [r["contexts"] for r in shuffled]}),
+        retrieved,
+    )
+    out = tmp_path / "out"
+    summary = recall_benchmark(
+        RunParams(
+            dataset_uri=str(data),
+            output_uri=str(out),
+            retrieval_uri=str(retrieved),
+            judge="lexical",
+            on_missing="skip",
+            index_version="v2",
+        )
+    )
+    assert summary["scored"] == 19 and summary["skipped"] == 1
+    got = scores(out, summary["run_id"])
+    assert got[rows[0]["row_id"]] is None
+    lexical = recall_benchmark(
+        RunParams(dataset_uri=str(_with_contexts(tmp_path, rows)), output_uri=str(out), judge="lexical", baseline=None)
+    )
+    reference = scores(out, lexical["run_id"])
+    assert all(got[r["row_id"]] == reference[r["row_id"]] for r in rows[1:])
+    assert all(reference[r["row_id"]] is not None for r in rows)
+
+
+def test_bad_retrievers_are_clear_errors(prefect_harness, tmp_path):
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(questions_only(make_rows(3))), data)
+    for spec, message in [
+        ("nope", "module:function"),
+        ("no_such_module_x:f", "cannot import"),
+        ("tests.sample_retriever:missing", "no callable"),
+        ("tests.sample_retriever:broken", "returned 1 contexts for 3 questions"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            recall_benchmark(RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "out"), retriever=spec))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"id": ["x"], "retrieved_contexts": [["c"]]}), bad)
+    with pytest.raises(DatasetError, match="need row_id"):
+        recall_benchmark(RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "out"), retrieval_uri=str(bad)))
+    assert not (tmp_path / "out" / "results").exists()
+
+
+def test_dataset_without_contexts_needs_a_source(prefect_harness, tmp_path):
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(questions_only(make_rows(3))), data)
+    with pytest.raises(DatasetError, match="no retrieval_context column"):
+        recall_benchmark(RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "out")))
