@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from recall_tasks import events
 from recall_tasks.errors import RecallBenchError, RegressionDetected
 from recall_tasks.secrets import looks_secret, redact
 from recall_tasks.storage import parse_storage_options
@@ -343,6 +344,9 @@ def report(
     except RecallBenchError as exc:
         _fail(exc)
     console.print(uri)
+
+
+events.register(app)
 
 
 def main() -> None:  # pragma: no cover - console entry

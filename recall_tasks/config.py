@@ -19,7 +19,9 @@ class RunParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset_uri: str = Field(description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path")
+    dataset_uri: str = Field(
+        min_length=1, description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
+    )
     output_uri: str = Field("recall-output", description="Where the results/ and runs/ tables live")
     metric: Literal["contextual_recall", "context_coverage"] = "contextual_recall"
     judge: Literal["lexical", "openai"] = "lexical"
@@ -81,7 +83,23 @@ class RunParams(BaseModel):
             raise ValueError(f"the output location {value!r} names no folder or bucket")
         return stripped
 
-    @field_validator("retrieval_uri", "retriever", "index_version", "label", "base_url", mode="before")
+    @field_validator("dataset_uri", "output_uri", "retrieval_uri", "cache_uri", mode="after")
+    @classmethod
+    def _no_unrendered_template(cls, value: str | None) -> str | None:
+        if value is not None and "{{" in value:
+            raise ValueError(f"{value!r} is an unrendered template: set its variable before `prefect deploy`")
+        return value
+
+    @field_validator(
+        "retrieval_uri",
+        "retriever",
+        "index_version",
+        "label",
+        "base_url",
+        "cache_uri",
+        "chunk_cache_storage",
+        mode="before",
+    )
     @classmethod
     def _blank_is_none(cls, value: object) -> object:
         # event-templated deployment parameters render a missing optional field as "" or "None"
