@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--million", action="store_true", help="also a 1M-row run (peak RSS)")
+    parser.add_argument("--million-only", action="store_true", help="only the 1M-row run")
     parser.add_argument("--profile", default=None, help="pyinstrument HTML of the first phase")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -169,23 +170,24 @@ def main() -> None:
     }
     results: list[tuple[str, int, dict]] = []
     try:
-        table = make_table(args.rows)
+        table = make_table(args.rows if not args.million_only else 10)
         data = write_dataset(tmp / "data" / "bench.parquet", table)
         edited = write_dataset(tmp / "edited" / "bench.parquet", edit_one_percent(table))
-        for i, conc in enumerate(args.concurrency):
+        for i, conc in enumerate(args.concurrency if not args.million_only else []):
             out = str(tmp / f"out-{conc}")
             profile = args.profile if i == 0 else None
             results.append(
                 (f"first run, concurrency {conc}", conc, run_phase(env, data, out, base_url, conc, profile=profile))
             )
         out = str(tmp / f"out-{args.concurrency[0]}")
-        results.append(
-            ("unchanged rerun", args.concurrency[0], run_phase(env, data, out, base_url, args.concurrency[0]))
-        )
-        results.append(
-            ("1%-edited rerun", args.concurrency[0], run_phase(env, edited, out, base_url, args.concurrency[0]))
-        )
-        if args.million:
+        if not args.million_only:
+            results.append(
+                ("unchanged rerun", args.concurrency[0], run_phase(env, data, out, base_url, args.concurrency[0]))
+            )
+            results.append(
+                ("1%-edited rerun", args.concurrency[0], run_phase(env, edited, out, base_url, args.concurrency[0]))
+            )
+        if args.million or args.million_only:
             big = write_dataset(tmp / "million" / "bench.parquet", make_table(1_000_000, seed=5))
             del table
             results.append(("1M rows", 400, run_phase(env, big, str(tmp / "out-million"), base_url, 400)))

@@ -60,9 +60,13 @@ def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
     cache_key_fn=_chunk_cache_key,
     persist_result=True,
 )
-def score_chunk(plan: pipeline.RunPlan, seq: int, block: Any, key: str) -> pipeline.ChunkReport:
-    """Score one chunk of rows and write its result file (a retry rewrites the same file)."""
-    return pipeline.score_chunk(plan, seq, block, key)
+def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkReport:
+    """Score one chunk of rows and write its result file (a retry rewrites the same file).
+
+    The rows are not a task parameter: Prefect keeps task parameters referenced after the run, which grew the
+    flow by ~1 MB per chunk. The flow parks each chunk in ``plan.pending_blocks`` until its task settles.
+    """
+    return pipeline.score_chunk(plan, seq, plan.pending_blocks[seq], key)
 
 
 def _chunk_task(params: RunParams) -> Any:
@@ -104,18 +108,19 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     )  # fmt: skip
     progress_id = cast(UUID, create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}"))
     chunk_task = _chunk_task(params)
-    window: deque[tuple[PrefectFuture[pipeline.ChunkReport], Any, str]] = deque()
+    window: deque[tuple[PrefectFuture[pipeline.ChunkReport], int, str]] = deque()
     parts: list[ChunkPart] = []
     done_rows = 0
 
     def settle() -> None:
         nonlocal done_rows
-        future, block, key = window.popleft()
+        future, seq, key = window.popleft()
         report = future.result()
         reused = future.state.name == "Cached" and not report.path.endswith(f"/{plan.run_id}.parquet")
         if reused and not plan.store.exists(report.path):  # the cached file was pruned: judge again
-            report = chunk_task.with_options(refresh_cache=True)(quote(plan), report.seq, quote(block), key)
+            report = chunk_task.with_options(refresh_cache=True)(quote(plan), seq, key)
             reused = False
+        plan.pending_blocks.pop(seq, None)
         parts.append(ChunkPart(report.path, reused=reused))
         done_rows += report.rows
         pipeline.notify_progress(done_rows, total)
@@ -126,7 +131,8 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         for seq, raw in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
             block = plan.prepare_block(raw)
             key = pipeline.chunk_key(plan, block)
-            window.append((chunk_task.submit(quote(plan), seq, quote(block), key), block, key))
+            plan.pending_blocks[seq] = block
+            window.append((chunk_task.submit(quote(plan), seq, key), seq, key))
             while len(window) >= params.max_workers:
                 settle()
         while window:

@@ -36,9 +36,13 @@ log = logging.getLogger(__name__)
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("response", pa.string())])
 
 
+def _is_local(fs: Any) -> bool:
+    return type(fs).__name__ == "LocalFileSystem"
+
+
 def write_atomically(fs: Any, path: str, table: pa.Table) -> None:
     """Write a Parquet file so that readers see all of it or nothing."""
-    if type(fs).__name__ == "LocalFileSystem":
+    if _is_local(fs):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         pq.write_table(table, tmp, filesystem=fs, compression="zstd")
         os.replace(tmp, path)
@@ -146,16 +150,23 @@ class RowVerdictCache:
             self._written.append(path)
 
     def close(self) -> None:
-        """Flush, then compact the segments this run wrote into one."""
+        """Flush, then compact the segments this run wrote into one (streamed: one segment in memory at a time)."""
         self.flush()
         with self._lock:
             written, self._written = self._written, []
         if len(written) < 2:
             return
-        tables = [pq.read_table(p, filesystem=self.fs) for p in written]
         merged = f"{self.root}/seg-{self._run}-all.parquet"
+        tmp = f"{merged}.tmp-{uuid.uuid4().hex[:8]}" if _is_local(self.fs) else merged
+        keys: list[str] = []
         try:
-            write_atomically(self.fs, merged, pa.concat_tables(tables))
+            with self.fs.open(tmp, "wb") as fh, pq.ParquetWriter(fh, SEGMENT_SCHEMA, compression="zstd") as writer:
+                for path in written:
+                    table = pq.read_table(path, filesystem=self.fs)
+                    writer.write_table(table)
+                    keys.extend(table.column("key").to_pylist())
+            if tmp != merged:
+                os.replace(tmp, merged)
             for p in written:
                 self.fs.rm(p)
         except Exception as exc:  # noqa: BLE001 - compaction is an optimisation; the segments stay valid
@@ -164,6 +175,5 @@ class RowVerdictCache:
         with self._lock:
             seg = len(self._segments)
             self._segments.append(merged)
-            for t in tables:
-                for key in t.column("key").to_pylist():
-                    self._index[key] = seg
+            for key in keys:
+                self._index[key] = seg

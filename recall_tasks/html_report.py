@@ -366,7 +366,7 @@ def _read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
 _HEAVY_COLUMNS = ("input", "verdicts", "reason")
 
 
-def _bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
+def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
 
     Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows.
@@ -383,7 +383,10 @@ def _bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
         sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
     )
     worst_ids = table.column("row_id").take(order[:keep])
-    detail = results_ds.to_table(columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids))
+    detail = results_ds.to_table(
+        columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids),
+        batch_size=8192, batch_readahead=2, fragment_readahead=1,
+    )  # fmt: skip
     position = {rid: i for i, rid in enumerate(detail.column("row_id").to_pylist())}
     index = pa.array([position.get(rid) for rid in table.column("row_id").to_pylist()], pa.int64())
     for name in heavy:
@@ -401,7 +404,7 @@ def write_report(store: ResultStore, run_id: str) -> str:
     if results_ds is None:
         results = pa.table({"run_id": pa.array([], pa.string())})
     else:
-        results = _bounded_results(results_ds, run_id)
+        results = bounded_results(results_ds, run_id)
     document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")

@@ -104,6 +104,7 @@ class RunPlan:
     config_hash: str = ""
     retriever: Retriever | None = None
     retrieval: RetrievalResults | None = None
+    pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 
@@ -44,21 +45,23 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def worst_rows(plan: Any, limit: int = 10) -> list[dict[str, Any]]:
-    """The lowest-scoring rows of a run still in staging or committed, with their unsupported statements."""
+    """The lowest-scoring rows of a committed run (errors first), with their unsupported statements.
+
+    Reads scores for every row but verdict text only for the worst ones (bounded memory on 1M-row runs).
+    """
+    from recall_tasks.html_report import bounded_results
+
     ds = plan.store.read_table("results")
     if ds is None:
         return []
-    import pyarrow.dataset as pads
-
-    table = ds.to_table(
-        columns=["row_id", "score", "error", "verdicts", "input"]
-        if "input" in ds.schema.names
-        else ["row_id", "score", "error", "verdicts"],
-        filter=pads.field("run_id") == plan.run_id,
-    )
-    if table.num_rows == 0:
+    table = bounded_results(ds, plan.run_id, keep=limit)
+    if table.num_rows == 0 or "verdicts" not in table.column_names:
         return []
-    order = pc.sort_indices(table, sort_keys=[("score", "ascending", "at_start")])
+    table = table.filter(pc.is_valid(table.column("verdicts")))
+    order = pc.sort_indices(
+        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
+        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+    )
     out = []
     for row in table.take(order[:limit]).to_pylist():
         missing = [v["statement"] for v in row["verdicts"] or [] if v["verdict"] == "no"]

@@ -74,6 +74,15 @@ RUN_FIELDS: list[pa.Field] = [
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 
+#: Delta data files of ~32 MiB: the writer buffers about one file per partition, which bounds commit memory.
+TARGET_FILE_BYTES = 32 * 1024 * 1024
+
+
+def _writer_properties() -> Any:
+    from deltalake import WriterProperties
+
+    return WriterProperties(compression="ZSTD", max_row_group_size=64 * 1024)
+
 
 @dataclass(frozen=True)
 class ChunkPart:
@@ -240,7 +249,9 @@ class ResultStore:
         if parts and not self.has_run("results", run_id):
             write_deltalake(
                 self.results_uri, self._run_batches(run_id, parts, dataset, run_date), mode="append",
-                partition_by=["dataset", "run_date"], schema_mode="merge", storage_options=options,
+                partition_by=["dataset", "run_date"],
+                target_file_size=TARGET_FILE_BYTES,
+                writer_properties=_writer_properties(), schema_mode="merge", storage_options=options,
             )  # fmt: skip
         crashpoint("after-results-commit")
         if not self.has_run("runs", run_id):
