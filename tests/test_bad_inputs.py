@@ -407,12 +407,6 @@ REFUSED = [
         ["dataset not found: {uri}"],
     ),
     Refused(
-        "empty-uri",
-        lambda c: {"dataset_uri": ""},
-        DatasetError,
-        ["the dataset URI is empty"],
-    ),
-    Refused(
         "uri-without-path",
         lambda c: {"dataset_uri": "s3://"},
         DatasetError,
@@ -700,6 +694,7 @@ PARAMS = [
     pytest.param({"scale": 0}, "scale", "greater than 0", id="zero-scale"),
     pytest.param({"chunk_size": 0}, "chunk_size", "greater than or equal to 1", id="chunk-size-zero"),
     pytest.param({"output_uri": ""}, "output_uri", "names no folder or bucket", id="empty-output-uri"),
+    pytest.param({"dataset_uri": ""}, "dataset_uri", "at least 1 character", id="empty-dataset-uri"),
     pytest.param({"output_uri": "s3://"}, "output_uri", "names no folder or bucket", id="output-without-path"),
     pytest.param({"on_missing": "ignore"}, "on_missing", "'error', 'zero' or 'skip'", id="on-missing-invalid"),
     pytest.param({"metric": "recall"}, "metric", "'contextual_recall' or 'context_coverage'", id="unknown-metric"),
@@ -717,7 +712,7 @@ PARAMS = [
 def test_invalid_parameters_name_the_field(ctx: Ctx, extra: dict[str, Any], field_name: str, needle: str) -> None:
     data = write(ctx.data, rows())
     with pytest.raises(ValidationError) as info:
-        run_flow(ctx, dataset_uri=data, **extra)
+        run_flow(ctx, **{"dataset_uri": data, **extra})
     text = str(info.value)
     assert field_name in text and needle in text
     assert CLI_SECRET not in text
@@ -800,7 +795,7 @@ CLI = [
         lambda c: [str(c.tmp / "data" / "[xy]*.parquet"), "--output", c.out],
         ["the glob matched no files", "[xy]*.parquet"],
     ),
-    CliCase("empty-uri", lambda c: ["", "--output", c.out], ["the dataset URI is empty"]),
+    CliCase("empty-uri", lambda c: ["", "--output", c.out], ["dataset_uri: String should have at least 1 character"]),
     CliCase(
         "secret-storage-option",
         _cli_secret_option,
