@@ -19,25 +19,34 @@ BOOTSTRAP_MAX_N = 20_000
 BOOTSTRAP_RESAMPLES = 2_000
 
 
-def mean_ci(scores: np.ndarray, seed: int = 0) -> tuple[float | None, float | None]:
-    """95 % interval of the mean of ``scores``."""
-    n = len(scores)
+def mean_ci(
+    values: np.ndarray, seed: int = 0, resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[float | None, float | None]:
+    """95 % interval of the mean of ``values`` (scores, or paired deltas for a regression check).
+
+    Percentile bootstrap up to :data:`BOOTSTRAP_MAX_N` values, drawn in blocks of ~2M indices to bound memory;
+    the normal interval above. ``(None, None)`` for no values; a constant array gives a zero-width interval.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
     if n == 0:
         return None, None
-    if n == 1:
-        return float(scores[0]), float(scores[0])
+    if n == 1 or not np.any(v != v[0]):
+        return float(v[0]), float(v[0])
     if n <= BOOTSTRAP_MAX_N:
+        if resamples < 1:
+            raise ValueError(f"resamples must be >= 1, got {resamples}")
         rng = np.random.default_rng(seed)
-        means = np.empty(BOOTSTRAP_RESAMPLES)
+        means = np.empty(resamples)
         step = max(1, 2_000_000 // n)
-        for start in range(0, BOOTSTRAP_RESAMPLES, step):
-            stop = min(start + step, BOOTSTRAP_RESAMPLES)
+        for start in range(0, resamples, step):
+            stop = min(start + step, resamples)
             idx = rng.integers(0, n, size=(stop - start, n))
-            means[start:stop] = scores[idx].mean(axis=1)
+            means[start:stop] = v[idx].mean(axis=1)
         lo, hi = np.percentile(means, [2.5, 97.5])
         return float(lo), float(hi)
-    m = float(scores.mean())
-    half = 1.959964 * float(scores.std(ddof=1)) / math.sqrt(n)
+    m = float(v.mean())
+    half = 1.959963984540054 * float(v.std(ddof=1)) / math.sqrt(n)  # z for 95 %
     return m - half, m + half
 
 

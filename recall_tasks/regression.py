@@ -78,7 +78,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
-from recall_tasks.aggregates import BOOTSTRAP_MAX_N
+from recall_tasks.aggregates import BOOTSTRAP_MAX_N, mean_ci
 from recall_tasks.errors import ConfigError
 
 __all__ = [
@@ -101,8 +101,6 @@ ComparisonVerdict = Literal["regressed", "improved", "unchanged", "no_overlap"]
 MCNEMAR_EXACT_MAX = 20_000
 """Up to this many discordant rows McNemar's p-value is computed with exact integers."""
 
-_Z95 = 1.959963984540054
-_BLOCK_DRAWS = 2_000_000
 _LIKE_FOR_LIKE_KEYS = ("judge_model", "prompt_version", "metric", "dataset")
 
 COMPARISON_SCHEMA = pa.schema(
@@ -178,32 +176,11 @@ def _binomial_tail_log(n: int, m: int) -> float:
 
 
 def paired_mean_ci(deltas: np.ndarray, *, resamples: int = 2000, seed: int = 0) -> tuple[float | None, float | None]:
-    """95 % interval of the mean of paired row-level ``deltas``.
+    """95 % interval of the mean of paired row-level ``deltas``: resampling the deltas keeps the pairing.
 
-    Percentile bootstrap up to :data:`BOOTSTRAP_MAX_N` deltas (vectorised in blocks of ~2M drawn indices),
-    normal approximation of the paired mean above. ``(None, None)`` when there are no deltas.
+    Same estimator as the run-level interval (:func:`recall_tasks.aggregates.mean_ci`).
     """
-    d = np.asarray(deltas, dtype=np.float64)
-    n = len(d)
-    if n == 0:
-        return None, None
-    if n == 1 or not np.any(d != d[0]):
-        return float(d[0]), float(d[0])  # every resample has the same mean
-    if n <= BOOTSTRAP_MAX_N:
-        if resamples < 1:
-            raise ValueError(f"resamples must be >= 1, got {resamples}")
-        rng = np.random.default_rng(seed)
-        means = np.empty(resamples, dtype=np.float64)
-        step = max(1, _BLOCK_DRAWS // n)
-        for start in range(0, resamples, step):
-            stop = min(start + step, resamples)
-            idx = rng.integers(0, n, size=(stop - start, n))
-            means[start:stop] = d[idx].mean(axis=1)
-        lo, hi = np.percentile(means, [2.5, 97.5])
-        return float(lo), float(hi)
-    mean = float(d.mean())
-    half = _Z95 * float(d.std(ddof=1)) / math.sqrt(n)
-    return mean - half, mean + half
+    return mean_ci(np.asarray(deltas, dtype=np.float64), seed=seed, resamples=resamples)
 
 
 def _decide(
