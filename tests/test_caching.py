@@ -279,24 +279,10 @@ def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp
     data = write(tmp_path / "eval.parquet", rows)
     out = tmp_path / "out"
     env = cli_env(judge_env, RECALL_BENCH_CRASH_AT="after-results-commit")
-    cmd_extra = ["--format", fmt]
+    cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
+           "--base-url", judge_env.base_url, "--chunk-size", "10", "--format", fmt]  # fmt: skip
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recall_tasks",
-            "run",
-            data,
-            "--output",
-            str(out),
-            "--judge",
-            "openai",
-            "--base-url",
-            judge_env.base_url,
-            "--chunk-size",
-            "10",
-            *cmd_extra,
-        ],
+        cmd,
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -310,22 +296,7 @@ def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp
         assert store.read_table("results") is None or store.read_table("results").count_rows() == 0
     requests_before = len(judge_env.chat_requests)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recall_tasks",
-            "run",
-            data,
-            "--output",
-            str(out),
-            "--judge",
-            "openai",
-            "--base-url",
-            judge_env.base_url,
-            "--chunk-size",
-            "10",
-            *cmd_extra,
-        ],
+        cmd,
         env=cli_env(judge_env),
         cwd=ROOT,
         capture_output=True,
