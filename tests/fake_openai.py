@@ -449,7 +449,8 @@ class FakeOpenAI:
 
     def _dispatch(self, method: str, path: str, headers: dict[str, str], body: Any) -> _Reply | _ResetConnection:
         norm = path.rstrip("/")
-        is_chat = method == "POST" and norm in ("/v1/chat/completions", "/chat/completions")
+        # OpenAI (/v1/chat/completions) and Azure (/openai/deployments/<name>/chat/completions?api-version=...)
+        is_chat = method == "POST" and norm.split("?", 1)[0].endswith("/chat/completions")
         with self._cond:
             if self.record:
                 self.requests.append({"method": method, "path": path, "headers": headers, "body": body})

@@ -442,3 +442,16 @@ def test_context_extractor_sync_and_async(fake_openai):
         assert result.score == 1.0
     static = ContextualRecall(judge=judge_for(fake_openai), context=["Unrelated text about Rome."]).measure(case)
     assert static.score == 0.0
+
+
+def test_azure_deployment_through_the_sdk_azure_client(fake_openai):
+    fake_openai.set_responder(reply(EINSTEIN_REPLY))
+    root = fake_openai.base_url.removesuffix("/v1")
+    judge = OpenAIJudge.azure("recall-judge", azure_endpoint=root, api_version="2024-10-21", api_key=KEY)
+    result = ContextualRecall(judge=judge).measure(EINSTEIN)
+    assert result.score == pytest.approx(2 / 3) and result.metadata.judge_model == "recall-judge"
+    request = fake_openai.chat_requests[0]
+    assert request["path"].startswith("/openai/deployments/recall-judge/chat/completions")
+    assert request["headers"]["api-key"] == KEY
+    assert "max_completion_tokens" in request["body"]
+    assert KEY not in repr(judge)
