@@ -241,7 +241,7 @@ def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output
 
 @app.command()
 def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the tables `results` and `runs`")],
+    sql: Annotated[str, typer.Argument(help="SQL over the tables `results`, `runs` and `comparisons`")],
     output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
     format: Annotated[str, typer.Option("--format")] = "delta",
     storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
@@ -256,7 +256,7 @@ def query(
     try:
         store = ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
         con = duckdb.connect()
-        for name in ("results", "runs"):
+        for name in ("results", "runs", "comparisons"):
             ds = store.read_table(name)
             if ds is not None:
                 con.register(name, ds)

@@ -89,3 +89,24 @@ def test_no_baseline_skips_comparison(prefect_harness, tmp_path):
     recall_benchmark(RunParams(dataset_uri=data, output_uri=out))
     second = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, baseline=None))
     assert "comparison" not in second
+
+
+def test_cli_history_and_comparisons_query(prefect_harness, tmp_path):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app
+
+    out = str(tmp_path / "out")
+    rows = make_rows(40, seed=3)
+    base = write(tmp_path / "v1" / "eval.parquet", rows)
+    worse = write(tmp_path / "v2" / "eval.parquet", degrade(rows, 2))
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", base, "--output", out, "--label", "prod"]).exit_code == 0
+    failed = runner.invoke(app, ["run", worse, "--output", out, "--label", "v2", "--fail-on-regression"])
+    assert failed.exit_code == 3 and "regression" in failed.output
+    history = runner.invoke(app, ["history", "--output", out], env={"COLUMNS": "200"})
+    assert history.exit_code == 0 and "first of series" in history.output and "regressed vs" in history.output
+    query = runner.invoke(
+        app, ["query", "SELECT verdict FROM comparisons WHERE segment_column IS NULL", "--output", out]
+    )
+    assert query.exit_code == 0 and "regressed" in query.output
