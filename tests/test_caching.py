@@ -373,3 +373,29 @@ def test_object_store_outage_mid_run(prefect_harness, judge_env, s3_server, s3_b
                 sorted(results, key=lambda r: r["row_id"]), sorted(rows, key=lambda r: r["row_id"]), strict=True
             )
         )
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_chunk_cache_alone_serves_a_rerun_from_its_result_storage(
+    prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path, where
+):
+    """Row cache deleted between runs: only Prefect's chunk cache (in the configured storage) can answer."""
+    import shutil
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    storage = str(tmp_path / "prefect-results") if where == "local" else f"s3://{s3_bucket}/prefect-results"
+    data = write(tmp_path / "eval.parquet", make_rows(30, seed=23))
+    out = tmp_path / "out"
+    first = run(judge_env, data, out, chunk_cache_storage=storage)
+    shutil.rmtree(out / "cache")
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    second = run(judge_env, data, out, chunk_cache_storage=storage)
+    assert judge_env.chat_requests == [] and second["cached"] == 30
+    assert second["mean_score"] == first["mean_score"]
+    if where == "local":
+        assert any((tmp_path / "prefect-results").iterdir())
+    else:
+        keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+        assert any(k.startswith("prefect-results/") for k in keys)
