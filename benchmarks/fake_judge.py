@@ -31,9 +31,17 @@ def answer(body: dict) -> tuple[str, int]:
 
 
 def make_app(latency: float) -> web.Application:
+    stats = {"requests": 0, "in_flight": 0, "peak_in_flight": 0}
+
     async def chat(request: web.Request) -> web.Response:
-        body = await request.json()
-        await asyncio.sleep(latency)
+        stats["requests"] += 1
+        stats["in_flight"] += 1
+        stats["peak_in_flight"] = max(stats["peak_in_flight"], stats["in_flight"])
+        try:
+            body = await request.json()
+            await asyncio.sleep(latency)
+        finally:
+            stats["in_flight"] -= 1
         content, prompt_tokens = answer(body)
         completion = max(1, len(content) // 4)
         return web.json_response({
@@ -43,8 +51,15 @@ def make_app(latency: float) -> web.Application:
                       "total_tokens": prompt_tokens + completion},
         })  # fmt: skip
 
+    async def read_stats(request: web.Request) -> web.Response:
+        out = dict(stats)
+        if request.query.get("reset"):
+            stats["requests"] = stats["peak_in_flight"] = 0
+        return web.json_response(out)
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/stats", read_stats)
     return app
 
 

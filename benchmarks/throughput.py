@@ -140,10 +140,16 @@ def run_phase(
         cmd += ["--base-url", base_url]
     if profile:
         cmd += ["--profile", profile]
+    stats_url = base_url.removesuffix("/v1") + "/stats?reset=1" if base_url else None
+    if stats_url:
+        urllib.request.urlopen(stats_url, timeout=5).read()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"phase failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if stats_url:
+        out["peak_in_flight"] = json.loads(urllib.request.urlopen(stats_url, timeout=5).read())["peak_in_flight"]
+    return out
 
 
 def main() -> None:
@@ -204,7 +210,7 @@ def main() -> None:
 
     header = (
         f"{'phase':<30} {'rows':>8} {'rows/s':>9} {'of ideal':>9} {'req/row':>8} {'tok/row':>8} "
-        f"{'cpu ms/row':>10} {'peak RSS MB':>11} {'cached':>8}"
+        f"{'cpu ms/row':>10} {'peak RSS MB':>11} {'cached':>8} {'in flight':>9}"
     )
     print(f"\nrecall-bench throughput: {args.rows} rows, judge latency {args.latency * 1000:.0f} ms\n")
     print(header)
@@ -216,7 +222,7 @@ def main() -> None:
         print(
             f"{name:<30} {r['rows']:>8} {rate:>9.0f} {of_ideal:>9} {r['requests'] / r['rows']:>8.2f} "
             f"{r['prompt_tokens'] / max(1, r['requests']):>8.0f} {1000 * r['cpu_s'] / r['rows']:>10.3f} "
-            f"{r['peak_rss_mb']:>11.0f} {r['cached']:>8}"
+            f"{r['peak_rss_mb']:>11.0f} {r['cached']:>8} {r.get('peak_in_flight', '-'):>9}"
         )
     print(
         "\nrows/s of ideal = rows/s ÷ (concurrency ÷ latency); tok/row = prompt tokens per judged row "

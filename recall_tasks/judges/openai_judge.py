@@ -185,7 +185,12 @@ class OpenAIJudge:
             hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
             http: httpx2.AsyncClient
             try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
-                http = openai.DefaultAioHttpClient(timeout=self.timeout_s, event_hooks=hooks)
+                connections = max(self.max_concurrency, 10)  # its default pool stops at 100 connections
+                http = openai.DefaultAioHttpClient(
+                    timeout=self.timeout_s,
+                    event_hooks=hooks,
+                    limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+                )
             except (RuntimeError, ImportError):
                 http = httpx2.AsyncClient(
                     timeout=self.timeout_s,
