@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -36,6 +37,21 @@ def main() -> None:
 
         profiler = Profiler()
         profiler.start()
+    trace = os.environ.get("RECALL_BENCH_RSS_TRACE")
+    if trace:  # one line per second: elapsed seconds, RSS in MB (to see which phase of a run holds memory)
+        import threading
+
+        def sample() -> None:
+            start = time.perf_counter()
+            with open(trace, "w") as out:
+                while True:
+                    with open("/proc/self/status") as status:
+                        rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+                    out.write(f"{time.perf_counter() - start:.0f} {rss // 1024}\n")
+                    out.flush()
+                    time.sleep(1)
+
+        threading.Thread(target=sample, daemon=True).start()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     summary = recall_benchmark(params)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
