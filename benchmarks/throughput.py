@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[100, 400])
     parser.add_argument("--million", action="store_true", help="also a 1M-row run (peak RSS)")
     parser.add_argument("--million-only", action="store_true", help="only the 1M-row run")
+    parser.add_argument("--big-rows", type=int, default=1_000_000, help="size of the --million run")
     parser.add_argument("--profile", default=None, help="pyinstrument HTML of the first phase")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -194,9 +195,11 @@ def main() -> None:
                 ("1%-edited rerun", args.concurrency[0], run_phase(env, edited, out, base_url, args.concurrency[0]))
             )
         if args.million or args.million_only:
-            big = write_dataset(tmp / "million" / "bench.parquet", make_table(1_000_000, seed=5))
+            big = write_dataset(tmp / "million" / "bench.parquet", make_table(args.big_rows, seed=5))
             del table
-            results.append(("1M rows", 400, run_phase(env, big, str(tmp / "out-million"), base_url, 400)))
+            results.append(
+                (f"{args.big_rows:,} rows", 400, run_phase(env, big, str(tmp / "out-million"), base_url, 400))
+            )
     finally:
         judge.terminate()
         prefect.terminate()
