@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -250,11 +249,8 @@ def query(
     """Run DuckDB SQL over the result tables and print the answer."""
     import duckdb
 
-    from recall_tasks.results import ResultStore
-    from recall_tasks.storage import StorageConfig
-
     try:
-        store = ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
+        store = _store(output, format, storage_option)
         con = duckdb.connect()
         for name in ("results", "runs", "comparisons"):
             ds = store.read_table(name)
@@ -347,7 +343,3 @@ def report(
 
 
 events.register(app)
-
-
-def main() -> None:  # pragma: no cover - console entry
-    sys.exit(app())

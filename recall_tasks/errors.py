@@ -12,7 +12,6 @@ The tree, and what the pipeline does with each branch::
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
-    ├── BudgetExceededError           --max-cost-usd / --max-requests reached: remaining rows not judged
     └── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
                                       (raised after everything is written)
 
@@ -87,10 +86,6 @@ class JudgeResponseError(JudgeError):
 
 class StorageError(RecallBenchError):
     """Object storage could not be read or written (missing object, credentials, endpoint)."""
-
-
-class BudgetExceededError(RecallBenchError):
-    """The run's cost or request budget was reached; rows not yet judged are marked, not scored."""
 
 
 class RegressionDetected(RecallBenchError):

@@ -137,7 +137,11 @@ async def score_rows(
 
     async def judge_one(i: int, prepared: Prepared, key: str) -> None:
         if budget is not None and not budget.acquire():
-            outcomes[i] = RowOutcome(_not_judged(metric, prepared, budget.exhausted_reason or "budget"), None)
+            why = f"not judged: {budget.exhausted_reason or 'budget'}"
+            result = metric.not_assessed(
+                why, sentence_count=prepared.sentence_count, context_count=prepared.context_count
+            )
+            outcomes[i] = RowOutcome(result, None)
             return
         started = time.perf_counter()
         response: JudgeResponse | None = None
@@ -163,26 +167,6 @@ async def score_rows(
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
-
-
-def _not_judged(metric: Metric, prepared: Prepared, why: str) -> RecallResult:
-    from recall_tasks.models import ResultMetadata
-
-    return RecallResult(
-        score=None,
-        success=None,
-        threshold=metric.threshold,
-        skipped=True,
-        reason=f"not judged: {why}",
-        metadata=ResultMetadata(
-            metric=metric.task,
-            sentence_count=prepared.sentence_count,
-            context_count=prepared.context_count,
-            judge_model=metric.judge.model,
-            prompt_version=metric.judge.prompt_version,
-            flags=[f"not judged: {why}"],
-        ),
-    )
 
 
 VERDICT_TYPE = pa.struct(

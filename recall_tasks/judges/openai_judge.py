@@ -21,7 +21,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -67,7 +67,6 @@ class _LoopState:
     semaphore: asyncio.Semaphore
     rpm: RateLimiter | None
     tpm: RateLimiter | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 async def _count_attempt(request: httpx2.Request) -> None:

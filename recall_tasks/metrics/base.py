@@ -133,33 +133,24 @@ class Metric:
             metadata=metadata,
         )
 
+    def not_assessed(self, reason: str, *, sentence_count: int = 0, context_count: int = 0) -> RecallResult:
+        """A result without a score (never averaged as 0): missing inputs under ``skip``, or not judged."""
+        metadata = ResultMetadata(
+            metric=self.task, sentence_count=sentence_count, context_count=context_count,
+            judge_model=self.judge.model, prompt_version=self.judge.prompt_version, flags=[reason],
+        )  # fmt: skip
+        return RecallResult(
+            score=None, success=None, threshold=self.threshold, skipped=True, reason=reason, metadata=metadata
+        )
+
     def missing_result(self, missing: Missing, context_count: int = 0) -> RecallResult:
         """The result of a case with a missing field under the ``zero`` or ``skip`` policy."""
         if self.on_missing == "error":
             raise MissingInputError(missing.field, self.display_name)
-        metadata = ResultMetadata(
-            metric=self.task,
-            context_count=context_count,
-            judge_model=self.judge.model,
-            prompt_version=self.judge.prompt_version,
-            flags=[f"missing {missing.field}"],
-        )
         if self.on_missing == "skip":
-            return RecallResult(
-                score=None,
-                success=None,
-                threshold=self.threshold,
-                skipped=True,
-                reason=f"not assessed: {missing.field} is missing or empty",
-                metadata=metadata,
-            )
-        return RecallResult(
-            score=0.0,
-            success=0.0 >= self.threshold,
-            threshold=self.threshold,
-            reason=f"score 0: {missing.field} is missing or empty",
-            metadata=metadata,
-        )
+            return self.not_assessed(f"not assessed: {missing.field} is missing or empty", context_count=context_count)
+        zero = self.not_assessed(f"score 0: {missing.field} is missing or empty", context_count=context_count)
+        return zero.model_copy(update={"score": 0.0, "success": 0.0 >= self.threshold, "skipped": False})
 
     # -- public API ------------------------------------------------------------------------------
 
