@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--chunk-size", type=int, default=500)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--profile", default=None, help="write a pyinstrument HTML profile here")
+    parser.add_argument("--profile", default=None, help="write a pyinstrument profile here (.txt: text, else HTML)")
     args = parser.parse_args()
 
     from flows.recall_flow import recall_benchmark
@@ -57,8 +57,9 @@ def main() -> None:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     if profiler is not None:
         profiler.stop()
-        with open(args.profile, "w") as fh:
-            fh.write(profiler.output_html())
+        with open(args.profile, "w") as fh:  # .txt: the call tree as text; otherwise HTML
+            text = args.profile.endswith(".txt")
+            fh.write(profiler.output_text(show_all=False, timeline=False) if text else profiler.output_html())
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {
         "rows": summary["rows"], "scored": summary["scored"], "errors": summary["errors"],

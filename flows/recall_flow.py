@@ -8,6 +8,7 @@ a task's parameters stay in the flow's memory until it finishes, so chunks are s
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import deque
 from typing import Any, cast
 from uuid import UUID
@@ -24,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext, get_run_context
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
+from prefect.results import get_result_store
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
@@ -49,7 +51,10 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
 
 def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """Prefect's chunk cache key: the chunk's content address (rows, pass-through values, judge config)."""
-    return f"recall-chunk-{parameters['key']}"
+    return _CACHE_PREFIX + parameters["key"]
+
+
+_CACHE_PREFIX = "recall-chunk-"
 
 
 @task(
@@ -67,6 +72,28 @@ def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkRep
     flow by ~1 MB per chunk. The flow parks each chunk in ``plan.pending_blocks`` until its task settles.
     """
     return pipeline.score_chunk(plan, seq, plan.pending_blocks[seq], key)
+
+
+def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
+    """The chunk's report if Prefect's cache holds a live record for it, read without creating a task run.
+
+    Same record, key and storage the task engine would use (``cache_key_fn``, ``result_storage``,
+    ``cache_expiration``): an unchanged rerun then costs no task-run round trip per chunk. Any read problem
+    (missing, expired, unreadable) means "not cached" and the chunk goes through its task as usual.
+    """
+    try:
+        record = store.read(_CACHE_PREFIX + key)
+    except Exception:  # noqa: BLE001
+        return None
+    expiration = record.metadata.expiration
+    if expiration is not None and expiration <= dt.datetime.now(dt.UTC):
+        return None
+    result = record.result
+    return result if isinstance(result, pipeline.ChunkReport) else None
+
+
+#: Progress artifact updates are API calls (~50 ms each): at most one per interval, plus the last.
+PROGRESS_INTERVAL_S = 2.0
 
 
 def _chunk_task(params: RunParams) -> Any:
@@ -111,38 +138,61 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     window: deque[tuple[PrefectFuture[pipeline.ChunkReport], int, str]] = deque()
     parts: list[ChunkPart] = []
     done_rows = 0
+    reused_chunks = 0
+    last_progress = 0.0
+    cache_store = get_result_store().update_for_task(chunk_task, _sync=True) if params.cache else None
+
+    def progress(final: bool = False) -> None:
+        nonlocal last_progress
+        pipeline.notify_progress(done_rows, total)
+        now = time.monotonic()
+        if total and (final or now - last_progress >= PROGRESS_INTERVAL_S):
+            update_progress_artifact(progress_id, progress=100.0 * done_rows / total)
+            last_progress = now
+
+    def record(seq: int, report: pipeline.ChunkReport, reused: bool) -> None:
+        nonlocal done_rows
+        plan.pending_blocks.pop(seq, None)
+        parts.append(ChunkPart(report.path, reused=reused))
+        done_rows += report.rows
+        progress()
 
     def settle() -> None:
-        nonlocal done_rows
         future, seq, key = window.popleft()
         report = future.result()
         reused = future.state.name == "Cached" and not report.path.endswith(f"/{plan.run_id}.parquet")
         if reused and not plan.store.exists(report.path):  # the cached file was pruned: judge again
             report = chunk_task.with_options(refresh_cache=True)(quote(plan), seq, key)
             reused = False
-        plan.pending_blocks.pop(seq, None)
-        parts.append(ChunkPart(report.path, reused=reused))
-        done_rows += report.rows
-        pipeline.notify_progress(done_rows, total)
-        if total:
-            update_progress_artifact(progress_id, progress=100.0 * done_rows / total)
+        record(seq, report, reused)
 
     try:
         for seq, raw in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
             block = plan.prepare_block(raw)
             key = pipeline.chunk_key(plan, block)
+            cached = None if cache_store is None or params.refresh_cache else _cached_report(cache_store, key)
+            submit = chunk_task
+            if cached is not None:
+                if cached.rows == len(block.row_ids) and plan.store.exists(cached.path):
+                    reused_chunks += 1
+                    record(seq, cached, reused=not cached.path.endswith(f"/{plan.run_id}.parquet"))
+                    continue
+                submit = chunk_task.with_options(refresh_cache=True)  # its file was pruned: judge again
             plan.pending_blocks[seq] = block
-            window.append((chunk_task.submit(quote(plan), seq, key), seq, key))
+            window.append((submit.submit(quote(plan), seq, key), seq, key))
             while len(window) >= params.max_workers:
                 settle()
         while window:
             settle()
+        progress(final=True)
     except BaseException:
         for future, _, _ in window:
             future.wait()
         raise
     finally:
         pipeline.release(plan)
+    if reused_chunks:
+        logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", reused_chunks)
     summary = pipeline.commit_run(plan, parts, flow_run_id)
     logger.info(
         "run %s committed: %s rows, %s scored, %s errors, %s skipped, %s cached, mean %s",

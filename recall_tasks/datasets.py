@@ -402,18 +402,24 @@ def _check_unique_ids(ds: Dataset) -> None:
 
 
 def content_hash(values: tuple[Any, ...]) -> str:
-    """Stable hash of a row's judged content (question, expected, context, answer)."""
-    h = hashlib.blake2b(digest_size=12)
+    """Stable hash of a row's judged content (question, expected, context, answer).
+
+    Each value is tagged (``\0N`` null, ``\0S`` string, ``\0L`` list then ``\0I`` per item) so that no two
+    different rows give the same byte stream; the stream is built as one string and hashed in one call.
+    """
+    parts: list[str] = []
     for v in values:
         if v is None:
-            h.update(b"\x00N")
+            parts.append("\x00N")
         elif isinstance(v, list):
-            h.update(b"\x00L")
+            parts.append("\x00L")
             for item in v:
-                h.update(b"\x00I" + str(item).encode("utf-8", "surrogatepass"))
+                parts.append("\x00I")
+                parts.append(item if type(item) is str else str(item))
         else:
-            h.update(b"\x00S" + str(v).encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+            parts.append("\x00S")
+            parts.append(v if type(v) is str else str(v))
+    return hashlib.blake2b("".join(parts).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:

@@ -206,7 +206,7 @@ class ResultStore:
         """Make a run's results visible at once, then append its run rows. Idempotent per run id.
 
         A crash after the results commit and before the runs commit is finished by the rerun (same run id):
-        results already holding the run id are not appended again.
+        results already committed for the run id are not appended again (Delta: the commit's app transaction id).
         """
         runs_table = pa.Table.from_pylist(runs, schema=RUN_SCHEMA)
         try:
@@ -237,25 +237,46 @@ class ResultStore:
 
         return pa.RecordBatchReader.from_batches(schema, gen())
 
-    def has_run(self, table: Literal["results", "runs"], run_id: str) -> bool:
-        """Whether a committed table already holds rows of ``run_id``."""
-        ds = self.read_table(table)
-        return ds is not None and ds.count_rows(filter=pads.field("run_id") == run_id) > 0
+    def _delta_append(self, uri: str, data: Any, app_id: str, **kwargs: Any) -> None:
+        """Append once per ``app_id``: a Delta app transaction (``txn``) is recorded in the same commit.
 
-    def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
-        from deltalake import write_deltalake
+        The check and the write use ONE snapshot of the table (created empty first if missing): a commit that
+        lands after that snapshot with the same app id makes ours fail ("concurrent transaction"), and we then
+        find the winner's id and skip. So a rerun and two processes committing the same run at once both end
+        with the rows once, without scanning the table.
+        """
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
         options = delta_storage_options(self.output_uri, self.storage)
-        if parts and not self.has_run("results", run_id):
-            write_deltalake(
-                self.results_uri, self._run_batches(run_id, parts, dataset, run_date), mode="append",
-                partition_by=["dataset", "run_date"],
-                target_file_size=TARGET_FILE_BYTES,
-                writer_properties=_writer_properties(), schema_mode="merge", storage_options=options,
+        schema = data.schema
+        try:
+            table = DeltaTable(uri, storage_options=options)
+        except TableNotFoundError:
+            try:
+                table = DeltaTable.create(
+                    uri, schema, mode="ignore", partition_by=kwargs.get("partition_by"), storage_options=options
+                )
+            except CommitFailedError:  # created by a concurrent writer
+                table = DeltaTable(uri, storage_options=options)
+        if table.transaction_version(app_id) is not None:
+            return
+        props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=1)])
+        try:
+            write_deltalake(table, data, mode="append", schema_mode="merge", commit_properties=props, **kwargs)
+        except CommitFailedError:
+            if DeltaTable(uri, storage_options=options).transaction_version(app_id) is None:
+                raise
+
+    def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+        if parts:
+            self._delta_append(
+                self.results_uri, self._run_batches(run_id, parts, dataset, run_date), f"recall-bench-results-{run_id}",
+                partition_by=["dataset", "run_date"], target_file_size=TARGET_FILE_BYTES,
+                writer_properties=_writer_properties(),
             )  # fmt: skip
         crashpoint("after-results-commit")
-        if not self.has_run("runs", run_id):
-            write_deltalake(self.runs_uri, runs, mode="append", schema_mode="merge", storage_options=options)
+        self._delta_append(self.runs_uri, runs, f"recall-bench-runs-{run_id}")
 
     def _commit_parquet(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
@@ -287,16 +308,8 @@ class ResultStore:
 
         table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
         try:
-            existing = self.read_table("comparisons")
-            if existing is not None and existing.count_rows(filter=pads.field("comparison_id") == comparison_id):
-                return
             if self.format == "delta":
-                from deltalake import write_deltalake
-
-                options = delta_storage_options(self.output_uri, self.storage)
-                write_deltalake(
-                    self.comparisons_uri, table, mode="append", schema_mode="merge", storage_options=options
-                )
+                self._delta_append(self.comparisons_uri, table, f"recall-bench-comparison-{comparison_id}")
             else:
                 folder = self._path("comparisons", f"dataset={dataset}")
                 self.fs.makedirs(folder, exist_ok=True)

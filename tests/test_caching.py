@@ -332,6 +332,48 @@ def test_two_runs_at_once_do_not_corrupt(prefect_harness, judge_env, tmp_path):
     assert judge_env.chat_requests == [] and summary["cached"] == 80
 
 
+def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkeypatch):
+    """Both writers pass the "already committed?" check, then both append: Delta's app transaction id makes
+    the second commit conflict, and the loser sees the winner's commit instead of duplicating the run."""
+    import deltalake
+
+    from recall_tasks.results import ChunkPart
+
+    store = ResultStore(str(tmp_path / "out"), StorageConfig.from_options())
+    chunk = store.chunk_path("ab" * 16, "run-1")
+    store.write_chunk(chunk, pa.table({"row_id": ["a", "b", "c"], "score": [1.0, 0.5, 0.0]}))
+    barrier = threading.Barrier(2, timeout=30)
+    real_write = deltalake.write_deltalake
+
+    def write_after_both_checked(*args, **kwargs):
+        barrier.wait()
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", write_after_both_checked)
+    run_row = {"run_id": "run-1", "dataset": "d", "rows": 3}
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            ResultStore(str(tmp_path / "out"), StorageConfig.from_options()).commit(
+                "run-1", "d", "2026-11-30", [ChunkPart(chunk)], [run_row]
+            )
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    results = DeltaTable(str(tmp_path / "out" / "results")).to_pyarrow_table()
+    assert sorted(results.column("row_id").to_pylist()) == ["a", "b", "c"]
+    assert DeltaTable(str(tmp_path / "out" / "runs")).to_pyarrow_table().num_rows == 1
+    store.commit("run-1", "d", "2026-11-30", [ChunkPart(chunk)], [run_row])  # a later rerun: still once
+    assert DeltaTable(str(tmp_path / "out" / "results")).to_pyarrow_table().num_rows == 3
+
+
 def test_object_store_outage_mid_run(prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -399,3 +441,65 @@ def test_chunk_cache_alone_serves_a_rerun_from_its_result_storage(
     else:
         keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
         assert any(k.startswith("prefect-results/") for k in keys)
+
+
+def _chunk_task_runs(flow_run_id: str) -> list:
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])))
+    return [r for r in runs if r.name.startswith("score-chunk")]
+
+
+def test_unchanged_rerun_takes_chunks_from_prefect_cache_without_task_runs(prefect_harness, judge_env, tmp_path):
+    """Prefect's cache records are read directly: no task-run round trip per cached chunk."""
+    import shutil
+
+    data = write(tmp_path / "eval.parquet", make_rows(40, seed=31))
+    out = tmp_path / "out"
+    first = run(judge_env, data, out)
+    assert len(_chunk_task_runs(first["flow_run_id"])) == 4
+    shutil.rmtree(out / "cache")  # only the chunk cache can answer now
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    second = run(judge_env, data, out)
+    assert judge_env.chat_requests == [] and second["cached"] == 40
+    assert _chunk_task_runs(second["flow_run_id"]) == []
+    a, b = results_of(out, first["run_id"]), results_of(out, second["run_id"])
+    assert {k: r["score"] for k, r in a.items()} == {k: r["score"] for k, r in b.items()}
+
+
+def test_pruned_chunk_files_are_judged_again(prefect_harness, judge_env, tmp_path):
+    """A cache record whose chunk file is gone must not produce rows: the chunk goes back to the judge."""
+    import shutil
+
+    rows = make_rows(30, seed=37)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    run(judge_env, data, out)
+    shutil.rmtree(out / "cache")
+    shutil.rmtree(out / "_chunks")
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    second = run(judge_env, data, out)
+    assert second["requests"] == 30 and second["cached"] == 0 and second["errors"] == 0
+    assert len(_chunk_task_runs(second["flow_run_id"])) == 3
+    got = results_of(out, second["run_id"])
+    assert {k: r["score"] for k, r in got.items()} == {r["row_id"]: expected(r) for r in rows}
+
+
+def test_expired_chunk_cache_records_are_not_used(prefect_harness, judge_env, tmp_path):
+    import shutil
+
+    data = write(tmp_path / "eval.parquet", make_rows(20, seed=41))
+    out = tmp_path / "out"
+    run(judge_env, data, out, chunk_cache_days=2e-6)  # records expire ~0.2 s after they are written
+    shutil.rmtree(out / "cache")
+    time.sleep(0.5)
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    second = run(judge_env, data, out)
+    assert second["requests"] == 20 and second["cached"] == 0
