@@ -140,7 +140,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     done_rows = 0
     reused_chunks = 0
     last_progress = 0.0
-    cache_store = get_result_store().update_for_task(chunk_task, _sync=True) if params.cache else None
+    cache_store = get_result_store().update_for_task(chunk_task, _sync=True) if params.cache else None  # type: ignore[call-arg]
 
     def progress(final: bool = False) -> None:
         nonlocal last_progress
