@@ -11,9 +11,9 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.regression import Comparison, compare_runs, find_baseline
+from recall_tasks.regression import Comparison, compare_runs, find_baseline, lost_statements
 
-RESULT_COLUMNS = ["row_id", "score", "success", "verdicts"]
+RESULT_COLUMNS = ["row_id", "score", "success"]
 
 
 def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | None:
@@ -33,13 +33,26 @@ def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | No
     results = plan.store.read_table("results")
     columns = [c for c in [*RESULT_COLUMNS, *plan.segment_columns] if c in results.schema.names]
 
-    def rows_of(run_id: str) -> Any:
-        return results.to_table(columns=columns, filter=pads.field("run_id") == run_id)
+    def rows_of(run_id: str, cols: list[str], where: Any = None) -> Any:
+        condition = pads.field("run_id") == run_id
+        return results.to_table(columns=cols, filter=condition if where is None else condition & where)
 
     comparison = compare_runs(
-        rows_of(plan.run_id), rows_of(baseline["run_id"]), current_run=summary, baseline_run=baseline,
-        tolerance=plan.params.tolerance, segment_columns=plan.segment_columns,
+        rows_of(plan.run_id, columns), rows_of(baseline["run_id"], columns), current_run=summary,
+        baseline_run=baseline, tolerance=plan.params.tolerance, segment_columns=plan.segment_columns,
     )  # fmt: skip
+    # Verdict text only for the worst rows (a few bytes per row above; ~1 KB per row with verdicts).
+    ids = [w.row_id for w in comparison.worst_rows]
+    if ids and "verdicts" in results.schema.names:
+        where = pads.field("row_id").isin(ids)
+
+        def verdicts_of(run_id: str) -> dict[str, Any]:
+            table = rows_of(run_id, ["row_id", "verdicts"], where)
+            return dict(zip(table.column("row_id").to_pylist(), table.column("verdicts").to_pylist(), strict=True))
+
+        current, base = verdicts_of(plan.run_id), verdicts_of(baseline["run_id"])
+        for w in comparison.worst_rows:
+            w.lost = lost_statements(base.get(w.row_id), current.get(w.row_id))
     plan.store.append_comparison(comparison.comparison_id, plan.dataset.name, comparison.to_rows())
     return comparison
 

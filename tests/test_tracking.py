@@ -11,6 +11,7 @@ from prefect.events.worker import EventsWorker
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 - pytest fixture
 
 from flows.recall_flow import recall_benchmark
+from recall_tasks import split_sentences
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RegressionDetected
 from tests.test_pipeline import make_rows
@@ -73,6 +74,18 @@ def test_series_baseline_comparison_events_and_fail(prefect_harness, asserting_e
     assert names.count("recall.run.completed") == 3 and names.count("recall.regression.detected") == 1
     detected = next(e for e in events(asserting_events_worker) if e.event == "recall.regression.detected")
     assert detected.resource.id == "recall.dataset.eval" and detected.payload["verdict"] == "regressed"
+    # the report names the statements the worst rows lost (verdicts are read for those rows only)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recall-regression"]))
+        )
+    report = max(artifacts, key=lambda a: a.created).data
+    lost = [line.split("lost: ", 1)[1] for line in report.splitlines() if line.strip().startswith("- lost: ")]
+    degraded_sentences = {s for i, r in enumerate(rows) if i % 5 == 0 for s in split_sentences(r["ground_truth"])}
+    assert lost and set(lost) <= degraded_sentences
 
 
 def test_unknown_baseline_label_is_a_clear_error(prefect_harness, tmp_path):
