@@ -58,8 +58,10 @@ def main() -> None:
     if profiler is not None:
         profiler.stop()
         with open(args.profile, "w") as fh:  # .txt: the call tree as text; otherwise HTML
-            text = args.profile.endswith(".txt")
-            fh.write(profiler.output_text(show_all=False, timeline=False) if text else profiler.output_html())
+            if args.profile.endswith(".txt"):  # PROFILE_ALL=1: library frames too
+                fh.write(profiler.output_text(show_all=bool(os.environ.get("PROFILE_ALL")), timeline=False))
+            else:
+                fh.write(profiler.output_html())
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {
         "rows": summary["rows"], "scored": summary["scored"], "errors": summary["errors"],

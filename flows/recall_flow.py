@@ -34,7 +34,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
 from recall_tasks.errors import JudgeTransientError, RegressionDetected, StorageError
 from recall_tasks.html_report import write_report
-from recall_tasks.report import markdown_report, summary_rows
+from recall_tasks.report import markdown_report, run_results, summary_rows
 from recall_tasks.results import ChunkPart
 
 
@@ -201,9 +201,12 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     )  # fmt: skip
     if summary["status_reason"]:
         logger.warning("run %s stopped judging early: %s", plan.run_id, summary["status_reason"])
+    rows = run_results(plan)  # one scan of the run for both reports
     create_table_artifact(summary_rows(summary), key="recall-summary", description=f"run {plan.run_id}")
     create_markdown_artifact(
-        markdown_report(plan, summary), key="recall-report", description=f"worst rows of run {plan.run_id}"
+        markdown_report(plan, summary, results=rows),
+        key="recall-report",
+        description=f"worst rows of run {plan.run_id}",
     )
     create_link_artifact(plan.store.results_uri, link_text="results table", key="recall-results")
     comparison = tracking.compare_with_baseline(plan, summary)
@@ -227,7 +230,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         summary = {**summary, "comparison": comparison.event_payload()}
         if comparison.verdict == "regressed":
             emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
-    report_uri = write_report(plan.store, plan.run_id)
+    report_uri = write_report(plan.store, plan.run_id, rows)
     create_link_artifact(report_uri, link_text="HTML report", key="recall-html-report")
     summary = {**summary, "report_uri": report_uri}
     pipeline.finish_run(plan)

@@ -394,17 +394,21 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     return table
 
 
-def write_report(store: ResultStore, run_id: str) -> str:
-    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI."""
+def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None) -> str:
+    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
+
+    ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan).
+    """
     runs_ds = store.read_table("runs")
     runs = runs_ds.to_table() if runs_ds is not None else None
     if runs is None or runs.num_rows == 0 or run_id not in runs.column("run_id").to_pylist():
         raise ConfigError(f"run {run_id} not found in {store.runs_uri}")
-    results_ds = store.read_table("results")
-    if results_ds is None:
-        results = pa.table({"run_id": pa.array([], pa.string())})
-    else:
-        results = bounded_results(results_ds, run_id)
+    if results is None:
+        results_ds = store.read_table("results")
+        if results_ds is None:
+            results = pa.table({"run_id": pa.array([], pa.string())})
+        else:
+            results = bounded_results(results_ds, run_id)
     document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")

@@ -44,18 +44,22 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
     return [{"field": k, "value": _fmt(summary.get(k))} for k in keys]
 
 
-def worst_rows(plan: Any, limit: int = 10) -> list[dict[str, Any]]:
-    """The lowest-scoring rows of a committed run (errors first), with their unsupported statements.
-
-    Reads scores for every row but verdict text only for the worst ones (bounded memory on 1M-row runs).
-    """
+def run_results(plan: Any) -> pa.Table | None:
+    """The committed run's rows for the reports: light columns for all, text for the worst (one scan)."""
     from recall_tasks.html_report import bounded_results
 
     ds = plan.store.read_table("results")
-    if ds is None:
-        return []
-    table = bounded_results(ds, plan.run_id, keep=limit)
-    if table.num_rows == 0 or "verdicts" not in table.column_names:
+    return None if ds is None else bounded_results(ds, plan.run_id)
+
+
+def worst_rows(plan: Any, limit: int = 10, results: pa.Table | None = None) -> list[dict[str, Any]]:
+    """The lowest-scoring rows of a committed run (errors first), with their unsupported statements.
+
+    Reads scores for every row but verdict text only for the worst ones (bounded memory on 1M-row runs);
+    ``results`` is ``run_results(plan)`` when the caller already has it.
+    """
+    table = run_results(plan) if results is None else results
+    if table is None or table.num_rows == 0 or "verdicts" not in table.column_names:
         return []
     table = table.filter(pc.is_valid(table.column("verdicts")))
     order = pc.sort_indices(
@@ -69,7 +73,7 @@ def worst_rows(plan: Any, limit: int = 10) -> list[dict[str, Any]]:
     return out
 
 
-def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10) -> str:
+def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10, results: pa.Table | None = None) -> str:
     """Markdown: headline figures, then the worst rows and the sentences their context lacks."""
     lines = [
         f"# Contextual recall run `{summary['run_id']}`",
@@ -89,7 +93,7 @@ def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10) -> str:
         "| row_id | score | missing sentences / error |",
         "|---|---|---|",
     ]
-    for row in worst_rows(plan, limit):
+    for row in worst_rows(plan, limit, results):
         detail = row["error"] or "; ".join(f"“{s}”" for s in row["missing"]) or "-"
         lines.append(f"| `{row['row_id']}` | {_fmt(row['score'])} | {detail.replace('|', '/')[:400]} |")
     return "\n".join(lines)

@@ -127,6 +127,34 @@ def test_local_run_delta_scores_match_truth(prefect_harness, judge_env, tmp_path
     assert not any((out / "_pending").iterdir())
 
 
+def test_markdown_report_lists_the_worst_rows_and_their_missing_sentences(prefect_harness, judge_env, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from recall_tasks import split_sentences
+
+    rows = make_rows(40, seed=53)
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    summary = recall_benchmark(
+        params(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=judge_env.base_url)
+    )
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recall-report"])))
+    report = next(a.data for a in arts if summary["run_id"] in a.data)
+    listed = [line for line in report.splitlines() if line.startswith("| `r")]
+    assert len(listed) == 10
+    by_id = {r["row_id"]: r for r in rows}
+    scores = {rid: expected(r) for rid, r in by_id.items()}
+    ids = [line.split("`")[1] for line in listed]
+    assert [scores[i] for i in ids] == sorted(scores[i] for i in ids)  # lowest first
+    assert max(scores[i] for i in ids) <= min(s for rid, s in scores.items() if rid not in ids)
+    for rid, line in zip(ids, listed, strict=True):
+        sentences = split_sentences(by_id[rid]["ground_truth"])
+        verdicts = judge_script.truth("contextual_recall", sentences, by_id[rid]["contexts"])
+        missing = [s for s, (v, _) in zip(sentences, verdicts, strict=True) if v == "no"]
+        assert all(f"“{s}”" in line for s in missing) and (missing or line.rstrip().endswith("| - |"))
+
+
 def test_s3_run_delta_and_parquet(prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
