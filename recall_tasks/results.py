@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ import pyarrow.parquet as pq
 from recall_tasks.cache import write_atomically
 from recall_tasks.errors import StorageError
 from recall_tasks.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
+
+log = logging.getLogger(__name__)
 
 Format = Literal["delta", "parquet"]
 
@@ -267,6 +270,7 @@ class ResultStore:
         except CommitFailedError:
             if DeltaTable(uri, storage_options=options).transaction_version(app_id) is None:
                 raise
+            log.info("%s was committed by a concurrent writer; not appended again", app_id)
 
     def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         if parts:

@@ -332,7 +332,7 @@ def test_two_runs_at_once_do_not_corrupt(prefect_harness, judge_env, tmp_path):
     assert judge_env.chat_requests == [] and summary["cached"] == 80
 
 
-def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkeypatch):
+def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkeypatch, caplog):
     """Both writers pass the "already committed?" check, then both append: Delta's app transaction id makes
     the second commit conflict, and the loser sees the winner's commit instead of duplicating the run."""
     import deltalake
@@ -361,12 +361,14 @@ def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkey
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
+    caplog.set_level("INFO", logger="recall_tasks.results")
     threads = [threading.Thread(target=commit) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
+    assert "committed by a concurrent writer" in caplog.text  # the conflict path ran
     results = DeltaTable(str(tmp_path / "out" / "results")).to_pyarrow_table()
     assert sorted(results.column("row_id").to_pylist()) == ["a", "b", "c"]
     assert DeltaTable(str(tmp_path / "out" / "runs")).to_pyarrow_table().num_rows == 1
