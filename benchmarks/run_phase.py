@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import time
 
 
@@ -62,7 +61,10 @@ def main() -> None:
                 fh.write(profiler.output_text(show_all=bool(os.environ.get("PROFILE_ALL")), timeline=False))
             else:
                 fh.write(profiler.output_html())
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM, not getrusage's ru_maxrss: on Linux a child's ru_maxrss starts from its parent's peak (exec keeps
+    # it), so a phase spawned by a benchmark holding 1M generated rows reported GBs it never used.
+    with open("/proc/self/status") as status:
+        rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
     out = {
         "rows": summary["rows"], "scored": summary["scored"], "errors": summary["errors"],
         "cached": summary["cached"], "requests": summary["requests"], "prompt_tokens": summary["prompt_tokens"],

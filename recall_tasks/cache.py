@@ -150,7 +150,17 @@ class RowVerdictCache:
             self._written.append(path)
 
     def close(self) -> None:
-        """Flush, then compact the segments this run wrote into one (streamed: one segment in memory at a time)."""
+        """Flush, then compact the segments this run wrote into one (streamed: one segment in memory at a time).
+
+        The in-memory index (~100 bytes per entry) is dropped: a closed cache answers no lookups.
+        """
+        try:
+            self._compact()
+        finally:
+            with self._lock:
+                self._index, self._segments, self.read = {}, [], False
+
+    def _compact(self) -> None:
         self.flush()
         with self._lock:
             written, self._written = self._written, []
@@ -158,22 +168,13 @@ class RowVerdictCache:
             return
         merged = f"{self.root}/seg-{self._run}-all.parquet"
         tmp = f"{merged}.tmp-{uuid.uuid4().hex[:8]}" if _is_local(self.fs) else merged
-        keys: list[str] = []
         try:
             with self.fs.open(tmp, "wb") as fh, pq.ParquetWriter(fh, SEGMENT_SCHEMA, compression="zstd") as writer:
                 for path in written:
-                    table = pq.read_table(path, filesystem=self.fs)
-                    writer.write_table(table)
-                    keys.extend(table.column("key").to_pylist())
+                    writer.write_table(pq.read_table(path, filesystem=self.fs))
             if tmp != merged:
                 os.replace(tmp, merged)
             for p in written:
                 self.fs.rm(p)
         except Exception as exc:  # noqa: BLE001 - compaction is an optimisation; the segments stay valid
             log.warning("cache compaction failed: %s", exc)
-            return
-        with self._lock:
-            seg = len(self._segments)
-            self._segments.append(merged)
-            for key in keys:
-                self._index[key] = seg
