@@ -124,6 +124,7 @@ def run_phase(
     concurrency: int,
     judge: str = "openai",
     profile: str | None = None,
+    workers: int | None = None,
 ) -> dict:
     cmd = [
         sys.executable,
@@ -140,6 +141,8 @@ def run_phase(
         cmd += ["--base-url", base_url]
     if profile:
         cmd += ["--profile", profile]
+    if workers:
+        cmd += ["--workers", str(workers)]
     stats_url = base_url.removesuffix("/v1") + "/stats?reset=1" if base_url else None
     if stats_url:
         urllib.request.urlopen(stats_url, timeout=5).read()
@@ -161,6 +164,7 @@ def main() -> None:
     parser.add_argument("--million-only", action="store_true", help="only the 1M-row run")
     parser.add_argument("--big-rows", type=int, default=1_000_000, help="size of the --million run")
     parser.add_argument("--profile", default=None, help="pyinstrument HTML of the first phase")
+    parser.add_argument("--workers", type=int, default=None, help="chunk tasks in flight (RunParams.max_workers)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
 
@@ -184,15 +188,27 @@ def main() -> None:
             out = str(tmp / f"out-{conc}")
             profile = args.profile if i == 0 else None
             results.append(
-                (f"first run, concurrency {conc}", conc, run_phase(env, data, out, base_url, conc, profile=profile))
+                (
+                    f"first run, concurrency {conc}",
+                    conc,
+                    run_phase(env, data, out, base_url, conc, profile=profile, workers=args.workers),
+                )
             )
         out = str(tmp / f"out-{args.concurrency[0]}")
         if not args.million_only:
             results.append(
-                ("unchanged rerun", args.concurrency[0], run_phase(env, data, out, base_url, args.concurrency[0]))
+                (
+                    "unchanged rerun",
+                    args.concurrency[0],
+                    run_phase(env, data, out, base_url, args.concurrency[0], workers=args.workers),
+                )
             )
             results.append(
-                ("1%-edited rerun", args.concurrency[0], run_phase(env, edited, out, base_url, args.concurrency[0]))
+                (
+                    "1%-edited rerun",
+                    args.concurrency[0],
+                    run_phase(env, edited, out, base_url, args.concurrency[0], workers=args.workers),
+                )
             )
         if args.million or args.million_only:
             big = write_dataset(tmp / "million" / "bench.parquet", make_table(args.big_rows, seed=5))
