@@ -6,12 +6,13 @@ Only parsed verdicts are cached; errors never are.
 
 Layout: Parquet *segments* (``seg-<run>-<n>.parquet``, columns ``key``, ``response``), each holding the
 entries of one flush, never one object per row. A run reads the ``key`` column of every segment once (an
-index of ~50 bytes per entry) and then reads verdict payloads only from the segments a chunk hits: a chunk
-of an unchanged dataset hits the one or two segments written when that chunk was first judged. Entries are
-flushed every ``flush_rows`` rows so a crash loses at most that much judging; at the end of a run the small
-segments it wrote are compacted into one. Segments are written whole (local: temp file + rename; object
-stores: one PUT), so a reader never sees a partial segment; two runs writing the same entries at once
-only duplicate them, which lookups tolerate.
+index of ~50 bytes per entry: key -> segment and row group) and then reads verdict payloads only from the
+row groups a chunk hits: a chunk of an unchanged dataset hits the one or two row groups written when that
+chunk was first judged, not the whole cache. Entries are flushed every ``flush_rows`` rows so a crash loses
+at most that much judging; at the end of a run the small segments it wrote are compacted into one file that
+keeps each of them as its own row group (so lookups stay that narrow). Segments are written whole (local:
+temp file + rename; object stores: one PUT), so a reader never sees a partial segment; two runs writing the
+same entries at once only duplicate them, which lookups tolerate.
 """
 
 from __future__ import annotations
@@ -34,20 +35,22 @@ from recall_tasks.storage import StorageConfig, filesystem, translate_storage_er
 log = logging.getLogger(__name__)
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("response", pa.string())])
+ROW_GROUP_ROWS = 2048  # entries per row group: the unit a lookup reads
 
 
 def _is_local(fs: Any) -> bool:
     return type(fs).__name__ == "LocalFileSystem"
 
 
-def write_atomically(fs: Any, path: str, table: pa.Table) -> None:
+def write_atomically(fs: Any, path: str, table: pa.Table, row_group_size: int | None = None) -> None:
     """Write a Parquet file so that readers see all of it or nothing."""
+    options: dict[str, Any] = {"filesystem": fs, "compression": "zstd", "row_group_size": row_group_size}
     if _is_local(fs):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        pq.write_table(table, tmp, filesystem=fs, compression="zstd")
+        pq.write_table(table, tmp, **options)
         os.replace(tmp, path)
     else:
-        pq.write_table(table, path, filesystem=fs, compression="zstd")
+        pq.write_table(table, path, **options)
 
 
 class RowVerdictCache:
@@ -59,7 +62,8 @@ class RowVerdictCache:
         self.flush_rows = flush_rows
         self.fs, self.root = filesystem(uri, storage)
         self._lock = threading.Lock()
-        self._index: dict[str, int] = {}
+        self._index: dict[str, int] = {}  # key -> piece
+        self._pieces: list[tuple[int, int]] = []  # piece -> (segment, row group)
         self._segments: list[str] = []
         self._pending: dict[str, str] = {}
         self._written: list[str] = []
@@ -67,6 +71,7 @@ class RowVerdictCache:
         self._counter = itertools.count()
         self.hits = 0
         self.misses = 0
+        self.row_groups_read = 0
         try:
             self.fs.makedirs(self.root, exist_ok=True)
             if read:
@@ -78,36 +83,54 @@ class RowVerdictCache:
         files = sorted(p for p in self.fs.find(self.root) if p.endswith(".parquet"))
         for path in files:
             try:
-                keys = pq.read_table(path, columns=["key"], filesystem=self.fs).column(0).to_pylist()
+                with self.fs.open(path, "rb") as fh:
+                    parquet = pq.ParquetFile(fh)
+                    sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+                    keys = parquet.read(columns=["key"]).column(0).to_pylist()
             except Exception as exc:  # noqa: BLE001 - an unreadable segment is skipped, not fatal
                 log.warning("skipping unreadable cache segment %s: %s", path, exc)
                 continue
             seg = len(self._segments)
             self._segments.append(path)
-            for key in keys:
-                self._index[key] = seg
+            self._add(seg, keys, sizes)
+
+    def _add(self, seg: int, keys: list[str], row_group_sizes: list[int]) -> None:
+        position = 0
+        for group, size in enumerate(row_group_sizes):
+            piece = len(self._pieces)
+            self._pieces.append((seg, group))
+            for key in keys[position : position + size]:
+                self._index[key] = piece
+            position += size
 
     @property
     def size(self) -> int:
         return len(self._index)
 
     def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
-        """Cached responses for ``keys`` (those present), reading only the segments that hold them."""
+        """Cached responses for ``keys`` (those present), reading only the row groups that hold them."""
         if not self.read:
             return {}
-        by_segment: dict[int, list[str]] = defaultdict(list)
+        wanted_by_segment: dict[int, list[str]] = defaultdict(list)
+        groups_by_segment: dict[int, set[int]] = defaultdict(set)
         with self._lock:
             pending = {k: self._pending[k] for k in keys if k in self._pending}
             for k in keys:
                 if k not in pending and k in self._index:
-                    by_segment[self._index[k]].append(k)
+                    seg, group = self._pieces[self._index[k]]
+                    wanted_by_segment[seg].append(k)
+                    groups_by_segment[seg].add(group)
+            paths = {seg: self._segments[seg] for seg in wanted_by_segment}
         found: dict[str, JudgeResponse] = {k: JudgeResponse.model_validate_json(v) for k, v in pending.items()}
-        for seg, wanted in by_segment.items():
+        for seg, wanted in wanted_by_segment.items():
+            groups = sorted(groups_by_segment[seg])
             try:
-                table = pq.read_table(self._segments[seg], filesystem=self.fs)
+                with self.fs.open(paths[seg], "rb") as fh:
+                    table = pq.ParquetFile(fh).read_row_groups(groups)
             except Exception as exc:  # noqa: BLE001 - a vanished segment means misses, not a failed run
-                log.warning("cache segment %s unreadable (%s); re-judging its rows", self._segments[seg], exc)
+                log.warning("cache segment %s unreadable (%s); re-judging its rows", paths[seg], exc)
                 continue
+            self.row_groups_read += len(groups)
             table = table.filter(pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string())))
             for key, payload in zip(table.column("key").to_pylist(), table.column("response").to_pylist(), strict=True):
                 found[key] = JudgeResponse.model_validate_json(payload)
@@ -137,7 +160,7 @@ class RowVerdictCache:
             path = f"{self.root}/seg-{self._run}-{next(self._counter):06d}.parquet"
         table = pa.table({"key": list(batch), "response": list(batch.values())}, schema=SEGMENT_SCHEMA)
         try:
-            write_atomically(self.fs, path, table)
+            write_atomically(self.fs, path, table, row_group_size=ROW_GROUP_ROWS)
         except Exception as exc:  # noqa: BLE001
             with self._lock:  # keep them for the next flush
                 self._pending = {**batch, **self._pending}
@@ -145,8 +168,8 @@ class RowVerdictCache:
         with self._lock:
             seg = len(self._segments)
             self._segments.append(path)
-            for key in batch:
-                self._index[key] = seg
+            full, rest = divmod(len(batch), ROW_GROUP_ROWS)
+            self._add(seg, list(batch), [ROW_GROUP_ROWS] * full + ([rest] if rest else []))
             self._written.append(path)
 
     def close(self) -> None:
@@ -158,7 +181,7 @@ class RowVerdictCache:
             self._compact()
         finally:
             with self._lock:
-                self._index, self._segments, self.read = {}, [], False
+                self._index, self._pieces, self._segments, self.read = {}, [], [], False
 
     def _compact(self) -> None:
         self.flush()
@@ -170,8 +193,8 @@ class RowVerdictCache:
         tmp = f"{merged}.tmp-{uuid.uuid4().hex[:8]}" if _is_local(self.fs) else merged
         try:
             with self.fs.open(tmp, "wb") as fh, pq.ParquetWriter(fh, SEGMENT_SCHEMA, compression="zstd") as writer:
-                for path in written:
-                    writer.write_table(pq.read_table(path, filesystem=self.fs))
+                for path in written:  # one row group (or more) per segment: lookups stay as narrow as before
+                    writer.write_table(pq.read_table(path, filesystem=self.fs), row_group_size=ROW_GROUP_ROWS)
             if tmp != merged:
                 os.replace(tmp, merged)
             for p in written:

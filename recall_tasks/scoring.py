@@ -116,6 +116,8 @@ async def score_rows(
     pending: list[tuple[int, Prepared, str]] = []
     fingerprint = metric_fingerprint(metric)
     for i, row in enumerate(rows):
+        if i % 32 == 31:  # this loop shares its thread with every judge call in flight: let replies in
+            await asyncio.sleep(0)
         case = _case(row)
         context = await metric.resolve_context(case)
         prepared = metric.prepare(case, context)
@@ -256,7 +258,12 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
 async def score_block(
     metric: Metric, block: RowBlock, cache: RowCache | None = None, budget: Budget | None = None
 ) -> pa.Table:
-    """Score every row of ``block``; its result table has no run columns (added at commit, see results.py)."""
-    rows = block.table.select(["input", "expected_output", "retrieval_context", "actual_output"]).to_pylist()
+    """Score every row of ``block``; its result table has no run columns (added at commit, see results.py).
+
+    Converting the block and building its table run in a worker thread: on the event loop they would hold
+    every judge reply in flight for tens of milliseconds per chunk.
+    """
+    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    rows = await asyncio.to_thread(lambda: block.table.select(columns).to_pylist())
     outcomes = await score_rows(metric, rows, cache, budget)
-    return results_table(block, outcomes, metric)
+    return await asyncio.to_thread(results_table, block, outcomes, metric)

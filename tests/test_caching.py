@@ -17,8 +17,10 @@ import pytest
 from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
+from recall_tasks.cache import RowVerdictCache
 from recall_tasks.config import RunParams
 from recall_tasks.errors import StorageError
+from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
 from recall_tasks.results import ResultStore
 from recall_tasks.storage import StorageConfig
 from tests import judge_script
@@ -505,3 +507,35 @@ def test_expired_chunk_cache_records_are_not_used(prefect_harness, judge_env, tm
     judge_env.set_responder(judge_script.responder)
     second = run(judge_env, data, out)
     assert second["requests"] == 20 and second["cached"] == 0
+
+
+def _response(i: int) -> JudgeResponse:
+    verdicts = [JudgeVerdict(id=1, verdict="yes" if i % 3 else "no", reason=f"r{i}", chunk_ids=[i % 5 + 1])]
+    return JudgeResponse(verdicts=verdicts, model="m", prompt_version="v", prompt_tokens=i)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_row_cache_lookup_reads_only_the_row_groups_it_needs(where, tmp_path, request, monkeypatch):
+    """After compaction a lookup still reads the row groups holding its keys, never the whole cache."""
+    if where == "s3":
+        server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        uri = f"s3://{bucket}/cache"
+    else:
+        uri = str(tmp_path / "cache")
+    storage = StorageConfig.from_options()
+    writer = RowVerdictCache(uri, storage, flush_rows=500)
+    for start in range(0, 5000, 100):  # 10 flushes of 500 entries, like 10 chunks judged in turn
+        writer.put_many({f"k{i}": _response(i) for i in range(start, start + 100)})
+    writer.close()
+    reader = RowVerdictCache(uri, storage)
+    assert reader.size == 5000 and len(reader._segments) == 1  # compacted into one file
+    one_chunk = [f"k{i}" for i in range(1500, 1600)]
+    found = reader.get_many(one_chunk + ["missing"])
+    assert reader.row_groups_read == 1
+    assert set(found) == set(one_chunk)
+    assert all(found[f"k{i}"] == _response(i) for i in range(1500, 1600))
+    across = reader.get_many(["k0", "k2499", "k4999"])
+    assert reader.row_groups_read == 4
+    assert [across[k].prompt_tokens for k in ("k0", "k2499", "k4999")] == [0, 2499, 4999]
