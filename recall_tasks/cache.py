@@ -62,8 +62,7 @@ class RowVerdictCache:
         self.flush_rows = flush_rows
         self.fs, self.root = filesystem(uri, storage)
         self._lock = threading.Lock()
-        self._index: dict[str, int] = {}  # key -> piece
-        self._pieces: list[tuple[int, int]] = []  # piece -> (segment, row group)
+        self._index: dict[str, tuple[int, int]] = {}  # key -> (segment, row group); one tuple per row group
         self._segments: list[str] = []
         self._pending: dict[str, str] = {}
         self._written: list[str] = []
@@ -97,10 +96,8 @@ class RowVerdictCache:
     def _add(self, seg: int, keys: list[str], row_group_sizes: list[int]) -> None:
         position = 0
         for group, size in enumerate(row_group_sizes):
-            piece = len(self._pieces)
-            self._pieces.append((seg, group))
-            for key in keys[position : position + size]:
-                self._index[key] = piece
+            where = (seg, group)
+            self._index.update(dict.fromkeys(keys[position : position + size], where))
             position += size
 
     @property
@@ -111,19 +108,18 @@ class RowVerdictCache:
         """Cached responses for ``keys`` (those present), reading only the row groups that hold them."""
         if not self.read:
             return {}
-        wanted_by_segment: dict[int, list[str]] = defaultdict(list)
         groups_by_segment: dict[int, set[int]] = defaultdict(set)
         with self._lock:
             pending = {k: self._pending[k] for k in keys if k in self._pending}
-            for k in keys:
-                if k not in pending and k in self._index:
-                    seg, group = self._pieces[self._index[k]]
-                    wanted_by_segment[seg].append(k)
-                    groups_by_segment[seg].add(group)
-            paths = {seg: self._segments[seg] for seg in wanted_by_segment}
+            wanted = [k for k in keys if k not in pending and k in self._index]
+            for k in wanted:
+                seg, group = self._index[k]
+                groups_by_segment[seg].add(group)
+            paths = {seg: self._segments[seg] for seg in groups_by_segment}
         found: dict[str, JudgeResponse] = {k: JudgeResponse.model_validate_json(v) for k, v in pending.items()}
-        for seg, wanted in wanted_by_segment.items():
-            groups = sorted(groups_by_segment[seg])
+        value_set = pa.array(wanted, pa.string())
+        for seg, group_set in groups_by_segment.items():
+            groups = sorted(group_set)
             try:
                 with self.fs.open(paths[seg], "rb") as fh:
                     table = pq.ParquetFile(fh).read_row_groups(groups)
@@ -131,7 +127,7 @@ class RowVerdictCache:
                 log.warning("cache segment %s unreadable (%s); re-judging its rows", paths[seg], exc)
                 continue
             self.row_groups_read += len(groups)
-            table = table.filter(pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string())))
+            table = table.filter(pc.is_in(table.column("key"), value_set=value_set))
             for key, payload in zip(table.column("key").to_pylist(), table.column("response").to_pylist(), strict=True):
                 found[key] = JudgeResponse.model_validate_json(payload)
         self.hits += len(found)
@@ -181,7 +177,7 @@ class RowVerdictCache:
             self._compact()
         finally:
             with self._lock:
-                self._index, self._pieces, self._segments, self.read = {}, [], [], False
+                self._index, self._segments, self.read = {}, [], False
 
     def _compact(self) -> None:
         self.flush()
