@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from importlib import resources
@@ -76,9 +77,37 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         console.print(f"HTML report: {summary['report_uri']}")
 
 
+def _announce_boot(info: Any) -> None:
+    err.print(
+        f"starting the local Prefect server (first run only, takes a few seconds): UI {info.ui_url}\n"
+        "  it keeps running for the next runs; `recall-bench server stop` stops it, "
+        "PREFECT_API_URL points runs at another server"
+    )
+
+
+def _prefect_api() -> contextlib.AbstractContextManager[Any]:
+    """Point this process at ``PREFECT_API_URL`` if configured, else at the local server (started if needed).
+
+    Never Prefect's temporary in-process server (see ``recall_tasks/server.py``). The local server's URL is set
+    both in the environment (read by any ``Settings()`` built later) and as Prefect's current settings (the
+    ones built when ``prefect`` was imported lack it).
+    """
+    from recall_tasks import server
+
+    url, local = server.api_url_for_run(on_boot=_announce_boot)
+    if not local:
+        return contextlib.nullcontext()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    os.environ["PREFECT_API_URL"] = url
+    err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]")
+    return temporary_settings(updates={PREFECT_API_URL: url})
+
+
 def _run(params: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    api = _prefect_api()
     from flows.recall_flow import recall_benchmark
     from recall_tasks import pipeline
 
@@ -98,7 +127,8 @@ def _run(params: Any) -> dict[str, Any]:
 
         pipeline.add_progress_listener(listener)
         try:
-            return recall_benchmark(params)
+            with api:
+                return recall_benchmark(params)
         finally:
             pipeline.remove_progress_listener(listener)
 
@@ -340,6 +370,61 @@ def report(
     except RecallBenchError as exc:
         _fail(exc)
     console.print(uri)
+
+
+server_app = typer.Typer(
+    no_args_is_help=True,
+    help="The local Prefect server that run and demo use when PREFECT_API_URL is not set.",
+)
+app.add_typer(server_app, name="server")
+
+
+def _server_line(info: Any) -> str:
+    from recall_tasks import server
+
+    return f"UI {info.ui_url}, API {info.api_url} (pid {info.pid}, state {server.state_dir()})"
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[
+        int | None, typer.Option(help="Port on 127.0.0.1 (default $RECALL_BENCH_SERVER_PORT or 4250)")
+    ] = None,
+) -> None:
+    """Start the local Prefect server in the background (or report the one running)."""
+    from recall_tasks import server
+
+    try:
+        info, started = server.start(port, on_boot=lambda i: err.print("starting the local Prefect server..."))
+    except RecallBenchError as exc:
+        _fail(exc)
+    console.print(f"local Prefect server {'started' if started else 'already running'}: {_server_line(info)}")
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Whether the local Prefect server runs (exit 0) or not (exit 1), and its addresses."""
+    from recall_tasks import server
+
+    current = server.status()
+    if os.environ.get("PREFECT_API_URL"):
+        err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
+    if current.info is None:
+        stale = " (removed the record of a server that is gone)" if current.stale_removed else ""
+        console.print(f"local Prefect server: stopped{stale}")
+        raise typer.Exit(code=1)
+    console.print(f"local Prefect server: {current.state}, {_server_line(current.info)}")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local Prefect server (its database is kept for the next start)."""
+    from recall_tasks import server
+
+    info = server.stop()
+    console.print(
+        "local Prefect server: not running" if info is None else f"stopped the local Prefect server (pid {info.pid})"
+    )
 
 
 events.register(app)
