@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any, cast
 from uuid import UUID
 
-from prefect import flow, get_run_logger, task
+from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -241,3 +241,22 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
             f"{comparison.flips_pass_to_fail} rows pass->fail"
         )
     return summary
+
+
+def _serialize_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The flow run's parameters as JSON: a ``RunParams`` by pydantic itself, anything else as Prefect does.
+
+    Prefect's ``Flow.serialize_parameters`` imports fastapi for ``jsonable_encoder`` (0.2-0.4 s of an ad-hoc run's
+    start-up, before the first judge request); for a pydantic model without aliases that encoder returns exactly
+    ``model_dump(mode="json")``. Deployment runs pass a dict and keep Prefect's path.
+    """
+    out: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if isinstance(value, RunParams):
+            out[key] = value.model_dump(mode="json")
+        else:
+            out.update(Flow.serialize_parameters(recall_benchmark, {key: value}))
+    return out
+
+
+recall_benchmark.serialize_parameters = _serialize_parameters  # type: ignore[method-assign]
