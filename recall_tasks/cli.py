@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import signal
+import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -104,33 +108,119 @@ def _prefect_api() -> contextlib.AbstractContextManager[Any]:
     return temporary_settings(updates={PREFECT_API_URL: url})
 
 
-def _run(params: Any) -> dict[str, Any]:
+class _Terminated(BaseException):
+    """SIGTERM outside Prefect's own handler, raised in the main thread as KeyboardInterrupt is for SIGINT."""
+
+
+#: A repeated signal while an interrupted run cleans up is ignored, unless the clean-up takes longer than this.
+FORCE_EXIT_AFTER_S = 10.0
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[dict[str, Any]]:
+    """SIGINT and SIGTERM for the length of a run: the first one raises in the main thread, repeats are ignored.
+
+    The first SIGINT raises KeyboardInterrupt, the first SIGTERM :class:`_Terminated` (while the flow runs,
+    Prefect's engine holds SIGTERM and raises its TerminationSignal, then re-sends the signal to this handler).
+    The flow's chunk loop turns either into an abort (judge calls cancelled, row cache flushed); a second
+    Ctrl-C during that clean-up would interrupt it half-way (what logged "client has been closed" errors), so
+    it is ignored unless the clean-up hangs past ``FORCE_EXIT_AFTER_S``.
+    """
+    state: dict[str, Any] = {"signal": None, "at": 0.0}
+
+    def handler(signum: int, frame: Any) -> None:
+        if state["signal"] is not None:
+            if time.monotonic() - state["at"] > FORCE_EXIT_AFTER_S:
+                err.print("interrupted again: exiting without finishing the clean-up")
+                os._exit(128 + int(state["signal"]))
+            return
+        state["signal"], state["at"] = signum, time.monotonic()
+        from recall_tasks._sync import cancel_all_scopes
+
+        cancel_all_scopes()  # judge calls stop now, not when the exception reaches the flow's chunk loop
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Terminated
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _quiet_prefect_console() -> None:
+    """Prefect's console logging shows only recall-bench's own warnings (``--debug``: everything).
+
+    Flow-run and task-run logs still go to the Prefect API (the UI shows them); the CLI prints its own summary,
+    progress and one-line errors. Without this, a run printed Prefect's state lines and, on any failure, its
+    tracebacks.
+    """
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.name.startswith("recall_tasks") and record.levelno >= logging.WARNING
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.addFilter(keep)
+
+
+def _run(params: Any, debug: bool = False) -> dict[str, Any]:
+    """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    api = _prefect_api()
-    from flows.recall_flow import recall_benchmark
-    from recall_tasks import pipeline
-
-    with Progress(
-        TextColumn("scoring"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
-        bar = progress.add_task("rows", total=None)
-
-        def listener(done: int, total: int) -> None:
-            progress.update(bar, completed=done, total=total)
-
-        pipeline.add_progress_listener(listener)
+    cached: list[int] = []
+    with _interrupts() as state:
         try:
-            with api:
-                return recall_benchmark(params)
-        finally:
-            pipeline.remove_progress_listener(listener)
+            api = _prefect_api()
+            from flows.recall_flow import recall_benchmark
+            from recall_tasks import pipeline
+
+            if not debug:
+                _quiet_prefect_console()
+            with Progress(
+                TextColumn("scoring"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+                disable=not err.is_terminal,
+            ) as progress:
+                bar = progress.add_task("rows", total=None)
+
+                def listener(done: int, total: int) -> None:
+                    progress.update(bar, completed=done, total=total)
+
+                pipeline.add_progress_listener(listener)
+                pipeline.add_abort_listener(cached.append)
+                try:
+                    with api:
+                        return recall_benchmark(params)
+                finally:
+                    pipeline.remove_progress_listener(listener)
+                    pipeline.remove_abort_listener(cached.append)
+        except BaseException as exc:
+            if not _is_interrupt(exc) and state["signal"] is None:
+                raise
+            sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
+            err.print(
+                f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
+                highlight=False,
+            )
+            raise typer.Exit(code=128 + int(sig)) from None
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """KeyboardInterrupt, our SIGTERM, Prefect's TerminationSignal, or a chunk's RunInterrupted."""
+    from recall_tasks.errors import RunInterrupted
+
+    if isinstance(exc, KeyboardInterrupt | _Terminated | RunInterrupted):
+        return True
+    return type(exc).__name__ == "TerminationSignal"
 
 
 @app.command()

@@ -12,8 +12,10 @@ The tree, and what the pipeline does with each branch::
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
-    └── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
-                                      (raised after everything is written)
+    ├── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
+    │                                 (raised after everything is written)
+    └── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
+                                      nothing committed, judged rows kept in the row cache
 
 Every message says what to fix. No message ever contains an API key or a storage secret
 (see ``recall_tasks.secrets.redact``).
@@ -90,3 +92,7 @@ class StorageError(RecallBenchError):
 
 class RegressionDetected(RecallBenchError):
     """The run regressed against its baseline and ``fail_on_regression`` is set; results are committed."""
+
+
+class RunInterrupted(RecallBenchError):
+    """The run's judging was cancelled (an interrupt): nothing is committed, judged rows stay in the row cache."""
