@@ -75,6 +75,19 @@ def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkRep
     return pipeline.score_chunk(plan, seq, plan.pending_blocks[seq], key)
 
 
+#: ``--no-cache``: the same task function without Prefect's cache. Not ``score_chunk.with_options(cache_policy=
+#: NO_CACHE)``: ``with_options`` cannot drop ``cache_key_fn``, and Prefect then warned on every such run that both
+#: ``cache_policy`` and ``cache_key_fn`` were set. Same name, retries and retry rule.
+score_chunk_uncached = task(
+    name="score-chunk",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=_transient,
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)(score_chunk.fn)
+
+
 def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
     """The chunk's report if Prefect's cache holds a live record for it, read without creating a task run.
 
@@ -120,7 +133,7 @@ def _wait_interruptibly(future: PrefectFuture[Any]) -> None:
 def _chunk_task(params: RunParams) -> Any:
     """The chunk task with this run's cache settings (storage, expiry, refresh, or no cache)."""
     if not params.cache:
-        return score_chunk.with_options(cache_policy=NO_CACHE, persist_result=False)
+        return score_chunk_uncached
     options: dict[str, Any] = {
         "cache_expiration": dt.timedelta(days=params.chunk_cache_days),
         "refresh_cache": params.refresh_cache,

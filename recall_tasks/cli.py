@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+import traceback
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -54,9 +55,24 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
     return plain
 
 
-def _fail(exc: BaseException) -> NoReturn:
+def _fail(exc: BaseException, debug: bool = False) -> NoReturn:
+    """One line, ``error: …``, exit 2; ``--debug`` prints the (redacted) traceback before it."""
+    if debug and exc.__traceback__ is not None:
+        err.print(escape(redact("".join(traceback.format_exception(exc)))), soft_wrap=True, highlight=False)
     err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _fail_unexpected(exc: Exception, debug: bool) -> NoReturn:
+    """An exception recall-bench did not raise on purpose (a bug, a library's error): still one line."""
+    text = " ".join(str(exc).split())[:500] or "(no message)"
+    hint = "" if debug else " (rerun with --debug for the traceback)"
+    message = RuntimeError(f"{type(exc).__name__}: {text}{hint}")
+    message.__traceback__ = exc.__traceback__
+    _fail(message, debug)
+
+
+DEBUG_HELP = "Show Prefect's logs and full tracebacks"
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -89,23 +105,40 @@ def _announce_boot(info: Any) -> None:
     )
 
 
-def _prefect_api() -> contextlib.AbstractContextManager[Any]:
+@contextlib.contextmanager
+def _prefect_api() -> Iterator[None]:
     """Point this process at ``PREFECT_API_URL`` if configured, else at the local server (started if needed).
 
-    Never Prefect's temporary in-process server (see ``recall_tasks/server.py``). The local server's URL is set
-    both in the environment (read by any ``Settings()`` built later) and as Prefect's current settings (the
-    ones built when ``prefect`` was imported lack it).
+    Never Prefect's temporary in-process server (see ``recall_tasks/server.py``). A configured URL that refuses
+    connections fails here in one line, not after the Prefect client's retries. The local server's URL is set
+    for the length of the run both in the environment (read by any ``Settings()`` built later) and as Prefect's
+    current settings (the ones built when ``prefect`` was imported lack it); both are restored afterwards.
     """
     from recall_tasks import server
 
     url, local = server.api_url_for_run(on_boot=_announce_boot)
     if not local:
-        return contextlib.nullcontext()
+        reason = server.unreachable(url)
+        if reason:
+            raise server.ServerError(
+                f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached ({reason}); start that server, "
+                "or unset PREFECT_API_URL to use recall-bench's local server"
+            )
+        yield
+        return
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]", highlight=False)
+    previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
-    err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]")
-    return temporary_settings(updates={PREFECT_API_URL: url})
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
 
 
 class _Terminated(BaseException):
@@ -150,22 +183,31 @@ def _interrupts() -> Iterator[dict[str, Any]]:
             signal.signal(sig, old)
 
 
-def _quiet_prefect_console() -> None:
-    """Prefect's console logging shows only recall-bench's own warnings (``--debug``: everything).
+def _own_warnings_only(record: logging.LogRecord) -> bool:
+    return record.name.startswith("recall_tasks") and record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def _quiet_prefect_console(debug: bool) -> Iterator[None]:
+    """Console logging shows only recall-bench's own warnings for the run (``--debug``: everything).
 
     Flow-run and task-run logs still go to the Prefect API (the UI shows them); the CLI prints its own summary,
     progress and one-line errors. Without this, a run printed Prefect's state lines and, on any failure, its
-    tracebacks.
+    tracebacks. Only console (stream) handlers are filtered, and only while the run lasts.
     """
-
-    def keep(record: logging.LogRecord) -> bool:
-        return record.name.startswith("recall_tasks") and record.levelno >= logging.WARNING
-
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    for logger in loggers:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handler.addFilter(keep)
+    handlers: list[logging.Handler] = []
+    if not debug:
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for handler in getattr(logger, "handlers", []):
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                    if _own_warnings_only not in handler.filters:
+                        handler.addFilter(_own_warnings_only)
+                        handlers.append(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_own_warnings_only)
 
 
 def _run(params: Any, debug: bool = False) -> dict[str, Any]:
@@ -173,36 +215,34 @@ def _run(params: Any, debug: bool = False) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     cached: list[int] = []
-    with _interrupts() as state:
+    with _interrupts() as state, contextlib.ExitStack() as stack:
         try:
-            api = _prefect_api()
+            stack.enter_context(_prefect_api())
             from flows.recall_flow import recall_benchmark
             from recall_tasks import pipeline
 
-            if not debug:
-                _quiet_prefect_console()
-            with Progress(
-                TextColumn("scoring"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=True,
-                disable=not err.is_terminal,
-            ) as progress:
-                bar = progress.add_task("rows", total=None)
+            stack.enter_context(_quiet_prefect_console(debug))
+            progress = stack.enter_context(
+                Progress(
+                    TextColumn("scoring"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=err,
+                    transient=True,
+                    disable=not err.is_terminal,
+                )
+            )
+            bar = progress.add_task("rows", total=None)
 
-                def listener(done: int, total: int) -> None:
-                    progress.update(bar, completed=done, total=total)
+            def listener(done: int, total: int) -> None:
+                progress.update(bar, completed=done, total=total)
 
-                pipeline.add_progress_listener(listener)
-                pipeline.add_abort_listener(cached.append)
-                try:
-                    with api:
-                        return recall_benchmark(params)
-                finally:
-                    pipeline.remove_progress_listener(listener)
-                    pipeline.remove_abort_listener(cached.append)
+            pipeline.add_progress_listener(listener)
+            pipeline.add_abort_listener(cached.append)
+            stack.callback(pipeline.remove_progress_listener, listener)
+            stack.callback(pipeline.remove_abort_listener, cached.append)
+            return recall_benchmark(params)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
                 raise
@@ -256,6 +296,7 @@ def run(
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 3 on regression")] = False,
     retriever: Annotated[str | None, typer.Option(help="module:function filling contexts at run time")] = None,
     retrieval_uri: Annotated[str | None, typer.Option(help="Parquet of row_id + contexts from a new index")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
     from recall_tasks.config import RunParams
@@ -295,14 +336,18 @@ def run(
                 "retrieval_uri": retrieval_uri,
             }
         )
-        summary = _run(params)
+        summary = _run(params, debug)
     except RegressionDetected as exc:
         err.print(f"[bold red]regression:[/] {exc}")
         raise typer.Exit(code=3) from None
     except ValidationError as exc:
-        _fail(ValueError(_validation_message(exc)))
+        _fail(ValueError(_validation_message(exc)), debug)
     except RecallBenchError as exc:
-        _fail(exc)
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
     _print_summary(summary, output)
     comparison = summary.get("comparison")
     if comparison and comparison.get("mean_delta") is not None and comparison.get("ci_low") is not None:
@@ -318,7 +363,10 @@ def run(
 
 
 @app.command()
-def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output") -> None:
+def demo(
+    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+) -> None:
     """Score the bundled sample dataset with the offline judge, end to end through Prefect."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -344,9 +392,13 @@ def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output
         chunk_size=4,
     )
     try:
-        summary = _run(params)
+        summary = _run(params, debug)
     except RecallBenchError as exc:
-        _fail(exc)
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        _fail_unexpected(exc, debug)
     _print_summary(summary, output)
     console.print("\nThe five rows with the least supported ground truth:")
     query(

@@ -147,6 +147,22 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def unreachable(api_url: str, timeout: float = 5.0) -> str | None:
+    """Why nothing answers at ``api_url`` (connection refused, unknown host, timeout), or None if something does.
+
+    Any HTTP answer counts as reachable: a Prefect Cloud workspace URL may answer ``/health`` with 401 or 404.
+    """
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as exc:
+        return str(exc.reason)
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+
+
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
