@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -175,6 +176,9 @@ def _interrupts() -> Iterator[dict[str, Any]]:
             raise KeyboardInterrupt
         raise _Terminated
 
+    if threading.current_thread() is not threading.main_thread():  # signals can only be handled there
+        yield state
+        return
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield state

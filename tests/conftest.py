@@ -16,6 +16,8 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="recall-prefect-")
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# a test that runs the CLI without PREFECT_API_URL must never start a server in the user's own state directory
+os.environ.setdefault("RECALL_BENCH_STATE_DIR", tempfile.mkdtemp(prefix="recall-state-"))
 
 from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
 from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
@@ -28,3 +30,12 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_local_server_left_behind():
+    """Stop a local Prefect server that a test may have started in the session's state directory."""
+    yield
+    from recall_tasks import server
+
+    server.stop()
