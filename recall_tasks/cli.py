@@ -239,7 +239,7 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
     _print_summary(summary, output)
     comparison = summary.get("comparison")
     if comparison:
-        console.print(escape(verdict_line(comparison)))
+        console.print(escape(verdict_line(comparison)), soft_wrap=True)
     elif summary.get("status") == "failed":
         console.print("not compared with a baseline: a failed run is never compared nor used as a baseline")
     else:

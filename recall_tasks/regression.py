@@ -114,6 +114,16 @@ MCNEMAR_EXACT_MAX = 20_000
 COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
 COMPARABLE_KEYS_V2 = ("units", "judge", "schema_version", "splitter_version", "judge_config")
 
+_COMPARISON_ORDER = ("dataset", "metric", "units", "judge", "judge_model", "prompt_version", "schema_version",
+                     "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
+# a difference in a key on the right is implied by one on the left: only the first is named
+_IMPLIED_BY = {
+    "judge_model": {"judge"},
+    "prompt_version": {"judge", "judge_model"},
+    "schema_version": {"judge", "judge_model"},
+    "judge_config": {"judge", "judge_model", "prompt_version", "schema_version", "splitter_version", "metric"},
+}
+
 MIN_PAIRED_SHARE = 0.9
 """Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
 
@@ -631,12 +641,15 @@ def _check_table(table: pa.Table, label: str) -> None:
 def incomparable_reasons(current_run: dict[str, Any], baseline_run: dict[str, Any]) -> list[str]:
     """What makes two runs' scores incomparable (empty when they are comparable); see the module docstring."""
     reasons = []
-    for key in COMPARABLE_KEYS + COMPARABLE_KEYS_V2:
+    differs = set()
+    for key in _COMPARISON_ORDER:
         a, b = current_run.get(key), baseline_run.get(key)
         if key in COMPARABLE_KEYS_V2 and b is None:
             continue  # the baseline predates this field
         if a != b:
-            reasons.append(f"{key} differs (current {a!r}, baseline {b!r})")
+            differs.add(key)
+            if not differs & _IMPLIED_BY.get(key, set()):  # "judge differs" says it all: not also its model
+                reasons.append(f"{key} differs (current {a!r}, baseline {b!r})")
     if current_run.get("row_identity") != baseline_run.get("row_identity"):
         if baseline_run.get("row_identity") is None:
             if current_run.get("row_identity") != ROW_ID_COLUMN_IDENTITY:

@@ -200,7 +200,7 @@ class OpenAIJudge:
                     event_hooks=hooks,
                 )
             common: dict[str, Any] = {
-                "api_key": self._api_key,
+                "api_key": self._api_key or "no-key",  # a self-hosted endpoint without auth
                 "timeout": self.timeout_s,
                 "max_retries": self.max_retries,
                 "http_client": http,
