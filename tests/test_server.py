@@ -153,7 +153,7 @@ def test_first_run_starts_the_server_and_the_next_reuses_it(local: Local) -> Non
     record = local.record()
     assert record is not None and record["pid"] != gone.pid and alive(record["pid"])
 
-    dataset = str(local.root / "out" / "datasets" / "sample.parquet")
+    dataset = str(local.root / "out-demo-data" / "sample.parquet")  # where demo writes its dataset
     second = local.cli("run", dataset, "--output", str(local.root / "out2"), "--on-missing", "skip")
     assert second.returncode == 0, second.stdout + second.stderr
     clean_output(second)
@@ -170,6 +170,7 @@ def test_a_taken_port_is_a_clear_error(local: Local) -> None:
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"port {local.port} on 127.0.0.1 is in use" in done.stderr
         assert "RECALL_BENCH_SERVER_PORT" in done.stderr and "Traceback" not in done.stderr
-        run = local.cli("run", str(REPO / "tests" / "data" / "nope.parquet"), "--output", str(local.root / "o"))
-        assert run.returncode == 2 and f"port {local.port} on 127.0.0.1 is in use" in run.stderr
+        run = local.cli("demo", "--output", str(local.root / "o"))  # a run that needs the server: same error
+        assert run.returncode == 2 and f"port {local.port} on 127.0.0.1 is in use" in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
     assert local.record() is None
