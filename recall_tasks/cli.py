@@ -197,8 +197,14 @@ def _interrupts() -> Iterator[dict[str, Any]]:
             signal.signal(sig, old)
 
 
+#: Notes the CLI printed before the flow; the flow logs them again for deployment runs: not twice on the console.
+_printed_notes: set[str] = set()
+
+
 def _own_warnings_only(record: logging.LogRecord) -> bool:
-    return record.name.startswith("recall_tasks") and record.levelno >= logging.WARNING
+    if not record.name.startswith("recall_tasks") or record.levelno < logging.WARNING:
+        return False
+    return record.getMessage() not in _printed_notes
 
 
 @contextlib.contextmanager
@@ -236,6 +242,7 @@ def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str,
         try:
             if preflight:
                 for note in _preflight(params):
+                    _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {escape(redact(note))}")
             stack.enter_context(_prefect_api())
             from flows.recall_flow import recall_benchmark
