@@ -613,7 +613,9 @@ def server_start(
         info, started = server.start(port, on_boot=lambda i: err.print("starting the local Prefect server..."))
     except RecallBenchError as exc:
         _fail(exc)
-    console.print(f"local Prefect server {'started' if started else 'already running'}: {_server_line(info)}")
+    console.print(
+        f"local Prefect server {'started' if started else 'already running'}: {_server_line(info)}", soft_wrap=True
+    )
 
 
 @server_app.command("status")
@@ -626,9 +628,9 @@ def server_status() -> None:
         err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
     if current.info is None:
         stale = " (removed the record of a server that is gone)" if current.stale_removed else ""
-        console.print(f"local Prefect server: stopped{stale}")
+        console.print(f"local Prefect server: stopped{stale}", soft_wrap=True)
         raise typer.Exit(code=1)
-    console.print(f"local Prefect server: {current.state}, {_server_line(current.info)}")
+    console.print(f"local Prefect server: {current.state}, {_server_line(current.info)}", soft_wrap=True)
 
 
 @server_app.command("stop")
