@@ -74,6 +74,8 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("completion_tokens", pa.int64()),
     pa.field("requests", pa.int64()),
     pa.field("cost_usd", pa.float64()),
+    pa.field("mean_context_precision", pa.float64()),
+    pa.field("chunk_use_rate", pa.float64()),
     pa.field("wall_seconds", pa.float64()),
     pa.field("status", pa.string()),
     pa.field("status_reason", pa.string()),
