@@ -26,7 +26,7 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.results import ResultStore
 from recall_tasks.storage import join_uri, translate_storage_error
 
-__all__ = ["BINS", "render_report", "write_report"]
+__all__ = ["BINS", "render_report", "render_run_report", "write_report"]
 
 BINS = 10
 """Number of histogram bins over ``[0, scale]``."""
@@ -394,8 +394,8 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     return table
 
 
-def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None) -> str:
-    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
+def render_run_report(store: ResultStore, run_id: str, results: pa.Table | None = None) -> str:
+    """The HTML report of ``run_id`` read from ``store`` (``recall-bench report --to`` writes it locally).
 
     ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan).
     """
@@ -409,7 +409,12 @@ def write_report(store: ResultStore, run_id: str, results: pa.Table | None = Non
             results = pa.table({"run_id": pa.array([], pa.string())})
         else:
             results = bounded_results(results_ds, run_id)
-    document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
+    return render_report(run_id, runs, results, _read_comparisons(store, run_id))
+
+
+def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None) -> str:
+    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI."""
+    document = render_run_report(store, run_id, results)
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
     try:
