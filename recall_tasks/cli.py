@@ -230,7 +230,7 @@ def run(
         err.print(_judge_line(params), markup=False, highlight=False)
         summary = _run(params)
     except RegressionDetected as exc:
-        err.print(f"[bold red]regression:[/] {exc}")
+        err.print("[bold red]regression:[/]", escape(redact(str(exc))))
         raise typer.Exit(code=3) from None
     except ValidationError as exc:
         _fail(ValueError(_validation_message(exc)))
@@ -247,7 +247,8 @@ def run(
     if summary["errors"]:
         err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
     if summary.get("status_reason"):
-        err.print(f"[yellow]judging stopped early: {summary['status_reason']}; rows not judged are marked[/]")
+        reason = escape(redact(str(summary["status_reason"])))
+        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]")
 
 
 @app.command()
