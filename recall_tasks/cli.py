@@ -281,17 +281,18 @@ def demo(output: OutputOption = DEFAULT_OUTPUT) -> None:
     try:
         summary = _run(params)
         _print_summary(summary, output)
-        console.print("\nThe five rows with the least supported ground truth:")
+        console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
         # ties broken by row_id: the demo prints the same table every time (the README test compares it)
-        _print_query(
-            _store(output, "delta", None),
-            output,
-            "SELECT row_id, category, score, reason FROM results ORDER BY score NULLS FIRST, row_id LIMIT 5",
-            limit=5,
-            fmt="table",
-        )
+        _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
     except RecallBenchError as exc:
         _fail(exc)
+
+
+_DEMO_WORST_ROWS = (
+    "SELECT row_id, category, score, coalesce(nullif(array_to_string(list_transform("
+    "list_filter(verdicts, lambda v: v.verdict <> 'yes'), lambda v: v.statement), ' / '), ''), reason) "
+    "AS not_supported FROM results ORDER BY score NULLS FIRST, row_id LIMIT 5"
+)
 
 
 def _judge_line(params: Any) -> str:
