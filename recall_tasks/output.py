@@ -22,7 +22,7 @@ import decimal
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from recall_tasks.secrets import redact
+from recall_tasks.secrets import redact, redactor
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "clean", "cut_notice", "judge_line", "print_rows", "text"]
 
@@ -39,14 +39,14 @@ OutputFormat = Literal["table", "csv", "json", "markdown"]
 OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
 
 
-def clean(value: Any) -> Any:
-    """``value`` with every string redacted, recursively (lists, structs); other scalars unchanged."""
+def clean(value: Any, mask: Callable[[str], str] = redact) -> Any:
+    """``value`` with every string redacted by ``mask``, recursively (lists, structs); other scalars unchanged."""
     if isinstance(value, str):
-        return redact(value)
+        return mask(value)
     if isinstance(value, Mapping):
-        return {redact(str(k)): clean(v) for k, v in value.items()}
+        return {mask(str(k)): clean(v, mask) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [clean(v) for v in value]
+        return [clean(v, mask) for v in value]
     return value
 
 
@@ -137,13 +137,14 @@ def print_rows(
     ``console`` renders ``table``; the other formats write plain text to ``file`` (default: stdout).
     """
     out = file if file is not None else sys.stdout
-    names = [redact(c) for c in columns]
+    mask = redactor()  # the secrets looked up once, not once per value
+    names = [mask(c) for c in columns]
     if fmt == "json":
         for row in rows:
-            record = {name: _jsonable(clean(v)) for name, v in zip(names, row, strict=True)}
+            record = {name: _jsonable(clean(v, mask)) for name, v in zip(names, row, strict=True)}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
         return
-    cells = [[redact(text(v)) for v in row] for row in rows]
+    cells = [[mask(text(v)) for v in row] for row in rows]
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)

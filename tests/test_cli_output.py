@@ -158,7 +158,7 @@ def test_version_and_every_option_has_help():
     assert all(getattr(p, "help", None) for p in group.params if p.name != "help")
 
 
-def test_parquet_output_detected_default_output_from_env_missing_tables_and_incomparable(prefect_harness, tmp_path):
+def test_parquet_output_detected_env_default_output_missing_tables_and_incomparable(prefect_harness, tmp_path):
     data = write(tmp_path / "eval.parquet", make_rows(8, seed=5))
     output = str(tmp_path / "pq-out")
     env = {"RECALL_OUTPUT": output}
@@ -180,19 +180,44 @@ def test_parquet_output_detected_default_output_from_env_missing_tables_and_inco
         f"error: no table 'comparisons' under {output} yet: it is written when a run is compared with a baseline",
     )
 
-    # a comparisons row as the incomparable change will write it (nullable `reason` column)
-    from recall_tasks.regression import COMPARISON_SCHEMA
+    again = invoke("run", data, "--chunk-size", "4", env=env)  # no --format: appends to the parquet tables there
+    assert again.exit_code == 0, again.output
+    assert list(Path(output).rglob("_delta_log")) == []
+    first, second = [
+        json.loads(line) for line in invoke("history", "--output-format", "json", env=env).stdout.splitlines()
+    ]
+    assert first["run_id"] == run["run_id"] and second["baseline_run_id"] == run["run_id"] and second["verdict"]
 
-    schema = COMPARISON_SCHEMA.append(pa.field("reason", pa.string()))
-    row = {f.name: None for f in schema}
-    row.update(comparison_id="c1", current_run_id=run["run_id"], baseline_run_id="20261101T000000Z-aaaaaa",
-               dataset="eval", verdict="incomparable", reason="judge differs (gpt-4o vs lexical)")  # fmt: skip
-    folder = Path(output) / "comparisons" / "dataset=eval"
-    folder.mkdir(parents=True)
-    pq.write_table(pa.Table.from_pylist([row], schema=schema).drop_columns(["dataset"]), folder / "c1.parquet")
+    # the comparison rewritten as the incomparable change will write it: a nullable `reason` column
+    (path,) = (Path(output) / "comparisons").rglob("*.parquet")
+    table = pq.read_table(path, partitioning=None)
+    overall = [c["segment_column"] is None for c in table.to_pylist()]
+    table = table.set_column(
+        table.column_names.index("verdict"),
+        "verdict",
+        pa.array(["incomparable" if o else "unchanged" for o in overall]),
+    )
+    reason = ["judge differs (gpt-4o vs lexical)" if o else None for o in overall]
+    pq.write_table(table.append_column("reason", pa.array(reason, pa.string())), path)
     shown = invoke("history", env=env)
-    assert "incomparable vs 20261101T000000Z-aaaaaa: judge differs (gpt-4o vs lexical)" in shown.stdout
-    assert json.loads(invoke("history", "--output-format", "json", env=env).stdout)["reason"].startswith("judge")
+    assert f"incomparable vs {run['run_id']}: judge differs (gpt-4o vs lexical)" in shown.stdout
+    records = [json.loads(line) for line in invoke("history", "--output-format", "json", env=env).stdout.splitlines()]
+    assert records[1]["verdict"] == "incomparable" and records[1]["reason"] == "judge differs (gpt-4o vs lexical)"
+
+
+def test_an_openai_run_names_model_and_host_first(prefect_harness, fake_openai, monkeypatch, tmp_path):
+    from tests import judge_script
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    fake_openai.set_responder(judge_script.responder)
+    data = write(tmp_path / "eval.parquet", make_rows(4, seed=2))
+    ran = invoke(
+        "run", data, "--output", str(tmp_path / "out"), "--judge", "openai", "--base-url", fake_openai.base_url
+    )
+    assert ran.exit_code == 0, ran.output
+    host = fake_openai.base_url.split("//", 1)[1].split("/", 1)[0]
+    assert ran.stderr.splitlines()[0] == f"judge: openai gpt-4o-mini at {host}"
+    assert SECRET not in ran.output
 
 
 def test_report_to_a_local_path(out, tmp_path):
