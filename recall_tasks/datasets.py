@@ -7,8 +7,13 @@ Decisions:
 - ``open_dataset`` checks every file's schema (and, when the data has a ``row_id`` column, that ids are
   unique, reading only that column) and raises one :class:`DatasetError` naming file, column, expected and
   found type. Nothing is judged or written before it returns.
-- Without a ``row_id`` column, a row's id is a hash of its content; identical rows get ``~2``, ``~3``...
-  suffixes in dataset order, so ids stay unique and stable across runs.
+- Row identity (how rows are paired across runs, e.g. by the regression comparison): the ``row_id`` column when
+  the data has one; else a hash of what defines the test case, the question (``input``) and the reference
+  answer (``expected_output``), with ``~2``, ``~3``... suffixes for exact duplicates in dataset order. It never
+  depends on the retrieved contexts or the response: those are what change between index versions, and a row
+  whose contexts changed must still pair with its earlier self. (Before ``ROW_IDENTITY`` v2 the hash included
+  the contexts and the response; runs recorded with that identity are reported as incomparable, not paired.)
+  ``content_hash`` (every judged field) stays the key of the verdict caches.
 
 Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage failures, raised by
 ``open_dataset`` before anything is judged or written; "row N" is the 0-based row index within the file):
@@ -57,6 +62,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "contextual_recall": ("expected_output", "retrieval_context"),
     "context_coverage": ("actual_output", "retrieval_context"),
 }
+
+#: Recorded per run (``runs.row_identity``): how its rows got their ids, so comparisons pair like with like.
+ROW_IDENTITY = "input+expected_output/v2"
+ROW_ID_COLUMN_IDENTITY = "row_id column"
 
 _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_fixed_size_list)
 
@@ -110,6 +119,11 @@ class Dataset:
     fingerprint: str
     has_row_id: bool = False
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
+
+    @property
+    def row_identity(self) -> str:
+        """How this dataset's rows are identified across runs (see the module docstring)."""
+        return ROW_ID_COLUMN_IDENTITY if self.has_row_id else ROW_IDENTITY
 
 
 @dataclass
@@ -422,6 +436,11 @@ def content_hash(values: tuple[Any, ...]) -> str:
     return hashlib.blake2b("".join(parts).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
+def identity_hash(question: str | None, expected: str | None) -> str:
+    """A row's id without a ``row_id`` column: question and reference answer only (``ROW_IDENTITY``)."""
+    return content_hash(("\x00identity/v2", question, expected))
+
+
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
     if block_rows < 1:
@@ -476,7 +495,8 @@ def _block(
         row_ids = [str(v) for v in part.column(role_cols["row_id"]).to_pylist()]
     else:
         row_ids = []
-        for h in hashes:
+        for question, expected, _, _ in content:
+            h = identity_hash(question, expected)
             n = seen.get(h, 0) + 1
             seen[h] = n
             row_ids.append(h if n == 1 else f"{h}~{n}")

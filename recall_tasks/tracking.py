@@ -26,7 +26,12 @@ def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | No
         return None
     runs = runs_ds.to_table()
     baseline = find_baseline(
-        runs, dataset=plan.dataset.name, metric=plan.params.metric, spec=spec, exclude_run_id=plan.run_id
+        runs,
+        dataset=plan.dataset.name,
+        metric=plan.params.metric,
+        spec=spec,
+        exclude_run_id=plan.run_id,
+        current=summary,
     )
     if baseline is None:
         return None
@@ -61,5 +66,5 @@ def run_event_payload(summary: dict[str, Any]) -> dict[str, Any]:
     """The JSON-safe payload of ``recall.run.completed``."""
     keys = ["run_id", "dataset", "dataset_uri", "label", "index_version", "metric", "judge_model", "rows",
             "scored", "errors", "skipped", "cached", "mean_score", "ci_low", "ci_high", "pass_rate", "cost_usd",
-            "status"]  # fmt: skip
+            "status", "status_reason", "judge", "error_rate"]  # fmt: skip
     return {k: summary.get(k) for k in keys}
