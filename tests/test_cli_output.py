@@ -7,6 +7,7 @@ a baseline run and a degraded rerun of the same dataset, so `results`, `runs` an
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import os
@@ -188,21 +189,44 @@ def test_parquet_output_detected_env_default_output_missing_tables_and_incompara
     ]
     assert first["run_id"] == run["run_id"] and second["baseline_run_id"] == run["run_id"] and second["verdict"]
 
-    # the comparison rewritten as the incomparable change will write it: a nullable `reason` column
+    # the comparison rewritten as incomparable, with its reason (nullable `reason` column)
     (path,) = (Path(output) / "comparisons").rglob("*.parquet")
     table = pq.read_table(path, partitioning=None)
     overall = [c["segment_column"] is None for c in table.to_pylist()]
-    table = table.set_column(
-        table.column_names.index("verdict"),
-        "verdict",
-        pa.array(["incomparable" if o else "unchanged" for o in overall]),
-    )
-    reason = ["judge differs (gpt-4o vs lexical)" if o else None for o in overall]
-    pq.write_table(table.append_column("reason", pa.array(reason, pa.string())), path)
+    verdicts = pa.array(["incomparable" if o else "unchanged" for o in overall])
+    table = table.set_column(table.column_names.index("verdict"), "verdict", verdicts)
+    reason = pa.array(["judge differs (gpt-4o vs lexical)" if o else None for o in overall], pa.string())
+    if "reason" in table.column_names:
+        table = table.set_column(table.column_names.index("reason"), "reason", reason)
+    else:
+        table = table.append_column("reason", reason)
+    pq.write_table(table, path)
     shown = invoke("history", env=env)
     assert f"incomparable vs {run['run_id']}: judge differs (gpt-4o vs lexical)" in shown.stdout
     records = [json.loads(line) for line in invoke("history", "--output-format", "json", env=env).stdout.splitlines()]
     assert records[1]["verdict"] == "incomparable" and records[1]["reason"] == "judge differs (gpt-4o vs lexical)"
+
+
+def test_history_tolerates_comparisons_without_a_reason_column():
+    from recall_tasks.output import history_cells, history_records
+
+    started = dt.datetime(2026, 11, 30, 2, 0, tzinfo=dt.UTC)
+    run = {
+        "run_id": "b",
+        "started_at": started,
+        "dataset": "eval",
+        "label": None,
+        "judge_model": "lexical",
+        "rows": 3,
+        "mean_score": 0.5,
+        "ci_low": 0.4,
+        "ci_high": 0.6,
+        "pass_rate": 1.0,
+        "segment_column": None,
+    }
+    comparison = {"current_run_id": "b", "baseline_run_id": "a", "segment_column": None, "verdict": "unchanged"}
+    (record,) = history_records(pa.Table.from_pylist([run]), pa.Table.from_pylist([comparison]))
+    assert record["reason"] is None and history_cells(record)[-1] == "unchanged vs a"
 
 
 def test_an_openai_run_names_model_and_host_first(prefect_harness, fake_openai, monkeypatch, tmp_path):
