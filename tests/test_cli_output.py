@@ -184,6 +184,9 @@ def test_parquet_output_detected_env_default_output_missing_tables_and_incompara
     again = invoke("run", data, "--chunk-size", "4", env=env)  # no --format: appends to the parquet tables there
     assert again.exit_code == 0, again.output
     assert list(Path(output).rglob("_delta_log")) == []
+    counted = invoke("query", "SELECT count(DISTINCT run_id) AS runs, count(*) AS n FROM results", "--output-format",
+                     "json", env=env)  # fmt: skip
+    assert json.loads(counted.stdout) == {"runs": 2, "n": 16}  # parquet datasets scan with external access off
     first, second = [
         json.loads(line) for line in invoke("history", "--output-format", "json", env=env).stdout.splitlines()
     ]
@@ -227,6 +230,21 @@ def test_history_tolerates_comparisons_without_a_reason_column():
     comparison = {"current_run_id": "b", "baseline_run_id": "a", "segment_column": None, "verdict": "unchanged"}
     (record,) = history_records(pa.Table.from_pylist([run]), pa.Table.from_pylist([comparison]))
     assert record["reason"] is None and history_cells(record)[-1] == "unchanged vs a"
+
+
+def test_query_reads_delta_tables_on_s3_with_external_access_off(prefect_harness, s3_server, s3_bucket, monkeypatch,
+                                                                 tmp_path):  # fmt: skip
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    data = write(tmp_path / "eval.parquet", make_rows(6, seed=4))
+    output = f"s3://{s3_bucket}/recall"
+    assert invoke("run", data, "--output", output).exit_code == 0
+    joined = invoke("query", "SELECT count(*) AS n, max(r.rows) AS rows FROM results JOIN runs r USING (run_id) "
+                    "WHERE r.segment_column IS NULL", "--output", output, "--output-format", "json")  # fmt: skip
+    assert joined.exit_code == 0, joined.output
+    assert json.loads(joined.stdout) == {"n": 6, "rows": 6}
+    refused = invoke("query", f"SELECT * FROM read_parquet('{output}/results/*/*/*.parquet')", "--output", output)
+    one_error_line(refused, "error: query refused")
 
 
 def test_an_openai_run_names_model_and_host_first(prefect_harness, fake_openai, monkeypatch, tmp_path):
