@@ -228,7 +228,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         summary = {**summary, "comparison": comparison.event_payload()}
         if comparison.verdict == "regressed":
             emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
-    report_uri = write_report(plan.store, plan.run_id, rows)
+    report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:

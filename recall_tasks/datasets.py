@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -439,6 +439,41 @@ def content_hash(values: tuple[Any, ...]) -> str:
 def identity_hash(question: str | None, expected: str | None) -> str:
     """A row's id without a ``row_id`` column: question and reference answer only (``ROW_IDENTITY``)."""
     return content_hash(("\x00identity/v2", question, expected))
+
+
+def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[tuple[str, int], list[str]]:
+    """The retrieval context of a few rows, by (file URI, 0-based row in the file), for reports.
+
+    A row is returned only when its content still hashes to the ``content_hash`` the run recorded: the
+    dataset file may have been rewritten since (a re-index), and showing today's chunks beside last week's
+    verdicts would mislead. Contexts supplied at run time (retriever, retrieval results) never match.
+    """
+    by_file: dict[str, list[tuple[int, str | None]]] = {}
+    for uri, row, digest in refs:
+        by_file.setdefault(uri, []).append((row, digest))
+    files = {f.uri: f for f in ds.files}
+    out: dict[tuple[str, int], list[str]] = {}
+    read_cols = list(dict.fromkeys(ds.columns.values()))
+    roles_only = replace(ds, passthrough=[])
+    for uri, wanted in by_file.items():
+        f = files.get(uri)
+        if f is None:
+            continue
+        with ds.fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            starts, offset = [], 0
+            for g in range(pf.num_row_groups):
+                starts.append(offset)
+                offset += pf.metadata.row_group(g).num_rows
+            for row, digest in wanted:
+                group = next((i for i in reversed(range(len(starts))) if starts[i] <= row), None)
+                if group is None or row >= offset:
+                    continue
+                part = pf.read_row_group(group, columns=read_cols).slice(row - starts[group], 1)
+                block = _block(roles_only, uri, row, part, ds.columns, {})
+                if block.content_hashes[0] == digest:
+                    out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
+    return out
 
 
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:

@@ -249,3 +249,27 @@ def test_an_output_at_inside_or_around_the_dataset_is_refused(prefect_harness, s
     local = write(tmp_path / "data" / "eval.parquet", ragas_rows(6, seed=2))
     inside = cli("run", local, "-o", str(tmp_path / "data" / "eval.parquet" / ".." / "out"))
     assert inside.exit_code == 0, inside.output  # a sibling folder of the dataset file is fine
+
+
+def test_the_html_report_shows_drops_chunks_reasons_and_one_series_per_judge(prefect_harness, judge, tmp_path):
+    rows = ragas_rows(60, seed=17)
+    out = str(tmp_path / "out")
+    llm = ["--judge", "openai", "--base-url", judge.base_url, "--segment-by", "category"]
+    assert cli("run", write(tmp_path / "v1" / "eval.parquet", rows), "-o", out, *llm, "--label", "a").exit_code == 0
+    worse = write(tmp_path / "v2" / "eval.parquet", ragas_degrade(rows, 2))
+    assert cli("run", worse, "-o", out, *llm, "--label", "b").exit_code == 0
+    assert cli("run", worse, "-o", out, "--label", "c", "--segment-by", "category").exit_code == 0
+    runs = {r["label"]: r for r in runs_of(out)}
+    doc = (Path(out) / "reports" / f"{runs['b']['run_id']}.html").read_text()
+    assert "<h2>Largest drops vs baseline</h2>" in doc
+    drops = doc.split("<h2>Largest drops vs baseline</h2>", 1)[1].split("</table>", 1)[0]
+    lost = {s for i, r in enumerate(rows) if i % 2 == 0 for s in r["reference"].split(". ")}
+    assert any(s.rstrip(".") in drops for s in lost)
+    assert 'style="color:#c62828;font-weight:600">regressed' in doc  # a regressed segment, coloured
+    assert ">score</text>" in doc and ">rows</text>" in doc and ">mean score</text>" in doc  # labelled axes
+    worst = doc.split("<h2>Worst rows</h2>", 1)[1]
+    assert "retrieved chunks:" in worst and "unrelated filler text" in worst and "not in context" in worst
+    trend = (Path(out) / "reports" / f"{runs['c']['run_id']}.html").read_text().split("<h2>Trend</h2>", 1)[1]
+    assert "One series per judge configuration" in trend
+    assert "gpt-4o-mini (prompt" in trend and "lexical (prompt" in trend
+    assert trend.split("</svg>", 1)[0].count("<polyline") == 1  # the two openai runs joined, the lexical one alone
