@@ -359,11 +359,14 @@ def _judge_line(params: Any) -> str:
     return redact(judge_line(params.judge, params.model, params.base_url))
 
 
-def _detect_format(output: str, storage_option: list[str] | None) -> str:
+def _detect_format(output: str, storage_option: list[str] | None, storage: Any = None) -> str:
+    """``--format`` when not given: what the tables already at ``output`` are (see results.detect_format)."""
     from recall_tasks.results import detect_format
     from recall_tasks.storage import StorageConfig
 
-    return detect_format(output, StorageConfig.from_options(_split_storage_options(storage_option or [])))
+    if storage is None:
+        storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
+    return detect_format(output, storage)
 
 
 def _store(output: str, format: str | None, storage_option: list[str] | None) -> Any:
@@ -373,7 +376,7 @@ def _store(output: str, format: str | None, storage_option: list[str] | None) ->
 
     storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
     if format is None:
-        format = _detect_format(output, storage_option)
+        format = _detect_format(output, storage_option, storage)
     elif format not in ("delta", "parquet"):
         raise ConfigError(f"--format must be delta or parquet, got {format!r}")
     return ResultStore(output, storage, format)  # type: ignore[arg-type]
