@@ -125,6 +125,13 @@ def test_history_prints_full_run_ids_the_judge_and_verdicts(out):
     assert [r["run_id"] for r in csv.DictReader(io.StringIO(latest.stdout))] == [second]
     assert latest.stderr.strip() == "1 of 2 rows shown; --limit 0 for all"
 
+    only = invoke("history", "--output", out["output"], "--dataset", "eval", "--output-format", "json")
+    assert len(only.stdout.splitlines()) == 2
+    one_error_line(
+        invoke("history", "--output", out["output"], "--dataset", "nope"),
+        f"error: no runs of dataset 'nope' recorded under {out['output']}",
+    )
+
     md = invoke("history", "--output", out["output"], "--output-format", "markdown").stdout.splitlines()
     assert md[0].startswith("| started | dataset | label | run_id | judge |") and len(md) == 4
 
@@ -370,6 +377,17 @@ def test_query_prints_brackets_and_markup_as_is(out):
     assert result.exit_code == 0, result.output
     for value in ("arr[i] + b[j]", "[/]", "[bold]x[/bold]", "[red]col[/]"):
         assert value in result.stdout
+
+
+def test_markdown_and_csv_keep_cells_whole():
+    from recall_tasks.output import print_rows
+
+    value = "a|b\n<img src=x onerror=alert(1)>, [/]"
+    md, sheet = io.StringIO(), io.StringIO()
+    print_rows(["x"], [[value]], "markdown", Console(), file=md)
+    assert md.getvalue().splitlines()[2] == "| a\\|b<br>&lt;img src=x onerror=alert(1)&gt;, [/] |"
+    print_rows(["x"], [[value]], "csv", Console(), file=sheet)
+    assert list(csv.reader(io.StringIO(sheet.getvalue()))) == [["x"], [value]]
 
 
 def test_terminal_tables_fold_values_and_keep_run_ids_whole():
