@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -391,22 +392,25 @@ def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputForma
 
     tables = {name: ds for name in TABLES if (ds := store.read_table(name)) is not None}
     con = connect_readonly(tables)
+    total: int | None = None
     try:
         rel = con.sql(sql)
         if rel is None:
             return
-        columns = rel.columns
-        rows = rel.fetchall() if limit <= 0 else rel.limit(limit + 1).fetchall()
-        total = len(rows)
-        if 0 < limit < total:
-            rows = rows[:limit]
-            total = rel.aggregate("count(*)").fetchall()[0][0]
+        rows: Iterable[Any]
+        if limit <= 0:
+            rows = rel.iter_rows(batch_size=4096)  # streamed: `--limit 0` exports of 1M rows hold one batch
+        else:
+            head = rel.limit(limit + 1).fetchall()
+            if len(head) > limit:
+                head, total = head[:limit], rel.aggregate("count(*)").fetchall()[0][0]
+            rows = head
+        shown = print_rows(rel.columns, rows, fmt, console)
     except duckdb.Error as exc:
         raise explain_error(exc, set(tables), output) from None
     finally:
         con.close()
-    print_rows(columns, rows, fmt, console)
-    _print_notice(cut_notice(len(rows), total))
+    _print_notice(cut_notice(shown, total if total is not None else shown))
 
 
 LimitOption = Annotated[int, typer.Option(help="Print at most this many rows; 0 for all")]

@@ -33,52 +33,54 @@ from rich.text import Text
 
 from recall_tasks.secrets import redact, redactor
 
-__all__ = ["OUTPUT_FORMATS", "OutputFormat", "clean", "cut_notice", "judge_line", "print_rows", "text"]
+__all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
 
 OutputFormat = Literal["table", "csv", "json", "markdown"]
 OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
 
 
-def clean(value: Any, mask: Callable[[str], str] = redact) -> Any:
-    """``value`` with every string redacted by ``mask``, recursively (lists, structs); other scalars unchanged."""
-    if isinstance(value, str):
+Mask = Callable[[str], str]
+
+
+def json_value(value: Any, mask: Mask = redact) -> Any:
+    """``value`` as JSON-ready data with every string (keys too) redacted by ``mask``, recursively.
+
+    Timestamps become ISO 8601, decimals strings, bytes hex, NaN and infinities null; types are tested exactly
+    first because a ``--limit 0`` export calls this for every value.
+    """
+    kind = type(value)
+    if kind is str:
         return mask(value)
+    if value is None or kind is int or kind is bool:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is list or kind is tuple:
+        return [json_value(v, mask) for v in value]
     if isinstance(value, Mapping):
-        return {mask(str(k)): clean(v, mask) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [clean(v, mask) for v in value]
-    return value
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return {mask(str(k)): json_value(v, mask) for k, v in value.items()}
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
+    if isinstance(value, list | tuple):
+        return [json_value(v, mask) for v in value]
+    return mask(str(value))
 
 
-def text(value: Any) -> str:
-    """One value as display text: ``""`` for null, JSON for lists and structs, ISO 8601 for timestamps."""
+def text(value: Any, mask: Mask = redact) -> str:
+    """One value as redacted display text: ``""`` for null, JSON for lists and structs, ISO 8601 timestamps."""
     if value is None:
         return ""
-    if isinstance(value, str):
-        return value
+    if type(value) is str:
+        return mask(value)
     if isinstance(value, Mapping | list | tuple):
-        return json.dumps(_jsonable(value), ensure_ascii=False)
+        return json.dumps(json_value(value, mask), ensure_ascii=False)
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
-    return str(value)
+    return mask(str(value))
 
 
 def _markdown_cell(value: str) -> str:
@@ -131,31 +133,40 @@ def print_rows(
     title: str | None = None,
     keep_whole: Iterable[str] = (),
     file: IO[str] | None = None,
-) -> None:
-    """Print ``rows`` (sequences in ``columns`` order) in ``fmt``; values are redacted first.
+) -> int:
+    """Print ``rows`` (sequences in ``columns`` order) in ``fmt``, values redacted first; the number printed.
 
-    ``console`` renders ``table``; the other formats write plain text to ``file`` (default: stdout).
+    ``console`` renders ``table`` (which needs every row to size its columns); the other formats stream plain
+    text to ``file`` (default: stdout) a row at a time.
     """
     out = file if file is not None else sys.stdout
     mask = redactor()  # the secrets looked up once, not once per value
     names = [mask(c) for c in columns]
+    count = 0
     if fmt == "json":
         for row in rows:
-            record = {name: _jsonable(clean(v, mask)) for name, v in zip(names, row, strict=True)}
+            record = {name: json_value(v, mask) for name, v in zip(names, row, strict=True)}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        return
-    cells = [[mask(text(v)) for v in row] for row in rows]
+            count += 1
+        return count
+    cells = ([text(v, mask) for v in row] for row in rows)
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
-        writer.writerows(cells)
+        for row_cells in cells:
+            writer.writerow(row_cells)
+            count += 1
     elif fmt == "markdown":
         out.write("| " + " | ".join(_markdown_cell(n) for n in names) + " |\n")
         out.write("|" + "---|" * len(names) + "\n")
         for row_cells in cells:
             out.write("| " + " | ".join(_markdown_cell(c) for c in row_cells) + " |\n")
+            count += 1
     else:
-        print_table(names, cells, console, title=title, keep_whole=keep_whole)
+        every = list(cells)
+        print_table(names, every, console, title=title, keep_whole=keep_whole)
+        count = len(every)
+    return count
 
 
 def cut_notice(shown: int, total: int) -> str | None:
