@@ -53,9 +53,10 @@ def out(prefect_harness, tmp_path_factory) -> dict:
     base = write(tmp / "v1" / "eval.parquet", rows)
     worse = write(tmp / "v2" / "eval.parquet", degrade(rows, 2))
     output = str(tmp / "out")
-    first = invoke("run", base, "--output", output, "--label", "prod")
+    series = ["--dataset-name", "eval"]  # two index versions' files, one series
+    first = invoke("run", base, "--output", output, "--label", "prod", *series)
     assert first.exit_code == 0, first.output
-    second = invoke("run", worse, "--output", output, "--label", LABEL)
+    second = invoke("run", worse, "--output", output, "--label", LABEL, *series)
     assert second.exit_code == 0, second.output
     from deltalake import DeltaTable
 
