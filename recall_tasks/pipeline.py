@@ -30,7 +30,15 @@ from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
 from recall_tasks.results import ChunkPart, ResultStore, today
 from recall_tasks.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
-from recall_tasks.scoring import CHUNK_FIELDS, Budget, metric_fingerprint, passthrough_name, score_block
+from recall_tasks.scoring import (
+    CHUNK_FIELDS,
+    NOT_JUDGED,
+    Budget,
+    CircuitBreaker,
+    metric_fingerprint,
+    passthrough_name,
+    score_block,
+)
 from recall_tasks.storage import StorageConfig, join_uri
 
 ProgressListener = Callable[[int, int], None]
@@ -102,6 +110,7 @@ class RunPlan:
     segment_columns: list[str] = field(default_factory=list)
     cache: RowVerdictCache | None = None
     budget: Budget | None = None
+    breaker: CircuitBreaker | None = None
     config_hash: str = ""
     retriever: Retriever | None = None
     retrieval: RetrievalResults | None = None
@@ -162,6 +171,7 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
+        breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=retriever, retrieval=retrieval,
     )  # fmt: skip
@@ -186,25 +196,44 @@ _ROLE_COLUMNS = {"input", "expected_output", "retrieval_context", "actual_output
 
 @dataclass
 class ChunkReport:
-    """What a chunk task returns: small, so Prefect never holds row data (and can cache it)."""
+    """What a chunk task returns: small, so Prefect never holds row data (and can cache it).
+
+    ``not_judged``: rows the budget or the circuit breaker kept from the judge. ``None`` in reports cached
+    before the field existed: unknown, so such a report is not reused (see :attr:`reusable`).
+    """
 
     seq: int
     rows: int
     errors: int
     scored: int
     path: str
+    not_judged: int | None = None
+
+    @property
+    def reusable(self) -> bool:
+        """Only successes are cached: a report with an errored or not-judged row is never served whole.
+
+        Prefect persists every task result under the chunk's key (a cache policy cannot see the result), so
+        the flow checks this before using a cached report; such a chunk goes through its task again (its
+        good rows then come from the row cache, which only holds parsed verdicts) and refreshes the record.
+        """
+        return self.errors == 0 and self.not_judged == 0
 
 
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     """Score one block (async judge calls on the shared loop) and write its result file."""
-    table = run_sync(score_block(plan.metric, block, plan.cache, plan.budget))
+    table = run_sync(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
     if plan.cache is not None:
         plan.cache.flush()
     path = plan.store.chunk_path(key, plan.run_id)
     plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
     scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
-    return ChunkReport(seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path)
+    not_judged = pc.and_(table.column("skipped"), pc.starts_with(table.column("reason"), NOT_JUDGED))
+    return ChunkReport(
+        seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path,
+        not_judged=int(pc.sum(pc.fill_null(not_judged, False)).as_py() or 0),
+    )  # fmt: skip
 
 
 _SUMMARY_COLUMNS = [
@@ -225,6 +254,7 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         plan.cache.close()
     p = plan.params
     budget_reason = plan.budget.exhausted_reason if plan.budget else None
+    breaker_reason = plan.breaker.tripped_reason if plan.breaker else None  # an outage: the run failed
     base = {
         "run_id": plan.run_id, "flow_run_id": flow_run_id, "started_at": plan.started_at,
         "finished_at": dt.datetime.now(dt.UTC), "dataset": plan.dataset.name, "run_date": today(),
@@ -232,7 +262,8 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": plan.metric.judge.model,
         "prompt_version": plan.metric.judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        "status": "budget_exhausted" if budget_reason else "completed", "status_reason": budget_reason,
+        "status": "failed" if breaker_reason else "budget_exhausted" if budget_reason else "completed",
+        "status_reason": breaker_reason or budget_reason,
     }  # fmt: skip
     overall = {**base, "segment_column": None, "segment_value": None, **summarize(table)}
     runs = [overall]
