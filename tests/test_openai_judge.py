@@ -229,7 +229,7 @@ def test_transient_faults_past_the_budget_raise_typed_errors(fake_openai):
     assert len(fake_openai.chat_requests) == 3
     fake_openai.reset()
     fake_openai.enqueue(Delay(1.0), Delay(1.0))
-    with pytest.raises(JudgeTransientError, match="did not answer within 0.3s"):
+    with pytest.raises(JudgeTransientError, match="no answer within 0.3 s"):
         ContextualRecall(judge=judge_for(fake_openai, max_retries=1, timeout_s=0.3)).measure(EINSTEIN)
 
 
