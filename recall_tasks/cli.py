@@ -119,6 +119,12 @@ def run(
     on_missing: Annotated[str, typer.Option(help="error | zero | skip")] = "error",
     max_concurrency: int = 64,
     chunk_size: int = 500,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", help="Seconds a judge call may take per attempt before it is retried")
+    ] = 60.0,
+    max_retries: Annotated[
+        int, typer.Option("--max-retries", help="Retries of a judge call on 429, 5xx, timeouts, connection errors")
+    ] = 4,
     label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
     segment_by: Annotated[list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")] = None,
     column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
@@ -156,6 +162,8 @@ def run(
                 "on_missing": on_missing,
                 "max_concurrency": max_concurrency,
                 "chunk_size": chunk_size,
+                "timeout_s": timeout_s,
+                "max_retries": max_retries,
                 "label": label,
                 "segment_by": segment_by or [],
                 "columns": parse_column_overrides(column or []),
@@ -194,7 +202,9 @@ def run(
     if summary["errors"]:
         err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
     if summary.get("status_reason"):
-        err.print(f"[yellow]judging stopped early: {summary['status_reason']}; rows not judged are marked[/]")
+        err.print(f"[yellow]judging stopped early: {escape(summary['status_reason'])}; rows not judged are marked[/]")
+    if summary.get("status") == "failed":  # the judge endpoint was down (circuit breaker)
+        raise typer.Exit(code=4)
 
 
 @app.command()

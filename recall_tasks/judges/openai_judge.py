@@ -120,8 +120,9 @@ def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
     for e in chain:
         if isinstance(e, socket.gaierror) or type(e).__name__ == "ClientConnectorDNSError":
             return "DNS lookup failed (name not resolved)", False
-        if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSLError" in type(e).__name__:
-            detail = getattr(e, "reason", None) or " ".join(str(e).split())[:120]
+        if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSL" in type(e).__name__:
+            reasons = [x.reason for x in chain if isinstance(x, ssl.SSLError) and getattr(x, "reason", None)]
+            detail = reasons[-1] if reasons else " ".join(str(e).split())[:120]  # the OpenSSL name, e.g. CERT_...
             return f"TLS error ({detail})", False
         if isinstance(e, ConnectionRefusedError):
             return "connection refused", False
