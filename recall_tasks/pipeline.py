@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import run_sync
 from recall_tasks.aggregates import summarize, summarize_segments
 from recall_tasks.cache import RowVerdictCache
-from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides
+from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
 from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
@@ -148,12 +148,20 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
                 f"--segment-by {col}: not a pass-through column; available: {available}",
                 uri=params.dataset_uri, column=col,
             )  # fmt: skip
+        typ = dataset.passthrough_types[col]
+        if pa.types.is_nested(typ):
+            raise DatasetError(
+                f"--segment-by {col}: a {type_name(typ)} column cannot segment a run; segment by a text, number, "
+                "boolean or date column",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
         segments.append(passthrough_name(col))
     try:
         store = ResultStore(params.output_uri, storage, params.format)
     except (ValueError, ImportError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
+    _check_results_schema(dataset, store)
     metric = make_metric(params, make_judge(params))
     cache = None
     if params.cache:
@@ -175,6 +183,46 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=retriever, retrieval=retrieval,
     )  # fmt: skip
+
+
+def _check_results_schema(dataset: Dataset, store: ResultStore) -> None:
+    """A pass-through column must have the type the existing ``results`` table has under its name.
+
+    Checked before judging: Delta's schema merge would refuse the commit after every row was paid for. Names
+    are compared ignoring case (Delta's rule); timestamps compare by unit and by having a time zone or not
+    (Delta stores instants in UTC).
+    """
+    existing = store.read_table("results")
+    if existing is None:
+        return
+    by_lower = {f.name.lower(): f for f in existing.schema}
+    for col in dataset.passthrough:
+        name, typ = passthrough_name(col), dataset.passthrough_types[col]
+        old = by_lower.get(name.lower())
+        if old is None:
+            continue
+        if old.name != name:
+            raise DatasetError(
+                f"pass-through column stored as {name!r}, but the results table {store.results_uri} has "
+                f"{old.name!r}, which differs only in case: rename the column or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+        if _comparable(old.type) != _comparable(typ):
+            raise DatasetError(
+                f"pass-through column is {type_name(typ)}, but the results table {store.results_uri} has "
+                f"{old.name!r} as {type_name(old.type)}: cast the column, rename it, or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+
+
+def _comparable(t: pa.DataType) -> str:
+    try:
+        t = stored_type(t)
+    except ValueError:
+        pass
+    if pa.types.is_timestamp(t) and t.tz:
+        t = pa.timestamp(t.unit, tz="UTC")
+    return type_name(t)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:

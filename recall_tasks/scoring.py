@@ -305,11 +305,15 @@ RESULT_FIELDS: list[pa.Field] = [
 ]
 CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
 RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
+_RESERVED_LOWER = {n.lower() for n in RESERVED}
 
 
 def passthrough_name(name: str) -> str:
-    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``)."""
-    return f"data_{name}" if name in RESERVED else name
+    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``).
+
+    Compared ignoring case: Delta Lake column names are case-insensitive (``Score`` is ``score``).
+    """
+    return f"data_{name}" if name.lower() in _RESERVED_LOWER else name
 
 
 def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:
