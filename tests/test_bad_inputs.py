@@ -844,6 +844,19 @@ PARAMS = [
         "look secret",
         id="secret-in-storage-options",
     ),
+    pytest.param(
+        {"base_url": f"http://judge-user:{CLI_SECRET}@127.0.0.1:9/v1"},
+        "base_url",
+        "the judge endpoint URL holds a user name or password before 127.0.0.1: remove it and pass the key through "
+        "OPENAI_API_KEY",
+        id="credentials-in-base-url",
+    ),
+    pytest.param(
+        {"base_url": f"http://127.0.0.1:9/v1?api-key={CLI_SECRET}"},
+        "base_url",
+        "secret-looking query parameter (api-key)",
+        id="key-in-base-url-query",
+    ),
 ]
 
 
@@ -979,6 +992,30 @@ def test_cli_exits_2_with_one_line(ctx: Ctx, request: pytest.FixtureRequest, cas
         assert needle in output, output
     for secret in [KEY, *case.absent]:
         assert secret not in output
+    assert ctx.fake.chat_requests == []
+    nothing_written(ctx)
+
+
+def test_cli_refuses_credentials_in_base_url_before_any_flow_run(ctx: Ctx) -> None:
+    """The password is never echoed, and never reaches Prefect (no flow run stores it as a parameter)."""
+    from prefect.client.orchestration import get_client
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app
+
+    url = f"http://judge-user:{CLI_SECRET}@127.0.0.1:{ctx.fake.port}/v1"
+    args = ["run", *_cli_data(ctx), "--judge", "openai", "--base-url", url]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        "error: base_url: the judge endpoint URL holds a user name or password before 127.0.0.1: remove it and pass "
+        "the key through OPENAI_API_KEY (credentials in parameters are stored in Prefect's database)"
+    ]
+    assert CLI_SECRET not in result.output and "judge-user" not in result.output
+    with get_client(sync_client=True) as client:
+        stored = [str(r.parameters) for r in client.read_flow_runs(limit=200)]
+    assert not any(CLI_SECRET in p for p in stored)
     assert ctx.fake.chat_requests == []
     nothing_written(ctx)
 
