@@ -15,11 +15,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from recall_tasks import events
-from recall_tasks.errors import RecallBenchError, RegressionDetected
+from recall_tasks.errors import RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.secrets import looks_secret, redact
 from recall_tasks.storage import parse_storage_options
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Contextual recall of retrieval systems.")
+EXIT_CODES = """Exit codes of run: 0 completed; 2 usage, configuration or dataset error (nothing written, no run
+recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed (rows committed with
+status failed: error rate above --max-error-rate, or judging stopped by an outage); 130 interrupted (143 on
+SIGTERM)."""
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Contextual recall of retrieval systems.",
+    epilog=EXIT_CODES,
+)
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
@@ -136,6 +146,9 @@ def run(
     chunk_cache_storage: Annotated[str | None, typer.Option(help="Prefect result storage for chunk cache")] = None,
     max_cost_usd: Annotated[float | None, typer.Option(help="Stop judging once this much is spent")] = None,
     max_requests: Annotated[int | None, typer.Option(help="Stop judging after this many requests")] = None,
+    max_error_rate: Annotated[
+        float, typer.Option(help="Share of assessed rows in error above which the run fails (exit 4)")
+    ] = 0.05,
     index_version: Annotated[str | None, typer.Option(help="Version of the search index being scored")] = None,
     baseline: Annotated[str, typer.Option(help="latest | RUN_ID | label:LABEL | none")] = "latest",
     tolerance: Annotated[float, typer.Option(help="Mean drop counted as a regression")] = 0.02,
@@ -175,6 +188,7 @@ def run(
                 "chunk_cache_storage": chunk_cache_storage,
                 "max_cost_usd": max_cost_usd,
                 "max_requests": max_requests,
+                "max_error_rate": max_error_rate,
                 "index_version": index_version,
                 "baseline": None if baseline.lower() == "none" else baseline,
                 "tolerance": tolerance,
@@ -183,28 +197,68 @@ def run(
                 "retrieval_uri": retrieval_uri,
             }
         )
+        for note in _preflight(params):
+            err.print(f"[yellow]note:[/] {escape(redact(note))}")
         summary = _run(params)
     except RegressionDetected as exc:
-        err.print(f"[bold red]regression:[/] {exc}")
+        _print_outcome(exc.summary, output)
+        err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
         raise typer.Exit(code=3) from None
+    except RunFailed as exc:
+        _print_outcome(exc.summary, output)
+        err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
+        raise typer.Exit(code=4) from None
     except ValidationError as exc:
         _fail(ValueError(_validation_message(exc)))
     except RecallBenchError as exc:
         _fail(exc)
+    _print_outcome(summary, output)
+
+
+def _preflight(params: Any) -> list[str]:
+    """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
+    from recall_tasks import pipeline
+
+    return pipeline.preflight(params)
+
+
+def verdict_line(comparison: dict[str, Any]) -> str:
+    """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass,
+    300 paired)``, or the reason a comparison is incomparable."""
+    head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
+    if comparison.get("verdict") == "incomparable":
+        return f"{head} ({comparison.get('reason')})"
+    parts = []
+    if comparison.get("mean_delta") is not None:
+        parts.append(f"mean delta {comparison['mean_delta']:+.4f}")
+    lo, hi = (comparison.get("ci") or [None, None])[:2]
+    if lo is not None and hi is not None:
+        parts.append(f"95 % CI {lo:+.4f}..{hi:+.4f}")
+    flips = comparison.get("flips") or {}
+    parts.append(f"{flips.get('pass_to_fail', 0)} pass->fail / {flips.get('fail_to_pass', 0)} fail->pass")
+    parts.append(f"{comparison.get('n_paired', 0)} paired")
+    return f"{head} ({', '.join(parts)})"
+
+
+def _print_outcome(summary: dict[str, Any], output: str) -> None:
+    """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4)."""
+    if not summary:
+        return
     _print_summary(summary, output)
     comparison = summary.get("comparison")
-    if comparison and comparison.get("mean_delta") is not None and comparison.get("ci_low") is not None:
-        console.print(
-            f"vs baseline {comparison['baseline_run_id']}: [bold]{comparison['verdict']}[/] "
-            f"(mean delta {comparison['mean_delta']:+.4f}, "
-            f"95 % CI {comparison['ci_low']:+.4f}..{comparison['ci_high']:+.4f})"
+    if comparison:
+        console.print(escape(verdict_line(comparison)), soft_wrap=True)
+    elif summary.get("status") == "failed":
+        console.print("not compared with a baseline: a failed run is never compared nor used as a baseline")
+    else:
+        console.print("first run of its series: no baseline to compare with")
+    if summary.get("top_error"):
+        err.print(
+            f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
+            f"rows): {escape(redact(str(summary['top_error'])))}[/]"
         )
-    if summary["errors"]:
-        err.print(f"[yellow]{summary['errors']} row(s) ended with an error: see the error column[/]")
-    if summary.get("status_reason"):
+    if summary.get("status") == "budget_exhausted":
         err.print(f"[yellow]judging stopped early: {escape(summary['status_reason'])}; rows not judged are marked[/]")
-    if summary.get("status") == "failed":  # the judge endpoint was down (circuit breaker)
-        raise typer.Exit(code=4)
 
 
 @app.command()
@@ -220,7 +274,9 @@ def demo(output: Annotated[str, typer.Option("--output", "-o")] = "recall-output
         for line in resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
         if line
     ]
-    data_dir = Path(output) / "datasets"
+    # the dataset lives beside the output, never inside it (an output containing its dataset is refused)
+    out = Path(output).expanduser().resolve()
+    data_dir = out.parent / f"{out.name}-demo-data"
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "sample.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)

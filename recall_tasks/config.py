@@ -54,6 +54,9 @@ class RunParams(BaseModel):
     chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop judging once this much was spent")
     max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="Share of assessed rows in error above which the run is recorded as failed"
+    )
     baseline: str | None = Field(
         "latest", description="Run to compare with: latest, a run id, label:<label>; None to skip the comparison"
     )

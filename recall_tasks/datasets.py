@@ -7,8 +7,13 @@ Decisions:
 - ``open_dataset`` checks every file's schema (and, when the data has a ``row_id`` column, that ids are
   unique, reading only that column) and raises one :class:`DatasetError` naming file, column, expected and
   found type. Nothing is judged or written before it returns.
-- Without a ``row_id`` column, a row's id is a hash of its content; identical rows get ``~2``, ``~3``...
-  suffixes in dataset order, so ids stay unique and stable across runs.
+- Row identity (how rows are paired across runs, e.g. by the regression comparison): the ``row_id`` column when
+  the data has one; else a hash of what defines the test case, the question (``input``) and the reference
+  answer (``expected_output``), with ``~2``, ``~3``... suffixes for exact duplicates in dataset order. It never
+  depends on the retrieved contexts or the response: those are what change between index versions, and a row
+  whose contexts changed must still pair with its earlier self. (Before ``ROW_IDENTITY`` v2 the hash included
+  the contexts and the response; runs recorded with that identity are reported as incomparable, not paired.)
+  ``content_hash`` (every judged field) stays the key of the verdict caches.
 
 Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage failures, raised by
 ``open_dataset`` before anything is judged or written; "row N" is the 0-based row index within the file):
@@ -52,7 +57,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -75,6 +80,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "contextual_recall": ("expected_output", "retrieval_context"),
     "context_coverage": ("actual_output", "retrieval_context"),
 }
+
+#: Recorded per run (``runs.row_identity``): how its rows got their ids, so comparisons pair like with like.
+ROW_IDENTITY = "input+expected_output/v2"
+ROW_ID_COLUMN_IDENTITY = "row_id column"
 
 _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_fixed_size_list)
 
@@ -172,6 +181,11 @@ class Dataset:
     fingerprint: str
     has_row_id: bool = False
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
+
+    @property
+    def row_identity(self) -> str:
+        """How this dataset's rows are identified across runs (see the module docstring)."""
+        return ROW_ID_COLUMN_IDENTITY if self.has_row_id else ROW_IDENTITY
 
 
 @dataclass
@@ -533,6 +547,46 @@ def content_hash(values: tuple[Any, ...]) -> str:
     return hashlib.blake2b("".join(parts).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
+def identity_hash(question: str | None, expected: str | None) -> str:
+    """A row's id without a ``row_id`` column: question and reference answer only (``ROW_IDENTITY``)."""
+    return content_hash(("\x00identity/v2", question, expected))
+
+
+def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[tuple[str, int], list[str]]:
+    """The retrieval context of a few rows, by (file URI, 0-based row in the file), for reports.
+
+    A row is returned only when its content still hashes to the ``content_hash`` the run recorded: the
+    dataset file may have been rewritten since (a re-index), and showing today's chunks beside last week's
+    verdicts would mislead. Contexts supplied at run time (retriever, retrieval results) never match.
+    """
+    by_file: dict[str, list[tuple[int, str | None]]] = {}
+    for uri, row, digest in refs:
+        by_file.setdefault(uri, []).append((row, digest))
+    files = {f.uri: f for f in ds.files}
+    out: dict[tuple[str, int], list[str]] = {}
+    read_cols = list(dict.fromkeys(ds.columns.values()))
+    roles_only = replace(ds, passthrough=[])
+    for uri, wanted in by_file.items():
+        f = files.get(uri)
+        if f is None:
+            continue
+        with ds.fs.open(f.path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            starts, offset = [], 0
+            for g in range(pf.num_row_groups):
+                starts.append(offset)
+                offset += pf.metadata.row_group(g).num_rows
+            for row, digest in wanted:
+                group = next((i for i in reversed(range(len(starts))) if starts[i] <= row), None)
+                if group is None or row >= offset:
+                    continue
+                part = pf.read_row_group(group, columns=read_cols).slice(row - starts[group], 1)
+                block = _block(roles_only, uri, row, part, ds.columns, {})
+                if block.content_hashes[0] == digest:
+                    out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
+    return out
+
+
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
     if block_rows < 1:
@@ -587,7 +641,8 @@ def _block(
         row_ids = [str(v) for v in part.column(role_cols["row_id"]).to_pylist()]
     else:
         row_ids = []
-        for h in hashes:
+        for question, expected, _, _ in content:
+            h = identity_hash(question, expected)
             n = seen.get(h, 0) + 1
             seen[h] = n
             row_ids.append(h if n == 1 else f"{h}~{n}")

@@ -12,14 +12,26 @@ The tree, and what the pipeline does with each branch::
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
-    └── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
-                                      (raised after everything is written)
+    ├── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
+    │                                 (raised after everything is written)
+    └── RunFailed                     the run was recorded with status failed (too many row errors, or an
+                                      outage stopped judging): raised after everything is written
+
+Exit codes of ``recall-bench run`` (and the flow run's state):
+
+    0    the run completed (whatever its verdict, unless --fail-on-regression)
+    2    usage, configuration or dataset error: nothing was judged or written, no run recorded
+    3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
+    4    the run failed: its rows are committed with status failed (flow run Failed)
+    130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
 
 Every message says what to fix. No message ever contains an API key or a storage secret
 (see ``recall_tasks.secrets.redact``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class RecallBenchError(Exception):
@@ -91,3 +103,15 @@ class StorageError(RecallBenchError):
 
 class RegressionDetected(RecallBenchError):
     """The run regressed against its baseline and ``fail_on_regression`` is set; results are committed."""
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}
+
+
+class RunFailed(RecallBenchError):
+    """The run was committed with status ``failed``; ``summary`` is its run summary (what the CLI prints)."""
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}

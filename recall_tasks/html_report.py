@@ -31,8 +31,15 @@ __all__ = ["BINS", "render_report", "write_report"]
 BINS = 10
 """Number of histogram bins over ``[0, scale]``."""
 
-VERDICT_COLORS = {"regressed": "#c62828", "improved": "#2e7d32", "unchanged": "#546e7a", "no_overlap": "#8d6e00"}
-_RESULT_COLUMNS = ("run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason")
+VERDICT_COLORS = {
+    "regressed": "#c62828", "improved": "#2e7d32", "unchanged": "#546e7a", "no_overlap": "#8d6e00",
+    "incomparable": "#6a1b9a",
+}  # fmt: skip
+SERIES_COLORS = ("#5c8dd6", "#e65100", "#2e7d32", "#6a1b9a", "#00838f", "#8d6e00")
+_RESULT_COLUMNS = (
+    "run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason",
+    "source_file", "source_row", "content_hash",
+)  # fmt: skip
 _DASH = "–"
 
 _CSS = """
@@ -47,7 +54,9 @@ th,td{border-bottom:1px solid #eee;padding:4px 8px;text-align:left;vertical-alig
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}svg text{font-size:11px;fill:#444}
 .bar{fill:#5c8dd6}.line{fill:none;stroke:#5c8dd6;stroke-width:1.5}.whisker{stroke:#888;stroke-width:1.2}
 .point{fill:#5c8dd6}.point.current{fill:#e65100;stroke:#222}.grid{stroke:#eee}.axis{stroke:#999}
-text.current{font-weight:700;fill:#e65100}
+text.current{font-weight:700;fill:#e65100}text.axis-label{fill:#666;font-style:italic}
+.legend{margin-right:14px;white-space:nowrap}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
+ol.chunks{margin:4px 0 0;padding-left:22px;color:#444}ol.chunks li.used{color:#2e7d32}
 """
 
 
@@ -166,9 +175,28 @@ def _verdict(cmp: dict[str, Any] | None) -> str:
         f"flips pass→fail {_e(cmp.get('flips_pass_to_fail'))}, fail→pass {_e(cmp.get('flips_fail_to_pass'))} "
         f"(McNemar p = {_fmt(cmp.get('mcnemar_p'), '.3g')})</p>",
     ]
-    if cmp.get("like_for_like") is False:
+    if cmp.get("reason"):
+        out.append(f'<p class="warn">Incomparable: {_e(cmp.get("reason"))}</p>')
+    elif cmp.get("like_for_like") is False:
         out.append('<p class="warn">Not like for like: judge, prompt, metric or dataset differ from the baseline.</p>')
     return "\n".join(out)
+
+
+def _drops(drops: list[dict[str, Any]]) -> str:
+    """The paired rows that lost most against the baseline, with the sentences their context no longer supports."""
+    if not drops:
+        return ""
+    head = "<tr><th>row id</th><th>baseline → current</th><th>delta</th><th>lost sentences</th></tr>"
+    body = []
+    for d in drops:
+        lost = d.get("lost") or []
+        detail = '<ul class="miss">' + "".join(f"<li>{_clip(x, 400)}</li>" for x in lost) + "</ul>" if lost else _DASH
+        body.append(
+            f"<tr><td><code>{_e(d.get('row_id'))}</code></td>"
+            f'<td class="num">{_fmt(d.get("score_baseline"))} → {_fmt(d.get("score_current"))}</td>'
+            f'<td class="num err">{_fmt(d.get("delta"), "+.3f")}</td><td>{detail}</td></tr>'
+        )
+    return "<h2>Largest drops vs baseline</h2>\n<table>" + head + "".join(body) + "</table>"
 
 
 def _histogram(scores: np.ndarray, scale: float, figures: dict[str, Any]) -> str:
@@ -177,7 +205,7 @@ def _histogram(scores: np.ndarray, scale: float, figures: dict[str, Any]) -> str
     if valid.size:
         idx = np.clip(np.floor(valid / scale * BINS + 1e-9), 0, BINS - 1).astype(int)
         counts = np.bincount(idx, minlength=BINS)
-    width, height, left, top, bottom = 560, 190, 36, 14, 22
+    width, height, left, top, bottom = 560, 200, 40, 14, 30
     plot_w, plot_h = width - left - 10, height - top - bottom
     peak, bw = max(int(counts.max()), 1), plot_w / BINS
     out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
@@ -197,6 +225,9 @@ def _histogram(scores: np.ndarray, scale: float, figures: dict[str, Any]) -> str
     out += [f'<text x="{left + i * bw:.1f}" y="{height - 6}" text-anchor="middle">{scale * i / BINS:.3g}</text>'
             for i in range(0, BINS + 1, 2)]  # fmt: skip
     out.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>')
+    out.append(f'<text class="axis-label" x="{left + plot_w / 2:.0f}" y="{height}" text-anchor="middle">score</text>')
+    out.append(f'<text class="axis-label" x="10" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+               f'transform="rotate(-90 10 {top + plot_h / 2:.0f})">rows</text>')  # fmt: skip
     out.append("</svg>")
     note = f"{int(valid.size)} scored rows in {BINS} bins over [0, {scale:g}]; not shown: "
     note += f"{_e(figures['errors'])} errored, {_e(figures['skipped'])} skipped."
@@ -210,7 +241,7 @@ def _trend(series: list[dict[str, Any]], run_id: str) -> str:
     lo, hi = min(values), max(values)
     pad = max((hi - lo) * 0.15, 0.02 * max(abs(hi), 1.0))
     y0, y1 = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
-    width, height, left, top, bottom = 640, 250, 48, 12, 78
+    width, height, left, top, bottom = 640, 260, 56, 12, 88
     plot_w, plot_h = width - left - 12, height - top - bottom
     step = plot_w / len(series)
 
@@ -222,30 +253,58 @@ def _trend(series: list[dict[str, Any]], run_id: str) -> str:
         v = y0 + (y1 - y0) * k / 4
         out.append(f'<line class="grid" x1="{left}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}"/>'
                    f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')  # fmt: skip
-    line, marks = [], []
+    configs: dict[tuple[Any, ...], int] = {}
+    lines: dict[int, list[str]] = {}
+    marks: list[str] = []
     for i, r in enumerate(series):
         x, current = left + step * (i + 0.5), r["run_id"] == run_id
+        k = configs.setdefault(_config_key(r), len(configs))
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
         mean, ci_lo, ci_hi = _num(r.get("mean_score")), _num(r.get("ci_low")), _num(r.get("ci_high"))
         if ci_lo is not None and ci_hi is not None:
             marks.append(f'<line class="whisker" x1="{x:.1f}" y1="{y(ci_lo):.1f}" x2="{x:.1f}" y2="{y(ci_hi):.1f}"/>')
         if mean is not None:
-            line.append(f"{x:.1f},{y(mean):.1f}")
+            lines.setdefault(k, []).append(f"{x:.1f},{y(mean):.1f}")
             tip = f"{r['run_id']}: mean {mean:.3f}, {_ci(ci_lo, ci_hi)}, started {_when(r.get('started_at'))}"
             marks.append(
-                f'<circle class="point{" current" if current else ""}" cx="{x:.1f}" cy="{y(mean):.1f}" '
-                f'r="{6 if current else 4}"><title>{_e(tip)}</title></circle>'
+                f'<circle class="point{" current" if current else ""}" style="fill:{color}" cx="{x:.1f}" '
+                f'cy="{y(mean):.1f}" r="{6 if current else 4}"><title>{_e(tip)}</title></circle>'
             )
         rid, ty = str(r["run_id"]), top + plot_h + 12
         name = str(r.get("label") or (rid if len(rid) <= 12 else f"{rid[:8]}…{rid[-6:]}"))  # date…suffix
         klass = ' class="current"' if current else ""
         out.append(f'<text{klass} x="{x:.1f}" y="{ty}" text-anchor="end" '
                    f'transform="rotate(-35 {x:.1f} {ty})">{_clip(name, 16)}</text>')  # fmt: skip
-    if len(line) >= 2:
-        out.append(f'<polyline class="line" points="{" ".join(line)}"/>')
+    for k, points in lines.items():
+        if len(points) >= 2:  # one line per judge configuration: runs of different judges are never joined
+            color = SERIES_COLORS[k % len(SERIES_COLORS)]
+            out.append(f'<polyline class="line" style="stroke:{color}" points="{" ".join(points)}"/>')
     out += marks
+    out.append(f'<text class="axis-label" x="12" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+               f'transform="rotate(-90 12 {top + plot_h / 2:.0f})">mean score</text>')  # fmt: skip
+    out.append(f'<text class="axis-label" x="{left + plot_w / 2:.0f}" y="{height - 4}" text-anchor="middle">'
+               "run (label), oldest first</text>")  # fmt: skip
     out.append("</svg>")
+    legend = "".join(
+        f'<span class="legend"><span class="swatch" style="background:{SERIES_COLORS[k % len(SERIES_COLORS)]}">'
+        f"</span>{_e(_config_name(key))}</span>"
+        for key, k in configs.items()
+    )
     note = f"Last {len(series)} run(s) of this dataset and metric; mean with 95 % CI, this run highlighted."
-    return "<h2>Trend</h2>\n" + "\n".join(out) + f'\n<p class="muted">{note}</p>'
+    if len(configs) > 1:
+        note += " One series per judge configuration: their scores are not comparable."
+    return "<h2>Trend</h2>\n" + "\n".join(out) + f'\n<p class="muted">{legend}<br>{note}</p>'
+
+
+def _config_key(run: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two runs' scores comparable, as far as the trend is concerned (see regression.py)."""
+    return tuple(run.get(k) for k in ("judge", "judge_model", "prompt_version", "threshold", "scale", "units"))
+
+
+def _config_name(key: tuple[Any, ...]) -> str:
+    judge, model, prompt, threshold, scale, units = key
+    name = f"{model or judge or '?'} (prompt {prompt or '?'})"
+    return name + (f", threshold {threshold:g}" if isinstance(threshold, int | float) else "")
 
 
 def _segments(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str, Any]]) -> str:
@@ -266,7 +325,9 @@ def _segments(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str
             d = deltas.get((r.get("segment_column"), r.get("segment_value")))
             delta = None if d is None else _num(d.get("mean_delta"))
             text = _DASH if d is None else f"{_e(d.get('verdict'))} ({_fmt(delta, '+.3f')})"
-            cells += f'<td class="num">{text}</td>'
+            color = VERDICT_COLORS.get(str(d.get("verdict"))) if d and d.get("verdict") != "unchanged" else None
+            style = f' style="color:{color};font-weight:600"' if color else ""
+            cells += f'<td class="num"{style}>{text}</td>'
         body.append(f"<tr>{cells}</tr>")
     return "<h2>Segments</h2>\n<table>" + head + "".join(body) + "</table>"
 
@@ -281,15 +342,37 @@ def _worst(rows: list[dict[str, Any]], has_input: bool) -> str:
             score, detail = '<span class="err">error</span>', f'<span class="err">{_clip(r["error"], 500)}</span>'
         else:
             score = "skipped" if _num(r.get("score")) is None and r.get("skipped") else _fmt(r.get("score"))
-            missing = [v.get("statement") for v in r.get("verdicts") or [] if str(v.get("verdict")).lower() == "no"]
-            if missing:
-                detail = '<ul class="miss">' + "".join(f"<li>{_clip(s, 400)}</li>" for s in missing) + "</ul>"
-            else:
-                detail = f'<span class="muted">{_clip(r["reason"], 300)}</span>' if r.get("reason") else _DASH
+            detail = _row_detail(r)
         question = f"<td>{_clip(r.get('input') or '', 300)}</td>" if has_input else ""
         body.append(f"<tr><td><code>{_e(r.get('row_id'))}</code></td>{question}<td class=\"num\">{score}</td>"
                     f"<td>{detail}</td></tr>")  # fmt: skip
     return "<h2>Worst rows</h2>\n<table>" + head + "".join(body) + "</table>"
+
+
+def _row_detail(row: dict[str, Any]) -> str:
+    """Each sentence with the judge's verdict and reason, then the retrieved chunks (those cited marked)."""
+    verdicts = row.get("verdicts") or []
+    items = []
+    cited: set[int] = set()
+    for v in verdicts:
+        ok = str(v.get("verdict")).lower() == "yes"
+        ids = [int(i) for i in v.get("chunk_ids") or []]
+        cited.update(ids)
+        where = f" (chunk {', '.join(map(str, ids))})" if ok and ids else ""
+        reason = f' <span class="muted">– {_clip(v.get("reason"), 200)}</span>' if v.get("reason") else ""
+        mark = "✓" if ok else '<span class="err">✗</span>'
+        items.append(f"<li>{mark} {_clip(v.get('statement'), 400)}{where}{reason}</li>")
+    out = '<ul class="miss">' + "".join(items) + "</ul>" if items else ""
+    if not items and row.get("reason"):
+        out = f'<span class="muted">{_clip(row["reason"], 300)}</span>'
+    chunks = row.get("chunks")
+    if chunks:
+        lis = "".join(f"<li{' class=used' if i in cited else ''}>{_clip(c, 300)}</li>" for i, c in enumerate(chunks, 1))
+        out += f'<div class="muted">retrieved chunks:</div><ol class="chunks">{lis}</ol>'
+    elif "chunks" in row and verdicts:
+        out += '<div class="muted">retrieved chunks: not available (the dataset changed since, or contexts came from a '
+        out += "retriever)</div>"
+    return out or _DASH
 
 
 def render_report(
@@ -300,8 +383,14 @@ def render_report(
     *,
     history: int = 20,
     worst: int = 15,
+    drops: list[dict[str, Any]] | None = None,
+    chunks: dict[tuple[str, int], list[str]] | None = None,
 ) -> str:
-    """The HTML report of ``run_id``. ``results`` and ``runs`` may hold other runs and datasets (filtered here)."""
+    """The HTML report of ``run_id``. ``results`` and ``runs`` may hold other runs and datasets (filtered here).
+
+    ``drops``: the rows that lost most against the baseline (``tracking.largest_drops``); ``chunks``: retrieved
+    chunks of the worst rows by (source file, row) (``datasets.read_contexts``).
+    """
     if "run_id" in results.column_names and results.num_rows:
         results = results.filter(pc.equal(results.column("run_id"), run_id))
     all_runs = runs.to_pylist()
@@ -345,11 +434,47 @@ def render_report(
         _verdict(cmp),
         _histogram(scores, scale, figures),
         _trend(trend, run_id),
+        _drops(drops or []),
         _segments(segments, deltas),
-        _worst(_worst_rows(results, scores, worst), "input" in results.column_names),
+        _worst(_with_chunks(_worst_rows(results, scores, worst), chunks), "input" in results.column_names),
         "</body></html>",
     ]
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def _with_chunks(rows: list[dict[str, Any]], chunks: dict[tuple[str, int], list[str]] | None) -> list[dict[str, Any]]:
+    if chunks is None:
+        return rows
+    return [{**r, "chunks": chunks.get((r.get("source_file"), r.get("source_row")))} for r in rows]  # type: ignore[arg-type]
+
+
+def _largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[dict[str, Any]]:
+    from recall_tasks.tracking import largest_drops
+
+    if comparisons is None or comparisons.num_rows == 0:
+        return []
+    overall = [r for r in comparisons.to_pylist() if r.get("segment_column") is None]
+    if not overall:
+        return []
+    latest = max(overall, key=lambda r: _ts(r.get("compared_at")))
+    return [w.model_dump() for w in largest_drops(store, run_id, str(latest["baseline_run_id"]))]
+
+
+def _chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
+    """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
+    from recall_tasks.datasets import open_dataset, read_contexts
+
+    needed = {"source_file", "source_row", "content_hash"}
+    if results.num_rows == 0 or not needed <= set(results.column_names):
+        return None
+    worst = _worst_rows(results, _scores(results), 15)
+    refs = [(r["source_file"], r["source_row"], r["content_hash"]) for r in worst if r.get("source_file")]
+    try:
+        if dataset is None:
+            dataset = open_dataset(str(run.get("dataset_uri")), store.storage, str(run.get("metric")), {})
+        return read_contexts(dataset, refs)
+    except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its chunks
+        return {}
 
 
 def _read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
@@ -394,10 +519,12 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     return table
 
 
-def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None) -> str:
+def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
     """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
 
-    ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan).
+    ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan);
+    ``dataset``: the run's open :class:`~recall_tasks.datasets.Dataset` (the flow's), else the runs table's
+    ``dataset_uri`` is opened to show the worst rows' chunks, when its content still matches.
     """
     runs_ds = store.read_table("runs")
     runs = runs_ds.to_table() if runs_ds is not None else None
@@ -409,7 +536,11 @@ def write_report(store: ResultStore, run_id: str, results: pa.Table | None = Non
             results = pa.table({"run_id": pa.array([], pa.string())})
         else:
             results = bounded_results(results_ds, run_id)
-    document = render_report(run_id, runs, results, _read_comparisons(store, run_id))
+    comparisons = _read_comparisons(store, run_id)
+    drops = _largest_drops(store, run_id, comparisons)
+    run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
+    chunks = _chunks_of_worst(store, run, results, dataset)
+    document = render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
     try:

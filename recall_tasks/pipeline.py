@@ -1,8 +1,17 @@
 """The steps of a benchmark run as plain functions; ``flows/recall_flow.py`` only orchestrates them.
 
-``plan_run`` validates everything (parameters, dataset schema, row ids, segment columns, output location,
-judge configuration) before any judge call or write. ``score_chunk`` scores one block and stages its
-results. ``commit_run`` aggregates the staged results, commits them and the run rows at once.
+``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
+judge configuration and reachability, the baseline reference) before any judge call or write; ``preflight``
+runs the same checks for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its
+results. ``commit_run`` aggregates the staged results, commits them and the run rows at once, and decides the
+run's status:
+
+- ``failed`` when more than ``max_error_rate`` of the assessed rows (rows minus those not assessed under
+  ``on_missing=skip``) ended with an error, or when judging was stopped by an outage: the tables are still
+  committed (nothing lost, the errored rows visible), a failed run is never a baseline, and the flow then
+  raises :class:`RunFailed` (CLI exit 4);
+- ``budget_exhausted`` when ``--max-requests`` / ``--max-cost-usd`` stopped judging;
+- ``completed`` otherwise; a regressed run is a completed run (the verdict is separate, see ``tracking``).
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import os
 import secrets as pysecrets
 import time
@@ -28,6 +38,7 @@ from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
+from recall_tasks.regression import find_baseline
 from recall_tasks.results import ChunkPart, ResultStore, today
 from recall_tasks.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.scoring import (
@@ -39,7 +50,10 @@ from recall_tasks.scoring import (
     passthrough_name,
     score_block,
 )
-from recall_tasks.storage import StorageConfig, join_uri
+from recall_tasks.sentences import SPLITTER_VERSION
+from recall_tasks.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
+
+log = logging.getLogger(__name__)
 
 ProgressListener = Callable[[int, int], None]
 _listeners: list[ProgressListener] = []
@@ -132,8 +146,60 @@ def _run_key(params: Any, dataset: Dataset) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
-    """Validate the run before anything is judged or written; raise one clear error otherwise."""
+def check_output_location(params: Any) -> None:
+    """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results').
+
+    Tables written among the dataset's files would be read as data by the next run (and a dataset folder
+    inside the output can be overwritten by it).
+    """
+    out = normalize_uri(params.output_uri)
+    for what, uri in (("dataset", params.dataset_uri), ("retrieval results", params.retrieval_uri)):
+        if not uri:
+            continue
+        relation = overlap(out, location_of(uri))
+        if relation is not None:
+            said = {"equal": "is", "inside": "is inside", "contains": "contains"}[relation]
+            raise ConfigError(
+                f"--output {params.output_uri} {said} the {what} location {uri}: results would be written among "
+                f"the {what}'s files; choose an output folder of its own"
+            )
+
+
+def check_baseline_reference(params: Any, store: ResultStore, dataset: Dataset) -> None:
+    """An explicit ``--baseline`` (run id or label) must name a usable run before anything is judged."""
+    spec = (params.baseline or "").strip()
+    if not spec or spec.lower() == "latest":
+        return
+    runs = store.read_table("runs")
+    if runs is None:
+        raise ConfigError(
+            f"--baseline {spec}: no runs are recorded under {params.output_uri} yet; "
+            "use --baseline latest (the default) or none"
+        )
+    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec)
+
+
+@dataclass
+class Checked:
+    """What the checks before a run produced (and what they noted without stopping it)."""
+
+    storage: StorageConfig
+    dataset: Dataset
+    store: ResultStore
+    metric: Metric
+    segments: list[str]
+    retriever: Retriever | None
+    retrieval: RetrievalResults | None
+    notes: list[str] = field(default_factory=list)
+
+
+def check_run(params: Any) -> Checked:
+    """Every check that can fail a run, in order of cost, before any judge call or write.
+
+    Output location, dataset (files, schema, row ids), retriever, segment columns, output store, baseline
+    reference, judge configuration and endpoint (one cheap request). Raises one :class:`ConfigError`.
+    """
+    check_output_location(params)
     storage = StorageConfig.from_options(params.storage_options)
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
@@ -162,26 +228,49 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     _check_results_schema(dataset, store)
-    metric = make_metric(params, make_judge(params))
+    check_baseline_reference(params, store, dataset)
+    judge = make_judge(params)
+    notes = []
+    probe = getattr(judge, "preflight", None)
+    if probe is not None:
+        note = probe()
+        if note:
+            notes.append(note)
+    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes)
+
+
+def preflight(params: Any) -> list[str]:
+    """The checks of :func:`check_run` alone (the CLI runs them before Prefect starts); returns the notes."""
+    checked = check_run(params)
+    release_judge(checked.metric.judge)
+    return checked.notes
+
+
+def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
+    """Validate the run before anything is judged or written; raise one clear error otherwise."""
+    checked = check_run(params)
+    dataset, store, metric = checked.dataset, checked.store, checked.metric
+    for note in checked.notes:
+        log.warning("%s", note)
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
-        cache = RowVerdictCache(cache_uri, storage, read=not params.refresh_cache)
+        cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
-        "strict": params.strict_mode, "on_missing": params.on_missing, "output": params.output_uri,
+        "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
         "passthrough": dataset.passthrough,
     }  # fmt: skip
     return RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
-        store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=segments,
+        store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        retriever=retriever, retrieval=retrieval,
+        retriever=checked.retriever, retrieval=checked.retrieval,
     )  # fmt: skip
 
 
@@ -301,19 +390,19 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
     if plan.cache is not None:
         plan.cache.close()
     p = plan.params
-    budget_reason = plan.budget.exhausted_reason if plan.budget else None
-    breaker_reason = plan.breaker.tripped_reason if plan.breaker else None  # an outage: the run failed
+    judge = plan.metric.judge
     base = {
         "run_id": plan.run_id, "flow_run_id": flow_run_id, "started_at": plan.started_at,
         "finished_at": dt.datetime.now(dt.UTC), "dataset": plan.dataset.name, "run_date": today(),
         "dataset_uri": p.dataset_uri, "dataset_fingerprint": plan.dataset.fingerprint, "label": p.label,
-        "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": plan.metric.judge.model,
-        "prompt_version": plan.metric.judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
+        "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
+        "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        "status": "failed" if breaker_reason else "budget_exhausted" if budget_reason else "completed",
-        "status_reason": breaker_reason or budget_reason,
+        **run_settings(plan),
     }  # fmt: skip
-    overall = {**base, "segment_column": None, "segment_value": None, **summarize(table)}
+    stats = summarize(table)
+    base.update(run_outcome(plan, table, stats))
+    overall = {**base, "segment_column": None, "segment_value": None, **stats}
     runs = [overall]
     for col in plan.segment_columns:
         for value, stats in summarize_segments(table, col):
@@ -322,11 +411,65 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
     return overall
 
 
-def release(plan: RunPlan) -> None:
-    """Close the judge's HTTP client (it lives on the shared background loop)."""
-    close = getattr(plan.metric.judge, "aclose", None)
+def run_settings(plan: RunPlan) -> dict[str, Any]:
+    """The settings that decide whether two runs' scores are comparable (``regression.incomparable_reasons``)."""
+    config = plan.metric.judge.config()
+    return {
+        "judge": plan.params.judge,
+        "units": "sentences",
+        "schema_version": config.get("schema_version"),
+        "splitter_version": SPLITTER_VERSION,
+        "judge_config": metric_fingerprint(plan.metric),
+        "row_identity": plan.dataset.row_identity,
+    }
+
+
+def dominant_error(table: pa.Table) -> tuple[str | None, int]:
+    """The most frequent error text of a run's rows and how many rows have it."""
+    errors = table.column("error").drop_null()
+    if len(errors) == 0:
+        return None, 0
+    top = pc.value_counts(errors).to_pylist()
+    best = max(top, key=lambda item: item["counts"])
+    return str(best["values"]), int(best["counts"])
+
+
+def run_outcome(plan: RunPlan, table: pa.Table, stats: dict[str, Any]) -> dict[str, Any]:
+    """Status, reason, error rate and dominant error of a run (see the module docstring for the rules)."""
+    assessed = stats["rows"] - stats["skipped"]
+    rate = stats["errors"] / assessed if assessed else 0.0
+    top, top_count = dominant_error(table)
+    limit = plan.params.max_error_rate
+    budget_reason = plan.budget.exhausted_reason if plan.budget else None
+    breaker = getattr(plan, "breaker", None)
+    breaker_reason = getattr(breaker, "tripped_reason", None)
+    status, reason = "completed", None
+    if breaker_reason:
+        status, reason = "failed", breaker_reason
+    elif rate > limit:
+        status = "failed"
+        reason = (
+            f"{stats['errors']} of {assessed} assessed rows ended with an error ({rate:.1%}, above "
+            f"--max-error-rate {limit:g})"
+        )
+    elif budget_reason:
+        status, reason = "budget_exhausted", budget_reason
+    return {
+        "status": status, "status_reason": reason, "error_rate": rate, "max_error_rate": limit,
+        "top_error": top, "top_error_count": top_count,
+    }  # fmt: skip
+
+
+def release_judge(judge: Judge) -> None:
+    """Close a judge's HTTP client (it lives on the shared background loop)."""
+    close = getattr(judge, "aclose", None)
     if close is not None:
         run_sync(close())
+
+
+def release(plan: RunPlan) -> None:
+    """Close the run's judge."""
+    release_judge(plan.metric.judge)
 
 
 def finish_run(plan: RunPlan) -> None:

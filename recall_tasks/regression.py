@@ -42,11 +42,18 @@ Verdict
     both fire (e.g. the mean drops materially while more rows cross the threshold upwards) the verdict is
     ``regressed`` (alert on the side of caution) and a warning explains the mixed signal.
 
-Like for like
-    A comparison is like-for-like only when ``judge_model``, ``prompt_version``, ``metric`` and ``dataset`` are the
-    same in both runs' rows (the ``index_version``/``label`` is what is being compared). Otherwise the verdict is
-    still computed but ``like_for_like`` is False and ``warnings`` says what differs: a score change may be the
-    judge's, not the retriever's. A different ``threshold`` only adds a warning (flips then mean little).
+Comparable or not
+    Two runs are comparable only when what produces a score is the same: ``metric``, ``units``, ``judge``,
+    ``judge_model``, ``prompt_version``, ``schema_version``, ``splitter_version``, ``judge_config`` (the
+    fingerprint of every judge setting that changes verdicts), ``threshold``, ``scale``, ``row_identity`` and
+    ``dataset`` (the ``index_version``/``label`` is what is being compared). When any differs the verdict is
+    ``incomparable`` and ``reason`` names every difference: a score change could be the judge's, not the
+    retriever's, so no ``regressed``/``improved``/``unchanged`` is ever given. Fields recorded only by newer
+    versions are ignored when the baseline lacks them, except ``row_identity``: a baseline without it was written
+    when row ids hashed the retrieved contexts too, so its rows cannot pair with a re-indexed run's, and the
+    verdict says so. A comparison whose matched rows cover less than :data:`MIN_PAIRED_SHARE` (90 %) of the
+    baseline's rows is ``incomparable`` too, with the counts: a verdict over a sliver of the rows would mislead.
+    The figures are still computed and recorded for inspection.
 
 Segments
     For each segment column, the paired rows are grouped by the CURRENT run's value (the baseline's when the
@@ -79,6 +86,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
 from recall_tasks.aggregates import BOOTSTRAP_MAX_N, mean_ci
+from recall_tasks.datasets import ROW_ID_COLUMN_IDENTITY
 from recall_tasks.errors import ConfigError
 from recall_tasks.markdown import md_code, md_text
 
@@ -92,17 +100,33 @@ __all__ = [
     "WorstRow",
     "compare_runs",
     "find_baseline",
+    "incomparable_reasons",
     "lost_statements",
     "mcnemar_exact_p",
     "paired_mean_ci",
 ]
 
-ComparisonVerdict = Literal["regressed", "improved", "unchanged", "no_overlap"]
+ComparisonVerdict = Literal["regressed", "improved", "unchanged", "no_overlap", "incomparable"]
 
 MCNEMAR_EXACT_MAX = 20_000
 """Up to this many discordant rows McNemar's p-value is computed with exact integers."""
 
-_LIKE_FOR_LIKE_KEYS = ("judge_model", "prompt_version", "metric", "dataset")
+#: Run fields that must be equal for a verdict; the second group is recorded only since row identity v2.
+COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
+COMPARABLE_KEYS_V2 = ("units", "judge", "schema_version", "splitter_version", "judge_config")
+
+_COMPARISON_ORDER = ("dataset", "metric", "units", "judge", "judge_model", "prompt_version", "schema_version",
+                     "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
+# a difference in a key on the right is implied by one on the left: only the first is named
+_IMPLIED_BY = {
+    "judge_model": {"judge"},
+    "prompt_version": {"judge", "judge_model"},
+    "schema_version": {"judge", "judge_model"},
+    "judge_config": {"judge", "judge_model", "prompt_version", "schema_version", "splitter_version", "metric"},
+}
+
+MIN_PAIRED_SHARE = 0.9
+"""Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
 
 COMPARISON_SCHEMA = pa.schema(
     [
@@ -115,6 +139,7 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("segment_value", pa.string()),
         pa.field("verdict", pa.string(), nullable=False),
         pa.field("like_for_like", pa.bool_()),
+        pa.field("reason", pa.string()),
         pa.field("n_paired", pa.int64()),
         pa.field("n_added", pa.int64()),
         pa.field("n_removed", pa.int64()),
@@ -281,6 +306,7 @@ class Comparison(BaseModel):
     alpha: float
     verdict: ComparisonVerdict
     like_for_like: bool
+    reason: str | None = None
     warnings: list[str] = Field(default_factory=list)
     n_paired: int
     n_added: int
@@ -312,6 +338,7 @@ class Comparison(BaseModel):
             "dataset": self.dataset,
             "metric": self.metric,
             "like_for_like": self.like_for_like,
+            "reason": self.reason,
             "tolerance": self.tolerance,
             "alpha": self.alpha,
             "compared_at": self.compared_at,
@@ -364,9 +391,9 @@ class Comparison(BaseModel):
         verdict = self.verdict.upper().replace("_", " ")
         out = [f"## {verdict}: {md_text(self.metric or 'metric')} on {md_text(self.dataset or '?')}", ""]
         out.append(f"Run {md_code(self.current_run_id)} compared with baseline {md_code(self.baseline_run_id)}.")
-        if not self.like_for_like:
+        if self.reason:
             out.append("")
-            out.append("**Not like for like** – the verdict may reflect a change of judge, not of retrieval.")
+            out.append(f"**Incomparable**: {md_text(self.reason)}")
         if self.warnings:
             out.append("")
             out.extend(f"- ⚠ {md_text(w)}" for w in self.warnings)
@@ -419,7 +446,9 @@ class Comparison(BaseModel):
             "dataset": self.dataset,
             "metric": self.metric,
             "like_for_like": self.like_for_like,
+            "reason": self.reason,
             "n_paired": self.n_paired,
+            "n_baseline": self.n_paired + self.n_removed + self.n_unpaired_unscored,
             "mean_delta": self.mean_delta,
             "ci": [self.ci_low, self.ci_high],
             "flips": {"pass_to_fail": self.flips_pass_to_fail, "fail_to_pass": self.flips_fail_to_pass},
@@ -470,16 +499,21 @@ def find_baseline(
     metric: str,
     spec: str = "latest",
     exclude_run_id: str | None = None,
+    current: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The overall ``runs`` row of the baseline run chosen by ``spec``, or None when there is none yet.
 
     ``spec``:
     - ``"latest"``: the most recent (``finished_at``) completed run of the same dataset and metric, other than
-      ``exclude_run_id``; None when there is none (the first run of its series);
+      ``exclude_run_id``, preferring runs comparable with ``current`` (the current run's settings, see
+      :func:`incomparable_reasons`): with one judge configuration interrupted by another, each run is compared
+      with the latest run of its own configuration. When no run is comparable, the latest one is returned (the
+      comparison then says ``incomparable`` and why); None when the series is empty (the first run);
     - ``"label:<label>"``: the most recent completed run with that label, same dataset and metric, other than
-      ``exclude_run_id``;
-    - ``"run:<run_id>"`` or a bare run id: that run, whatever its status (an explicit choice); preferably its row
-      for ``dataset``/``metric``, else its only overall row (a mismatch is then flagged by :func:`compare_runs`).
+      ``exclude_run_id``, comparable ones first;
+    - ``"run:<run_id>"`` or a bare run id: that run (an explicit choice), unless it failed or has not finished
+      (a failed run is never a baseline); preferably its row for ``dataset``/``metric``, else its only overall
+      row (a mismatch is then flagged by :func:`compare_runs`).
 
     Only overall rows (``segment_column`` null) are considered. An explicit label or run id that matches nothing
     raises :class:`ConfigError` listing some that exist.
@@ -504,8 +538,12 @@ def find_baseline(
     def first(table: pa.Table) -> dict[str, Any] | None:
         if table.num_rows == 0:
             return None
-        row: dict[str, Any] = _most_recent_first(table).slice(0, 1).to_pylist()[0]
-        return row
+        rows: list[dict[str, Any]] = _most_recent_first(table).to_pylist()
+        if current is not None:
+            for row in rows:
+                if not incomparable_reasons(current, row):
+                    return row
+        return rows[0]
 
     if spec.lower() == "latest":
         return first(completed)
@@ -538,7 +576,14 @@ def find_baseline(
             f"{metric!r}: {_shown(recent)}"
         )
     same_series = candidates.filter(pc.and_(_eq(candidates, "dataset", dataset), _eq(candidates, "metric", metric)))
-    return first(same_series if same_series.num_rows else candidates)
+    chosen: dict[str, Any] = _most_recent_first(same_series if same_series.num_rows else candidates).to_pylist()[0]
+    status = chosen.get("status")
+    if status not in (None, "completed", "budget_exhausted"):
+        raise ConfigError(
+            f"run {run_id!r} has status {status!r}: a failed or unfinished run is never a baseline; "
+            f"completed runs of dataset {dataset!r}: {_shown(_distinct_recent(completed, 'run_id'))}"
+        )
+    return chosen
 
 
 # -- comparison -----------------------------------------------------------------------------------
@@ -591,22 +636,31 @@ def _check_table(table: pa.Table, label: str) -> None:
         raise ConfigError(f"the {label} results hold several runs; pass the rows of one run")
 
 
-def _like_for_like(current_run: dict[str, Any], baseline_run: dict[str, Any], warnings: list[str]) -> bool:
-    same = True
-    for key in _LIKE_FOR_LIKE_KEYS:
+def incomparable_reasons(current_run: dict[str, Any], baseline_run: dict[str, Any]) -> list[str]:
+    """What makes two runs' scores incomparable (empty when they are comparable); see the module docstring."""
+    reasons = []
+    differs = set()
+    for key in _COMPARISON_ORDER:
         a, b = current_run.get(key), baseline_run.get(key)
+        if key in COMPARABLE_KEYS_V2 and b is None:
+            continue  # the baseline predates this field
         if a != b:
-            same = False
-            warnings.append(
-                f"{key} differs (current {a!r}, baseline {b!r}): not a like-for-like comparison; "
-                f"part of the change may come from the {key}, not the retrieval"
+            differs.add(key)
+            if not differs & _IMPLIED_BY.get(key, set()):  # "judge differs" says it all: not also its model
+                reasons.append(f"{key} differs (current {a!r}, baseline {b!r})")
+    if current_run.get("row_identity") != baseline_run.get("row_identity"):
+        if baseline_run.get("row_identity") is None:
+            if current_run.get("row_identity") != ROW_ID_COLUMN_IDENTITY:
+                reasons.append(
+                    "the baseline was recorded before row identity v2 (its row ids hashed the retrieved contexts, "
+                    "so they cannot pair with this run's); compare with a run recorded since"
+                )
+        else:
+            reasons.append(
+                f"row_identity differs (current {current_run.get('row_identity')!r}, "
+                f"baseline {baseline_run.get('row_identity')!r})"
             )
-    t_cur, t_base = current_run.get("threshold"), baseline_run.get("threshold")
-    if t_cur is not None and t_base is not None and t_cur != t_base:
-        warnings.append(
-            f"threshold differs (current {t_cur!r}, baseline {t_base!r}): pass/fail flips reflect the threshold too"
-        )
-    return same
+    return reasons
 
 
 def _figures(
@@ -686,7 +740,10 @@ def compare_runs(
     baseline_run_id = _run_id(baseline_run, baseline, "baseline")
     if current_run_id == baseline_run_id:
         warnings.append("the baseline is the current run itself")
-    like_for_like = _like_for_like(current_run, baseline_run, warnings)
+    reasons = incomparable_reasons(current_run, baseline_run)
+    uri_a, uri_b = current_run.get("dataset_uri"), baseline_run.get("dataset_uri")
+    if uri_a and uri_b and uri_a != uri_b:
+        warnings.append(f"the baseline's dataset URI differs (current {uri_a!r}, baseline {uri_b!r})")
 
     current = _first_occurrences(current, "current", warnings)
     baseline = _first_occurrences(baseline, "baseline", warnings)
@@ -715,6 +772,14 @@ def compare_runs(
 
     fig = _figures(sc, sb, succ_c, succ_b, known, resamples=resamples, seed=seed)
     verdict, mixed = _verdict_of(fig, tolerance=tolerance, alpha=alpha)
+    if baseline.num_rows and n_matched < MIN_PAIRED_SHARE * baseline.num_rows:
+        reasons.append(
+            f"only {n_matched} of the baseline's {baseline.num_rows} rows ({n_matched / baseline.num_rows:.0%}) "
+            f"pair with this run's by row id (at least {MIN_PAIRED_SHARE:.0%} needed); {current.num_rows - n_matched}"
+            " rows are new in this run"
+        )
+    if reasons:
+        verdict, mixed = "incomparable", False
     if verdict == "no_overlap":
         warnings.append("no row was scored in both runs: nothing to compare")
     if mixed:
@@ -745,6 +810,8 @@ def compare_runs(
                 resamples=resamples, seed=seed,
             )  # fmt: skip
             seg_verdict, _ = _verdict_of(seg, tolerance=tolerance, alpha=alpha)
+            if reasons:
+                seg_verdict = "incomparable"
             segments.append(SegmentDelta(column=column, value=value, verdict=seg_verdict, **seg))
 
     worst_rows: list[WorstRow] = []
@@ -781,7 +848,8 @@ def compare_runs(
         tolerance=tolerance,
         alpha=alpha,
         verdict=verdict,
-        like_for_like=like_for_like,
+        like_for_like=not reasons,
+        reason="; ".join(reasons) or None,
         warnings=warnings,
         n_added=current.num_rows - n_matched,
         n_removed=baseline.num_rows - n_matched,

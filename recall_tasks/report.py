@@ -25,6 +25,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
     """The run summary as two-column rows (Prefect table artifact, CLI table)."""
     keys = [
         "run_id",
+        "status",
         "dataset",
         "label",
         "metric",

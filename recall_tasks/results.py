@@ -74,6 +74,16 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("wall_seconds", pa.float64()),
     pa.field("status", pa.string()),
     pa.field("status_reason", pa.string()),
+    pa.field("error_rate", pa.float64()),
+    pa.field("max_error_rate", pa.float64()),
+    pa.field("top_error", pa.string()),
+    pa.field("top_error_count", pa.int64()),
+    pa.field("judge", pa.string()),
+    pa.field("units", pa.string()),
+    pa.field("schema_version", pa.string()),
+    pa.field("splitter_version", pa.string()),
+    pa.field("judge_config", pa.string()),
+    pa.field("row_identity", pa.string()),
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 
@@ -344,6 +354,10 @@ class ResultStore:
             if not self.fs.exists(path):
                 return None
             ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive")
+            if name != "results":  # small tables whose files span versions: every file's columns
+                schemas = [fragment.physical_schema for fragment in ds.get_fragments()]
+                unified = pa.unify_schemas([*schemas, ds.schema], promote_options="permissive")
+                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=unified)
             if name == "results":
                 committed = self.read_table("runs")
                 ids = [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()

@@ -241,6 +241,42 @@ def join_uri(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *clean])
 
 
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az"}
+
+
+def normalize_uri(uri: str) -> str:
+    """One spelling per location: scheme aliases folded (``s3a`` -> ``s3``), no doubled or trailing slashes,
+    local paths absolute (``file://`` dropped, ``~`` expanded). Used to compare locations and as identity.
+    """
+    uri = uri.strip()
+    match = _URI_RE.match(uri)
+    if match is None or uri.lower().startswith("file://"):
+        local = uri[len("file://") :] if uri.lower().startswith("file://") else uri
+        return os.path.abspath(os.path.expanduser(local)) if local else local
+    scheme, rest = uri.split("://", 1)
+    scheme = _SCHEME_ALIASES.get(scheme.lower(), scheme.lower())
+    rest = re.sub("/{2,}", "/", rest).rstrip("/")
+    return f"{scheme}://{rest}"
+
+
+def location_of(uri: str) -> str:
+    """The folder a glob reads from (the part before its first wildcard's folder), else the URI itself."""
+    norm = normalize_uri(uri)
+    cut = min((i for i, c in enumerate(norm) if c in "*?["), default=None)
+    return norm if cut is None else norm[:cut].rsplit("/", 1)[0]
+
+
+def overlap(a: str, b: str) -> str | None:
+    """How location ``a`` relates to ``b``: "equal", "inside" (a within b), "contains", or None."""
+    if a == b:
+        return "equal"
+    if a.startswith(b.rstrip("/") + "/"):
+        return "inside"
+    if b.startswith(a.rstrip("/") + "/"):
+        return "contains"
+    return None
+
+
 _UNREACHABLE_TYPES = frozenset("ConnectionError ConnectTimeoutError ClientConnectorError gaierror".split())
 _UNREACHABLE_RE = re.compile(
     "Could not connect to the endpoint|Connection refused|tcp connect error|dns error|NETWORK_CONNECTION"

@@ -11,9 +11,30 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.regression import Comparison, compare_runs, find_baseline, lost_statements
+from recall_tasks.regression import Comparison, WorstRow, compare_runs, find_baseline, lost_statements
 
 RESULT_COLUMNS = ["row_id", "score", "success"]
+
+
+def _rows_of(results: pads.Dataset, run_id: str, columns: list[str], where: Any = None) -> Any:
+    condition = pads.field("run_id") == run_id
+    return results.to_table(columns=columns, filter=condition if where is None else condition & where)
+
+
+def fill_lost(results: pads.Dataset, current_id: str, baseline_id: str, worst: list[WorstRow]) -> None:
+    """The statements each of the worst rows lost, with verdict text read for those rows only (~1 KB a row)."""
+    ids = [w.row_id for w in worst]
+    if not ids or "verdicts" not in results.schema.names:
+        return
+    where = pads.field("row_id").isin(ids)
+
+    def verdicts_of(run_id: str) -> dict[str, Any]:
+        table = _rows_of(results, run_id, ["row_id", "verdicts"], where)
+        return dict(zip(table.column("row_id").to_pylist(), table.column("verdicts").to_pylist(), strict=True))
+
+    current, base = verdicts_of(current_id), verdicts_of(baseline_id)
+    for w in worst:
+        w.lost = lost_statements(base.get(w.row_id), current.get(w.row_id))
 
 
 def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | None:
@@ -26,40 +47,41 @@ def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | No
         return None
     runs = runs_ds.to_table()
     baseline = find_baseline(
-        runs, dataset=plan.dataset.name, metric=plan.params.metric, spec=spec, exclude_run_id=plan.run_id
-    )
+        runs, dataset=plan.dataset.name, metric=plan.params.metric, spec=spec, exclude_run_id=plan.run_id,
+        current=summary,
+    )  # fmt: skip
     if baseline is None:
         return None
     results = plan.store.read_table("results")
     columns = [c for c in [*RESULT_COLUMNS, *plan.segment_columns] if c in results.schema.names]
-
-    def rows_of(run_id: str, cols: list[str], where: Any = None) -> Any:
-        condition = pads.field("run_id") == run_id
-        return results.to_table(columns=cols, filter=condition if where is None else condition & where)
-
     comparison = compare_runs(
-        rows_of(plan.run_id, columns), rows_of(baseline["run_id"], columns), current_run=summary,
-        baseline_run=baseline, tolerance=plan.params.tolerance, segment_columns=plan.segment_columns,
+        _rows_of(results, plan.run_id, columns), _rows_of(results, baseline["run_id"], columns),
+        current_run=summary, baseline_run=baseline, tolerance=plan.params.tolerance,
+        segment_columns=plan.segment_columns,
     )  # fmt: skip
-    # Verdict text only for the worst rows (a few bytes per row above; ~1 KB per row with verdicts).
-    ids = [w.row_id for w in comparison.worst_rows]
-    if ids and "verdicts" in results.schema.names:
-        where = pads.field("row_id").isin(ids)
-
-        def verdicts_of(run_id: str) -> dict[str, Any]:
-            table = rows_of(run_id, ["row_id", "verdicts"], where)
-            return dict(zip(table.column("row_id").to_pylist(), table.column("verdicts").to_pylist(), strict=True))
-
-        current, base = verdicts_of(plan.run_id), verdicts_of(baseline["run_id"])
-        for w in comparison.worst_rows:
-            w.lost = lost_statements(base.get(w.row_id), current.get(w.row_id))
+    fill_lost(results, plan.run_id, baseline["run_id"], comparison.worst_rows)
     plan.store.append_comparison(comparison.comparison_id, plan.dataset.name, comparison.to_rows())
     return comparison
+
+
+def largest_drops(store: Any, run_id: str, baseline_id: str, limit: int = 10) -> list[WorstRow]:
+    """The rows of ``run_id`` that lost most against ``baseline_id``, with their lost statements (for reports)."""
+    results = store.read_table("results")
+    if results is None:
+        return []
+    current, base = _rows_of(results, run_id, RESULT_COLUMNS), _rows_of(results, baseline_id, RESULT_COLUMNS)
+    if current.num_rows == 0 or base.num_rows == 0:
+        return []
+    comparison = compare_runs(
+        current, base, current_run={"run_id": run_id}, baseline_run={"run_id": baseline_id}, worst=limit, resamples=1
+    )
+    fill_lost(results, run_id, baseline_id, comparison.worst_rows)
+    return comparison.worst_rows
 
 
 def run_event_payload(summary: dict[str, Any]) -> dict[str, Any]:
     """The JSON-safe payload of ``recall.run.completed``."""
     keys = ["run_id", "dataset", "dataset_uri", "label", "index_version", "metric", "judge_model", "rows",
             "scored", "errors", "skipped", "cached", "mean_score", "ci_low", "ci_high", "pass_rate", "cost_usd",
-            "status"]  # fmt: skip
+            "status", "status_reason", "judge", "error_rate"]  # fmt: skip
     return {k: summary.get(k) for k in keys}

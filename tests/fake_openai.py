@@ -357,6 +357,8 @@ class FakeOpenAI:
         self.malformed_rate = malformed_rate
         self.seed = seed
         self.model_id = model_id
+        #: answer ``GET /models`` with this status instead of the model list (e.g. 401, or 404: no such route)
+        self.models_reply: Status | None = None
         self.requests: list[dict[str, Any]] = []
         self.errors: list[BaseException] = []
         self.stats: Counter[str] = Counter()
@@ -418,6 +420,7 @@ class FakeOpenAI:
             self.stats.clear()
             self._rng = random.Random(self.seed)
             self._generation += 1
+            self.models_reply = None
             for name, value in self._defaults.items():
                 setattr(self, name, value)
 
@@ -487,6 +490,8 @@ class FakeOpenAI:
 
         self._sleep(latency_s)
 
+        if method == "GET" and norm in ("/v1/models", "/models") and self.models_reply is not None:
+            return self._status_reply(self.models_reply)
         if method == "GET" and norm in ("/v1/models", "/models"):
             return _Reply(
                 200,

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, DatasetError, StorageError
+from recall_tasks.errors import ConfigError, DatasetError, RunFailed, StorageError
 from tests import judge_script
 from tests import s3_server as _s3
 from tests.fake_openai import FakeOpenAI
@@ -714,7 +714,11 @@ HANDLED = [
 @pytest.mark.parametrize("case", [c.param() for c in HANDLED])
 def test_handled_per_row_and_counted(ctx: Ctx, case: Handled) -> None:
     data = write(ctx.data, case.data())
-    summary = run_flow(ctx, dataset_uri=data, on_missing=case.on_missing)
+    try:
+        summary = run_flow(ctx, dataset_uri=data, on_missing=case.on_missing)
+    except RunFailed as exc:  # committed with status failed: any error in 4 rows is above --max-error-rate
+        summary = exc.summary
+    assert summary["status"] == ("failed" if summary["errors"] else "completed")
     assert {k: summary[k] for k in case.expect} == case.expect
     # the judge is asked only about rows that can be judged
     assert len(ctx.fake.chat_requests) == 4 - len(case.bad_rows)

@@ -192,7 +192,9 @@ def test_worst_rows_order_and_unsupported(runs: pa.Table, results: pa.Table) -> 
     assert positions == sorted(positions)
     assert "row-of-other-run" not in doc
     assert "the &lt;b&gt;missing&lt;/b&gt; sentence" in doc and "lost sentence one" in doc
-    assert "kept sentence" not in doc and "supported one" not in doc
+    # every sentence with the judge's verdict: supported ones marked, unsupported ones flagged
+    assert "✓ kept sentence" in doc and "✓ supported one" in doc
+    assert "✗</span> the &lt;b&gt;missing&lt;/b&gt; sentence" in doc
     assert "JudgeResponseError: bad &lt;json&gt;" in doc and "not judged: budget" in doc
     assert "<th>question</th>" in doc and "what is ok?" in doc
     limited = render_report("run-c", runs, results, worst=2)

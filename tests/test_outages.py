@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
-from recall_tasks.errors import JudgeTransientError
+from recall_tasks.errors import JudgeTransientError, RunFailed
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.scoring import CircuitBreaker
@@ -37,6 +37,13 @@ def run(base_url: str, data: str, out: Path, **kw):
     return recall_benchmark(RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=base_url, **kw))
 
 
+def failed_run(base_url: str, data: str, out: Path, **kw):
+    """A run the breaker stops: committed with status failed, then the flow raises RunFailed with its summary."""
+    with pytest.raises(RunFailed) as info:
+        run(base_url, data, out, **kw)
+    return info.value.summary
+
+
 def results(out: Path) -> list[dict]:
     return DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
 
@@ -46,7 +53,7 @@ def test_hanging_endpoint_costs_about_one_timeout_for_the_whole_run(prefect_harn
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=61))
     out = tmp_path / "out"
     judge_env.hang = True
-    summary = run(judge_env.base_url, data, out, timeout_s=1.0, max_retries=4, max_concurrency=8)
+    summary = failed_run(judge_env.base_url, data, out, timeout_s=1.0, max_retries=4, max_concurrency=8)
     assert summary["wall_seconds"] < 6, summary["wall_seconds"]
     assert summary["status"] == "failed" and summary["scored"] == 0
     reason = summary["status_reason"]
@@ -64,7 +71,7 @@ def test_failing_endpoint_trips_after_ten_failed_attempts(prefect_harness, judge
     data = write_parquet(tmp_path / "eval.parquet", make_rows(40, seed=63))
     out = tmp_path / "out"
     judge_env.enqueue(*[Status(503)] * 60)
-    summary = run(judge_env.base_url, data, out, max_retries=0, max_concurrency=2, max_workers=1)
+    summary = failed_run(judge_env.base_url, data, out, max_retries=0, max_concurrency=2, max_workers=1)
     assert summary["status"] == "failed"
     assert "failed 10 attempts in a row (last: HTTP 503)" in summary["status_reason"]
     assert 10 <= len(judge_env.chat_requests) <= 12
@@ -77,7 +84,9 @@ def test_flaky_but_answering_endpoint_does_not_trip(prefect_harness, judge_env, 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=65))
     answer = Content('{"verdicts": [{"id": 1, "verdict": "yes", "reason": "", "chunk_ids": [1]}], "summary": ""}')
     judge_env.enqueue(*[Status(500)] * 9, answer, *[Status(500)] * 9)
-    summary = run(judge_env.base_url, data, tmp_path / "out", max_retries=0, max_concurrency=1, max_workers=1)
+    summary = run(
+        judge_env.base_url, data, tmp_path / "out", max_retries=0, max_concurrency=1, max_workers=1, max_error_rate=1
+    )
     assert summary["status"] == "completed" and summary["status_reason"] is None
     assert summary["scored"] + summary["errors"] == 30 and summary["errors"] == 18
 
@@ -86,7 +95,7 @@ def test_requests_count_the_retries_of_rows_that_failed(prefect_harness, judge_e
     data = write_parquet(tmp_path / "eval.parquet", make_rows(3, seed=67))
     out = tmp_path / "out"
     judge_env.enqueue(*[Status(503)] * 9)  # 3 rows x 3 attempts: below the breaker's 10
-    summary = run(judge_env.base_url, data, out, max_retries=2, max_concurrency=1)
+    summary = run(judge_env.base_url, data, out, max_retries=2, max_concurrency=1, max_error_rate=1)
     assert summary["errors"] == 3 and summary["status"] == "completed"
     assert summary["requests"] == 9 == len(judge_env.chat_requests)
     assert [r["requests"] for r in results(out)] == [3, 3, 3]
@@ -98,19 +107,21 @@ def test_cli_timeout_and_retries_options_and_exit_4_on_an_outage(prefect_harness
     from recall_tasks.cli import app
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=69))
-    port = closed_port()
+    port = judge_env.port
+    judge_env.enqueue(*[Reset()] * 100)  # up for the pre-flight probe, then every chat request is reset
     args = ["run", data, "--output", str(tmp_path / "out"), "--judge", "openai", "--base-url",
-            f"http://127.0.0.1:{port}/v1", "--timeout-s", "2.5", "--max-retries", "1"]  # fmt: skip
+            judge_env.base_url, "--timeout-s", "2.5", "--max-retries", "1"]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
     assert result.exit_code == 4, result.output
     assert "Traceback" not in result.output
-    assert (
-        f"judging stopped early: judge endpoint 127.0.0.1:{port} failed 10 attempts in a row "
-        "(last: connection refused)" in result.output
-    )
+    assert re.search(
+        rf"run failed: run \S+ failed: judge endpoint 127\.0\.0\.1:{port} failed 10 attempts in a row "
+        r"\(last: connection reset by the server\); judging stopped, the remaining rows were not judged",
+        result.output,
+    ), result.output
     errors = [r["error"] for r in results(tmp_path / "out") if r["error"]]
-    assert all(e == f"JudgeTransientError: cannot connect to 127.0.0.1:{port}: connection refused (1 retries)"
-               for e in errors), errors  # fmt: skip
+    assert all(e == f"JudgeTransientError: cannot connect to 127.0.0.1:{port}: connection reset by the server "
+               "(1 retries)" for e in errors), errors  # fmt: skip
     help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
     assert "--timeout-s" in help_text and "--max-retries" in help_text
 

@@ -14,7 +14,9 @@ from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks import DatasetError, JudgeConfigError, StorageError
+from recall_tasks.artifacts import artifact_key
 from recall_tasks.config import RunParams
+from recall_tasks.errors import RunFailed
 from recall_tasks.results import ResultStore
 from recall_tasks.storage import StorageConfig, delta_storage_options
 from tests import judge_script
@@ -139,7 +141,11 @@ def test_markdown_report_lists_the_worst_rows_and_their_missing_sentences(prefec
         params(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=judge_env.base_url)
     )
     with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recall-report"])))
+        arts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[artifact_key("report", "eval", "contextual_recall")])
+            )
+        )
     report = next(a.data for a in arts if summary["run_id"] in a.data)
     listed = [line for line in report.splitlines() if line.startswith("| `r")]
     assert len(listed) == 10
@@ -198,9 +204,10 @@ def test_permanent_judge_failures_are_recorded_per_row(prefect_harness, judge_en
     judge_env.set_responder(responder)
     out = tmp_path / "out"
     summary = recall_benchmark(
-        params(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url)
+        params(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url, max_error_rate=0.2)
     )
     assert summary["errors"] == 2 and summary["scored"] == 10 and summary["rows"] == 12
+    assert summary["status"] == "completed" and summary["error_rate"] == pytest.approx(2 / 12)
     results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
     errored = {r["row_id"]: r for r in results if r["error"]}
     assert set(errored) == bad
@@ -281,8 +288,11 @@ def test_missing_values_follow_policy_and_are_counted(prefect_harness, tmp_path)
     rows[2]["contexts"] = []
     rows[3]["ground_truth"] = "   "
     data = write_parquet(tmp_path / "eval.parquet", rows)
-    s_err = recall_benchmark(params(dataset_uri=data, output_uri=str(tmp_path / "o1")))
-    assert s_err["errors"] == 3 and s_err["scored"] == 3
+    with pytest.raises(RunFailed, match="3 of 6 assessed rows ended with an error") as failed:
+        recall_benchmark(params(dataset_uri=data, output_uri=str(tmp_path / "o1")))
+    s_err = failed.value.summary  # a failed run is committed: its rows and the summary are there
+    assert s_err["errors"] == 3 and s_err["scored"] == 3 and s_err["status"] == "failed"
+    assert "expected_output" in s_err["top_error"] or "retrieval_context" in s_err["top_error"]
     s_skip = recall_benchmark(params(dataset_uri=data, output_uri=str(tmp_path / "o2"), on_missing="skip"))
     assert s_skip["skipped"] == 3 and s_skip["scored"] == 3 and s_skip["errors"] == 0
     s_zero = recall_benchmark(params(dataset_uri=data, output_uri=str(tmp_path / "o3"), on_missing="zero"))
@@ -332,12 +342,26 @@ def test_no_secret_in_tables_logs_or_artifacts(
     arts = asyncio.run(artifacts())
     dumped += json.dumps([a.data for a in arts], default=str)
     info_text = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+    # the HTML report link is presigned: it opens in a browser, and its X-Amz-Credential names the access key
+    # id (an identifier, not a secret); the secret key never appears
+    import re
+    import urllib.request
+
+    key = artifact_key("html", "eval", "contextual_recall")
+    links = [a.data for a in arts if a.key == key and summary["run_id"] in a.data]
+    url = re.search(r"\((http://[^)]+)\)", links[0] if links else "")
+    assert url is not None and "Signature=" in url.group(1)
+    with urllib.request.urlopen(url.group(1), timeout=10) as reply:
+        assert reply.status == 200 and summary["run_id"] in reply.read().decode()
+    unsigned = re.sub(r"(X-Amz-Credential|AWSAccessKeyId)=[^&\s\")]+", "key-id=...", dumped)
+    assert unsigned != dumped
     for secret in (KEY, s3_server.secret_key, s3_server.access_key):
-        assert secret not in dumped
+        assert secret not in unsigned
         assert secret not in info_text
+    assert s3_server.secret_key not in dumped
     # botocore's own DEBUG lines name the access key id in the signature scope, never the secrets
     assert KEY not in caplog.text and s3_server.secret_key not in caplog.text
-    assert any(a.key == "recall-report" for a in arts)
+    assert any(a.key == artifact_key("report", "eval", "contextual_recall") for a in arts)
 
 
 def test_query_cli_returns_the_run(prefect_harness, tmp_path):

@@ -20,6 +20,7 @@ from recall_tasks.regression import (
     _binomial_tail_log,
     compare_runs,
     find_baseline,
+    incomparable_reasons,
     lost_statements,
     mcnemar_exact_p,
     paired_mean_ci,
@@ -310,89 +311,101 @@ def test_pairing_ignores_row_order_and_duplicates_warn() -> None:
     assert any("repeat 5 row id" in w for w in cmp.warnings)
 
 
-def test_no_overlap() -> None:
+def test_disjoint_rows_are_incomparable_with_the_counts() -> None:
     base = results("base", ids(10, "a"), [0.5] * 10)
     cur = results("cur", ids(10, "b"), [0.5] * 10)
     cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
-    assert cmp.verdict == "no_overlap"
+    assert cmp.verdict == "incomparable" and cmp.like_for_like is False
+    assert cmp.reason is not None and "only 0 of the baseline's 10 rows (0%)" in cmp.reason
     assert cmp.n_paired == 0 and cmp.n_added == 10 and cmp.n_removed == 10
     assert cmp.mean_delta is None and cmp.ci_low is None and cmp.mcnemar_p == 1.0
+
+
+def test_no_row_scored_in_both_runs_is_no_overlap() -> None:
+    base = results("base", ids(10), [0.5] * 10)
+    cur = results("cur", ids(10), [None] * 10)
+    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "no_overlap" and cmp.reason is None
+    assert cmp.n_paired == 0 and cmp.n_unpaired_unscored == 10
     assert any("no row was scored in both" in w for w in cmp.warnings)
-    rows = cmp.to_rows()
-    assert pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA).num_rows == 1
 
 
-def test_results_of_several_runs_rejected() -> None:
-    base = results("base", ids(5), [0.5] * 5)
-    mixed = pa.concat_tables([base, results("other", ids(5), [0.5] * 5)])
-    with pytest.raises(ConfigError, match="several runs"):
-        compare_runs(mixed, base, current_run=run_row("cur"), baseline_run=run_row("base"))
-    with pytest.raises(ConfigError, match="lack column"):
-        compare_runs(base.drop_columns(["success"]), base, current_run=run_row("cur"), baseline_run=run_row("base"))
-
-
-# -- segments ---------------------------------------------------------------------------------------
-
-
-def test_segment_drop_only_in_b() -> None:
-    n = 1000
-    segment = ["a" if i % 2 == 0 else "b" for i in range(n)]
-    base_scores = [1.0] * n
-    cur_scores = list(base_scores)
-    b_rows = [i for i in range(n) if segment[i] == "b"]
-    for i in b_rows[:100]:  # 20 % of segment b drops to 0
-        cur_scores[i] = 0.0
-    base = results("base", ids(n), base_scores, segment=segment)
-    cur = results("cur", ids(n), cur_scores, segment=segment)
-    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"])
-    by_value = {s.value: s for s in cmp.segments}
-    assert set(by_value) == {"a", "b"}
-    a, b = by_value["a"], by_value["b"]
-    assert a.column == b.column == "segment"
-    assert a.n_paired == b.n_paired == 500
-    assert a.mean_delta == 0.0 and (a.ci_low, a.ci_high) == (0.0, 0.0) and a.verdict == "unchanged"
-    assert b.mean_delta == pytest.approx(-0.2)
-    assert b.ci_high is not None and b.ci_high < 0
-    assert b.flips_pass_to_fail == 100 and b.verdict == "regressed"
-    assert b.mean_baseline == 1.0 and b.mean_current == pytest.approx(0.8)
-    assert cmp.mean_delta == pytest.approx(-0.1) and cmp.verdict == "regressed"
-
-    rows = cmp.to_rows()
-    assert [(r["segment_column"], r["segment_value"]) for r in rows] == [
-        (None, None),
-        ("segment", "a"),
-        ("segment", "b"),
-    ]
-    assert rows[2]["mean_delta"] == pytest.approx(-0.2) and rows[2]["n_added"] is None
-
-    with pytest.raises(ConfigError, match="segment column 'nope'"):
-        compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["nope"])
-
-
-def test_segment_nulls_are_their_own_segment() -> None:
-    seg: list[str | None] = ["x", None] * 50
-    base = results("base", ids(100), [0.5] * 100, segment=seg)
-    cur = results("cur", ids(100), [0.5] * 100, segment=seg)
-    cmp = compare_runs(cur, base, current_run=run_row("cur"), baseline_run=run_row("base"), segment_columns=["segment"])
-    assert [(s.value, s.n_paired) for s in cmp.segments] == [("x", 50), (None, 50)]
+def test_pairing_below_90_percent_of_the_baseline_is_incomparable() -> None:
+    cur, base, _ = planted_drop(100)
+    kept = cur.slice(0, 89)  # 89 of the baseline's 100 rows pair
+    cmp = compare_runs(kept, base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert cmp.verdict == "incomparable"
+    assert "only 89 of the baseline's 100 rows (89%)" in (cmp.reason or "")
+    assert all(s.verdict == "incomparable" for s in cmp.segments)
+    ninety = compare_runs(cur.slice(0, 90), base, current_run=run_row("cur"), baseline_run=run_row("base"))
+    assert ninety.verdict == "regressed" and ninety.reason is None
 
 
 # -- like for like ----------------------------------------------------------------------------------
 
 
-def test_different_judge_not_like_for_like() -> None:
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("judge_model", "gpt-4.1"),
+        ("prompt_version", "v4"),
+        ("threshold", 0.7),
+        ("scale", 100.0),
+        ("metric", "context_coverage"),
+        ("judge", "lexical"),
+        ("units", "claims"),
+        ("splitter_version", "sentences-v2"),
+        ("schema_version", "verdicts-v2"),
+        ("judge_config", "other-fingerprint"),
+        ("row_identity", "row_id column"),
+    ],
+)
+def test_a_different_setting_makes_the_verdict_incomparable(field: str, value: Any) -> None:
     cur, base, _ = planted_drop()
-    cmp = compare_runs(cur, base, current_run=run_row("cur", judge_model="gpt-4.1"), baseline_run=run_row("base"))
-    assert cmp.like_for_like is False
-    assert any("judge_model differs" in w and "gpt-4.1" in w for w in cmp.warnings)
-    assert cmp.verdict == "regressed"  # still computed, but flagged
-    assert cmp.event_payload()["like_for_like"] is False
-    assert "Not like for like" in cmp.to_markdown()
+    v2 = {"judge": "openai", "units": "sentences", "splitter_version": "sentences-v1", "schema_version": "verdicts-v1",
+          "judge_config": "fp", "row_identity": "input+expected_output/v2", "scale": 1.0}  # fmt: skip
+    cmp = compare_runs(
+        cur, base, current_run=run_row("cur", **{**v2, field: value}), baseline_run=run_row("base", **v2)
+    )
+    assert cmp.verdict == "incomparable" and cmp.like_for_like is False  # never regressed, though it dropped
+    assert cmp.reason is not None and f"{field} differs" in cmp.reason and repr(value) in cmp.reason
+    payload = cmp.event_payload()
+    assert payload["verdict"] == "incomparable" and payload["reason"] == cmp.reason
+    assert "**Incomparable**" in cmp.to_markdown()
+    assert cmp.to_rows()[0]["reason"] == cmp.reason and cmp.to_rows()[0]["verdict"] == "incomparable"
+    same = compare_runs(cur, base, current_run=run_row("cur", **v2), baseline_run=run_row("base", **v2))
+    assert same.verdict == "regressed" and same.reason is None
 
-    other = compare_runs(cur, base, current_run=run_row("cur", prompt_version="v4"), baseline_run=run_row("base"))
-    assert other.like_for_like is False and any("prompt_version" in w for w in other.warnings)
-    threshold = compare_runs(cur, base, current_run=run_row("cur", threshold=0.7), baseline_run=run_row("base"))
-    assert threshold.like_for_like is True and any("threshold differs" in w for w in threshold.warnings)
+
+def test_a_baseline_recorded_before_row_identity_v2_is_incomparable() -> None:
+    cur, base, _ = planted_drop()
+    new = run_row("cur", row_identity="input+expected_output/v2", judge="openai")
+    old = run_row("base")  # written by an older version: no row_identity, no judge field
+    cmp = compare_runs(cur, base, current_run=new, baseline_run=old)
+    assert cmp.verdict == "incomparable" and "before row identity v2" in (cmp.reason or "")
+    # with a row_id column the ids never depended on the contents: the old baseline still pairs
+    with_ids = compare_runs(cur, base, current_run={**new, "row_identity": "row_id column"}, baseline_run=old)
+    assert with_ids.verdict == "regressed"
+
+
+def test_incomparable_reasons_ignore_fields_an_old_baseline_lacks() -> None:
+    old = run_row("base")
+    assert (
+        incomparable_reasons(run_row("cur", judge="openai", units="sentences", row_identity="row_id column"), old) == []
+    )
+    assert incomparable_reasons(run_row("cur", dataset="other"), old) == [
+        "dataset differs (current 'other', baseline 'faq')"
+    ]
+
+
+def test_a_different_dataset_uri_is_a_warning() -> None:
+    cur, base, _ = planted_drop()
+    cmp = compare_runs(
+        cur, base, current_run=run_row("cur", dataset_uri="s3://a/eval.parquet"),
+        baseline_run=run_row("base", dataset_uri="s3://b/eval.parquet"),
+    )  # fmt: skip
+    assert cmp.verdict == "regressed"
+    assert any("dataset URI differs" in w and "s3://b/eval.parquet" in w for w in cmp.warnings)
 
 
 # -- lost statements --------------------------------------------------------------------------------
@@ -480,11 +493,29 @@ def test_find_baseline_label_and_run_id() -> None:
     for spec in ("run:r1", "r1", " run:r1 "):
         found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec=spec, exclude_run_id="r7")
         assert found is not None and found["run_id"] == "r1"
-    # an explicit run is returned even when its status or series differ (compare_runs flags the mismatch)
-    found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="run:r4")
-    assert found is not None and found["status"] == "failed"
+    # an explicit run is returned even when its series differs (compare_runs flags the mismatch), never a failed one
+    with pytest.raises(ConfigError, match="status 'failed': a failed or unfinished run is never a baseline"):
+        find_baseline(runs, dataset="faq", metric="contextual_recall", spec="run:r4")
     found = find_baseline(runs, dataset="faq", metric="contextual_recall", spec="r5")
     assert found is not None and found["dataset"] == "other"
+
+
+def test_find_baseline_prefers_the_latest_comparable_run() -> None:
+    runs = runs_table()
+    lexical = {"run_id": "r8", "dataset": "faq", "metric": "contextual_recall", "judge_model": "lexical"}
+    openai_runs = [r for r in runs.to_pylist() if r["run_id"] in ("r1", "r3")]
+    for r in openai_runs:
+        assert r["judge_model"] is None
+    mixed = pa.Table.from_pylist(
+        [{**r, "judge_model": "lexical" if r["run_id"] == "r3" else "gpt-4o-mini"} for r in runs.to_pylist()],
+        schema=RUN_SCHEMA,
+    )
+    current = {**lexical, "judge_model": "gpt-4o-mini", "prompt_version": None, "threshold": None, "scale": None}
+    found = find_baseline(mixed, dataset="faq", metric="contextual_recall", exclude_run_id="r7", current=current)
+    assert found is not None and found["run_id"] == "r2"  # r3 is the latest, but scored by another judge
+    only_other = {**current, "judge_model": "gpt-5"}
+    found = find_baseline(mixed, dataset="faq", metric="contextual_recall", exclude_run_id="r7", current=only_other)
+    assert found is not None and found["run_id"] == "r3"  # none comparable: the latest, to be called incomparable
 
 
 def test_find_baseline_errors() -> None:

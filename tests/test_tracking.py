@@ -12,6 +12,7 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 - pyt
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks import split_sentences
+from recall_tasks.artifacts import artifact_key
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RegressionDetected
 from tests.test_pipeline import make_rows
@@ -80,7 +81,9 @@ def test_series_baseline_comparison_events_and_fail(prefect_harness, asserting_e
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recall-regression"]))
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[artifact_key("regression", "eval", "contextual_recall")])
+            )
         )
     report = max(artifacts, key=lambda a: a.created).data
     lost = [line.split("lost: ", 1)[1] for line in report.splitlines() if line.strip().startswith("- lost: ")]

@@ -194,10 +194,11 @@ class OpenAIJudge:
         self._model = model
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         key = api_key or os.environ.get("OPENAI_API_KEY") or (azure or {}).get("api_key")
-        if azure is None and not key:
+        official = self.base_url is None or "openai.com" in self.base_url or azure is not None
+        # a self-hosted endpoint (vLLM, Ollama...) may need no key: the pre-flight probe tells (401 or not)
+        if azure is None and not key and official:
             raise JudgeConfigError(
-                "no API key for the OpenAI judge: set OPENAI_API_KEY or pass api_key "
-                "(use --judge lexical to run offline)",
+                "no API key for the OpenAI judge: set OPENAI_API_KEY (use --judge lexical to run offline)",
                 model=model,
             )
         self._api_key = key or ""
@@ -211,7 +212,6 @@ class OpenAIJudge:
         self.tokens_per_minute = tokens_per_minute
         self.prices = {**PRICES_PER_MTOK, **(prices or {})}
         self._prompt_version = prompt_version
-        official = self.base_url is None or "openai.com" in self.base_url or azure is not None
         self.max_tokens_param = max_tokens_param or ("max_completion_tokens" if official else "max_tokens")
         self._format = response_format
         self._azure = {k: v for k, v in (azure or {}).items() if k != "api_key"}
@@ -287,7 +287,7 @@ class OpenAIJudge:
                 )
             http._transport = _ObservedTransport(http._transport, self.endpoint, self.timeout_s)
             common: dict[str, Any] = {
-                "api_key": self._api_key,
+                "api_key": self._api_key or "no-key",  # a self-hosted endpoint without auth
                 "timeout": self.timeout_s,
                 "max_retries": self.max_retries,
                 "http_client": http,
@@ -309,6 +309,13 @@ class OpenAIJudge:
             )
             self._states[loop] = state
         return state
+
+    def preflight(self) -> str | None:
+        """One cheap request before any judge call (see :mod:`recall_tasks.judges.preflight`)."""
+        from recall_tasks.judges.preflight import check_endpoint
+
+        azure = dict(self._azure) if self._azure else None
+        return check_endpoint(model=self._model, base_url=self.base_url, api_key=self._api_key, azure=azure)
 
     async def aclose(self) -> None:
         """Close the client of the running loop."""
@@ -441,7 +448,7 @@ class OpenAIJudge:
         model = self._model
         if isinstance(exc, openai.AuthenticationError):
             return JudgeConfigError(
-                f"{where} rejected the API key (401): set OPENAI_API_KEY or --api-key. {text}",
+                f"{where} rejected the API key (401): set OPENAI_API_KEY. {text}",
                 model=model,
                 status=401,
             )
