@@ -136,6 +136,10 @@ def run(
         int, typer.Option("--max-retries", help="Retries of a judge call on 429, 5xx, timeouts, connection errors")
     ] = 4,
     label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
+    dataset_name: Annotated[
+        str | None,
+        typer.Option(help="Series name of the dataset (default: its location); set it for dated folders"),
+    ] = None,
     segment_by: Annotated[list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")] = None,
     column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
     format: Annotated[str, typer.Option("--format", help="delta | parquet")] = "delta",
@@ -178,6 +182,7 @@ def run(
                 "timeout_s": timeout_s,
                 "max_retries": max_retries,
                 "label": label,
+                "dataset_name": dataset_name,
                 "segment_by": segment_by or [],
                 "columns": parse_column_overrides(column or []),
                 "format": format,
@@ -248,6 +253,8 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
     comparison = summary.get("comparison")
     if comparison:
         console.print(escape(verdict_line(comparison)), soft_wrap=True)
+        for warning in comparison.get("warnings") or []:
+            err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
     elif summary.get("status") == "failed":
         console.print("not compared with a baseline: a failed run is never compared nor used as a baseline")
     else:

@@ -40,6 +40,12 @@ class RunParams(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0, le=20)
     label: str | None = Field(None, description="Free label, e.g. the index version")
+    dataset_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="Name of the dataset's series (default: its normalised URI identifies it, its file or folder "
+        "name labels it); needed when the location changes every night, e.g. dated folders",
+    )
     index_version: str | None = None
     segment_by: list[str] = Field(default_factory=list)
     columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
@@ -121,6 +127,7 @@ class RunParams(BaseModel):
         "retriever",
         "index_version",
         "label",
+        "dataset_name",
         "base_url",
         "cache_uri",
         "chunk_cache_storage",

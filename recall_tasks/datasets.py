@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError, StorageError
-from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
+from recall_tasks.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 
 ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
 
@@ -181,6 +181,7 @@ class Dataset:
     fingerprint: str
     has_row_id: bool = False
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
+    identity: str = ""  # what makes runs one series: the normalised URI, or "name:<--dataset-name>"
 
     @property
     def row_identity(self) -> str:
@@ -422,6 +423,7 @@ def open_dataset(
     ds = Dataset(
         uri=uri,
         name=dataset_name(uri),
+        identity=normalize_uri(uri),
         files=files,
         columns=columns,
         passthrough=passthrough,

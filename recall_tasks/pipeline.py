@@ -176,7 +176,7 @@ def check_baseline_reference(params: Any, store: ResultStore, dataset: Dataset) 
             f"--baseline {spec}: no runs are recorded under {params.output_uri} yet; "
             "use --baseline latest (the default) or none"
         )
-    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec)
+    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec, dataset_id=dataset.identity)
 
 
 @dataclass
@@ -204,6 +204,8 @@ def check_run(params: Any) -> Checked:
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
     dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, context_supplied=supplied)
+    if params.dataset_name:
+        dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     retriever = load_retriever(params.retriever) if params.retriever else None
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     segments = []
@@ -421,6 +423,7 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
         "splitter_version": SPLITTER_VERSION,
         "judge_config": metric_fingerprint(plan.metric),
         "row_identity": plan.dataset.row_identity,
+        "dataset_id": plan.dataset.identity,
     }
 
 

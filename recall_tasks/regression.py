@@ -43,7 +43,8 @@ Verdict
     ``regressed`` (alert on the side of caution) and a warning explains the mixed signal.
 
 Comparable or not
-    Two runs are comparable only when what produces a score is the same: ``metric``, ``units``, ``judge``,
+    Two runs are comparable only when what produces a score is the same: ``dataset_id`` (the normalised dataset
+    URI, or ``--dataset-name``), ``metric``, ``units``, ``judge``,
     ``judge_model``, ``prompt_version``, ``schema_version``, ``splitter_version``, ``judge_config`` (the
     fingerprint of every judge setting that changes verdicts), ``threshold``, ``scale``, ``row_identity`` and
     ``dataset`` (the ``index_version``/``label`` is what is being compared). When any differs the verdict is
@@ -113,12 +114,13 @@ MCNEMAR_EXACT_MAX = 20_000
 
 #: Run fields that must be equal for a verdict; the second group is recorded only since row identity v2.
 COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
-COMPARABLE_KEYS_V2 = ("units", "judge", "schema_version", "splitter_version", "judge_config")
+COMPARABLE_KEYS_V2 = ("dataset_id", "units", "judge", "schema_version", "splitter_version", "judge_config")
 
-_COMPARISON_ORDER = ("dataset", "metric", "units", "judge", "judge_model", "prompt_version", "schema_version",
-                     "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
+_COMPARISON_ORDER = ("dataset", "dataset_id", "metric", "units", "judge", "judge_model", "prompt_version",
+                     "schema_version", "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
 # a difference in a key on the right is implied by one on the left: only the first is named
 _IMPLIED_BY = {
+    "dataset_id": {"dataset"},
     "judge_model": {"judge"},
     "prompt_version": {"judge", "judge_model"},
     "schema_version": {"judge", "judge_model"},
@@ -500,6 +502,7 @@ def find_baseline(
     spec: str = "latest",
     exclude_run_id: str | None = None,
     current: dict[str, Any] | None = None,
+    dataset_id: str | None = None,
 ) -> dict[str, Any] | None:
     """The overall ``runs`` row of the baseline run chosen by ``spec``, or None when there is none yet.
 
@@ -515,8 +518,10 @@ def find_baseline(
       (a failed run is never a baseline); preferably its row for ``dataset``/``metric``, else its only overall
       row (a mismatch is then flagged by :func:`compare_runs`).
 
-    Only overall rows (``segment_column`` null) are considered. An explicit label or run id that matches nothing
-    raises :class:`ConfigError` listing some that exist.
+    The series is the runs of ``dataset_id`` (a normalised URI or ``name:<--dataset-name>``) when given, so two
+    unrelated datasets that share a file name never pair; runs recorded before ``dataset_id`` existed match by
+    ``dataset`` name. Only overall rows (``segment_column`` null) are considered. An explicit label or run id
+    that matches nothing raises :class:`ConfigError` listing some that exist.
     """
     spec = (spec or "").strip()
     if not spec:
@@ -528,7 +533,11 @@ def find_baseline(
     overall = runs
     if "segment_column" in runs.column_names:
         overall = runs.filter(pc.is_null(runs.column("segment_column")))
-    series = overall.filter(pc.and_(_eq(overall, "dataset", dataset), _eq(overall, "metric", metric)))
+    same_dataset = _eq(overall, "dataset", dataset)
+    if dataset_id is not None and "dataset_id" in overall.column_names:
+        ids = _strings(overall, "dataset_id")
+        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), pc.and_(pc.is_null(ids), same_dataset))
+    series = overall.filter(pc.and_(same_dataset, _eq(overall, "metric", metric)))
     completed = series
     if "status" in series.column_names:
         completed = series.filter(_eq(series, "status", "completed"))

@@ -48,7 +48,7 @@ def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | No
     runs = runs_ds.to_table()
     baseline = find_baseline(
         runs, dataset=plan.dataset.name, metric=plan.params.metric, spec=spec, exclude_run_id=plan.run_id,
-        current=summary,
+        current=summary, dataset_id=plan.dataset.identity,
     )  # fmt: skip
     if baseline is None:
         return None

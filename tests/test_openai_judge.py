@@ -371,10 +371,15 @@ def test_api_key_never_leaks(fake_openai, caplog):
     assert KEY not in caplog.text
 
 
-def test_missing_key_is_a_config_error(monkeypatch):
+def test_missing_key_is_a_config_error_for_openai_itself_only(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(JudgeConfigError, match="OPENAI_API_KEY"):
-        OpenAIJudge(base_url="http://127.0.0.1:9/v1")
+        OpenAIJudge()
+    with pytest.raises(JudgeConfigError, match="OPENAI_API_KEY"):
+        OpenAIJudge(base_url="https://api.openai.com/v1")
+    # a self-hosted endpoint (vLLM, Ollama) may need no key: the pre-flight probe tells
+    assert OpenAIJudge(base_url="http://127.0.0.1:9/v1").base_url == "http://127.0.0.1:9/v1"
 
 
 def test_env_vars_configure_the_judge(fake_openai, monkeypatch):
