@@ -285,7 +285,12 @@ class OpenAIJudge:
                     ),
                     event_hooks=hooks,
                 )
+            # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
             http._transport = _ObservedTransport(http._transport, self.endpoint, self.timeout_s)
+            http._mounts = {
+                pattern: None if t is None else _ObservedTransport(t, self.endpoint, self.timeout_s)
+                for pattern, t in http._mounts.items()
+            }
             common: dict[str, Any] = {
                 "api_key": self._api_key or "no-key",  # a self-hosted endpoint without auth
                 "timeout": self.timeout_s,
