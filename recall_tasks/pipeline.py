@@ -264,7 +264,7 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough,
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
     }  # fmt: skip
     return RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
@@ -377,7 +377,11 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 _SUMMARY_COLUMNS = [
     "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
+    "context_precision", "chunks_used", "context_count",
 ]  # fmt: skip
+
+#: Part of every chunk key: bumped when a chunk file's columns change, so older chunk files are not reused.
+CHUNK_SCHEMA_VERSION = 2
 
 
 def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> dict[str, Any]:

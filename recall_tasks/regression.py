@@ -63,6 +63,11 @@ Segments
     verdicts are not corrected for multiple comparisons: the overall verdict is the one to alert on. Added and
     removed counts are run-level only (null on segment rows of the ``comparisons`` table).
 
+Context precision (secondary)
+    ``context_precision_delta`` is the mean change of the rows' context precision (from the same verdicts, see
+    :mod:`recall_tasks.metrics.precision`) over the paired rows that have it in both runs. It never decides the
+    verdict: recall is the metric; precision says whether the supporting chunks moved down the ranking.
+
 Worst rows
     Up to ``worst`` paired rows whose score dropped (delta < 0), most negative first (ties: current table order),
     each with the statements ``lost``: "yes" in the baseline's verdicts and "no" or absent in the current
@@ -154,6 +159,7 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("flips_pass_to_fail", pa.int64()),
         pa.field("flips_fail_to_pass", pa.int64()),
         pa.field("mcnemar_p", pa.float64()),
+        pa.field("context_precision_delta", pa.float64()),
         pa.field("tolerance", pa.float64()),
         pa.field("alpha", pa.float64()),
         pa.field("compared_at", pa.timestamp("us", tz="UTC")),
@@ -322,6 +328,7 @@ class Comparison(BaseModel):
     flips_pass_to_fail: int
     flips_fail_to_pass: int
     mcnemar_p: float
+    context_precision_delta: float | None = None
     segments: list[SegmentDelta] = Field(default_factory=list)
     worst_rows: list[WorstRow] = Field(default_factory=list)
     compared_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
@@ -363,6 +370,7 @@ class Comparison(BaseModel):
                 "flips_pass_to_fail": self.flips_pass_to_fail,
                 "flips_fail_to_pass": self.flips_fail_to_pass,
                 "mcnemar_p": self.mcnemar_p,
+                "context_precision_delta": self.context_precision_delta,
             }
         ]
         for s in self.segments:
@@ -384,6 +392,7 @@ class Comparison(BaseModel):
                     "flips_pass_to_fail": s.flips_pass_to_fail,
                     "flips_fail_to_pass": s.flips_fail_to_pass,
                     "mcnemar_p": s.mcnemar_p,
+                    "context_precision_delta": None,
                 }
             )
         return [{name: row[name] for name in COMPARISON_SCHEMA.names} for row in rows]
@@ -411,6 +420,7 @@ class Comparison(BaseModel):
             f"| 95 % CI of delta | [{_fmt(self.ci_low, signed=True)}, {_fmt(self.ci_high, signed=True)}] |",
             f"| pass → fail / fail → pass | {self.flips_pass_to_fail} / {self.flips_fail_to_pass} |",
             f"| McNemar exact p | {_fmt_p(self.mcnemar_p)} |",
+            f"| context precision delta (secondary) | {_fmt(self.context_precision_delta, signed=True)} |",
             f"| tolerance / alpha | {self.tolerance:g} / {self.alpha:g} |",
         ]
         if self.segments:
@@ -455,6 +465,7 @@ class Comparison(BaseModel):
             "ci": [self.ci_low, self.ci_high],
             "flips": {"pass_to_fail": self.flips_pass_to_fail, "fail_to_pass": self.flips_fail_to_pass},
             "p": self.mcnemar_p,
+            "context_precision_delta": self.context_precision_delta,
             "warnings": list(self.warnings),
         }
 
@@ -780,6 +791,13 @@ def compare_runs(
         warnings.append(f"{int(np.count_nonzero(~known))} paired row(s) lack a success value; left out of the flips")
 
     fig = _figures(sc, sb, succ_c, succ_b, known, resamples=resamples, seed=seed)
+    precision_delta = None
+    if "context_precision" in current.column_names and "context_precision" in baseline.column_names:
+        pc_cur = pc.cast(current.column("context_precision"), pa.float64()).to_numpy(zero_copy_only=False)
+        pc_base = pc.cast(baseline.column("context_precision"), pa.float64()).to_numpy(zero_copy_only=False)
+        a, b = np.asarray(pc_cur, float)[cur_pos], np.asarray(pc_base, float)[base_pos]
+        both = ~np.isnan(a) & ~np.isnan(b)
+        precision_delta = float((a[both] - b[both]).mean()) if both.any() else None
     verdict, mixed = _verdict_of(fig, tolerance=tolerance, alpha=alpha)
     if baseline.num_rows and n_matched < MIN_PAIRED_SHARE * baseline.num_rows:
         reasons.append(
@@ -865,5 +883,6 @@ def compare_runs(
         n_unpaired_unscored=n_matched - len(cur_pos),
         segments=segments,
         worst_rows=worst_rows,
+        context_precision_delta=precision_delta,
         **fig,
     )

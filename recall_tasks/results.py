@@ -74,6 +74,8 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("completion_tokens", pa.int64()),
     pa.field("requests", pa.int64()),
     pa.field("cost_usd", pa.float64()),
+    pa.field("mean_context_precision", pa.float64()),
+    pa.field("chunk_use_rate", pa.float64()),
     pa.field("wall_seconds", pa.float64()),
     pa.field("status", pa.string()),
     pa.field("status_reason", pa.string()),
@@ -388,3 +390,21 @@ class ResultStore:
 def today() -> str:
     """The UTC date used as the ``run_date`` partition."""
     return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+def detect_format(output_uri: str, storage: StorageConfig) -> Format:
+    """The format of the tables already at ``output_uri`` (what readers use when ``--format`` is not given).
+
+    A table folder with a ``_delta_log`` means delta; a table folder without one means parquet; an output with
+    no table yet gets the default, delta.
+    """
+    fs, root = filesystem(output_uri, storage)
+    names = ("runs", "results", "comparisons")
+    try:
+        if any(fs.exists(f"{root.rstrip('/')}/{name}/_delta_log") for name in names):
+            return "delta"
+        if any(fs.exists(f"{root.rstrip('/')}/{name}") for name in names):
+            return "parquet"
+    except Exception as exc:  # noqa: BLE001
+        raise translate_storage_error(exc, output_uri) from None
+    return "delta"

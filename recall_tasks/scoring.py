@@ -291,6 +291,9 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("sentence_count", pa.int32()),
     pa.field("attributed_count", pa.int32()),
     pa.field("context_count", pa.int32()),
+    pa.field("context_precision", pa.float64()),
+    pa.field("chunks_used", pa.int32()),
+    pa.field("first_relevant_rank", pa.int32()),
     pa.field("skipped", pa.bool_()),
     pa.field("error", pa.string()),
     pa.field("cached", pa.bool_()),
@@ -337,6 +340,9 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["sentence_count"].append(md.sentence_count if md else None)
         cols["attributed_count"].append(md.attributed_count if md else None)
         cols["context_count"].append(md.context_count if md else None)
+        cols["context_precision"].append(md.context_precision if md and r and r.score is not None else None)
+        cols["chunks_used"].append(md.chunks_used if md and r and r.score is not None else None)
+        cols["first_relevant_rank"].append(md.first_relevant_rank if md and r and r.score is not None else None)
         cols["skipped"].append(bool(r and r.skipped))
         cols["error"].append(out.error)
         cols["cached"].append(out.cached)

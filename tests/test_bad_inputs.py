@@ -991,6 +991,8 @@ def test_cli_exits_2_with_one_line(ctx: Ctx, request: pytest.FixtureRequest, cas
     assert "Traceback" not in output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     lines = [line for line in output.splitlines() if line.strip()]
+    if lines and lines[0].startswith("judge: openai "):  # the judge in use, printed (stderr) as a run starts
+        lines = lines[1:]
     assert len(lines) == 1 or not case.one_line, output
     for needle in case.needles:
         assert needle in output, output
@@ -1034,6 +1036,8 @@ def test_cli_error_is_one_line_at_default_width(ctx: Ctx) -> None:
     result = CliRunner().invoke(app, ["run", str(deep), "--output", ctx.out])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[0].startswith("judge: lexical (offline approximation")  # the judge in use, first (stderr)
+    lines = lines[1:]
     assert len(lines) == 1, result.output
     assert str(deep) in result.output
     assert re.match(r"^error: dataset not found", lines[0])
