@@ -182,6 +182,12 @@ def run(
     on_missing: Annotated[str, typer.Option(help="error | zero | skip")] = "error",
     max_concurrency: Annotated[int, typer.Option(help="Judge requests in flight at once")] = 64,
     chunk_size: Annotated[int, typer.Option(help="Rows per Prefect task (and per chunk-cache entry)")] = 500,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", help="Seconds a judge call may take per attempt before it is retried")
+    ] = 60.0,
+    max_retries: Annotated[
+        int, typer.Option("--max-retries", help="Retries of a judge call on 429, 5xx, timeouts, connection errors")
+    ] = 4,
     label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
     dataset_name: Annotated[
         str | None,
@@ -226,6 +232,8 @@ def run(
                 "on_missing": on_missing,
                 "max_concurrency": max_concurrency,
                 "chunk_size": chunk_size,
+                "timeout_s": timeout_s,
+                "max_retries": max_retries,
                 "label": label,
                 "dataset_name": dataset_name,
                 "segment_by": segment_by or [],

@@ -8,6 +8,7 @@ or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (en
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,7 +18,8 @@ from recall_tasks.secrets import looks_secret
 class RunParams(BaseModel):
     """Everything a run needs; every field is a CLI option and a deployment parameter."""
 
-    model_config = ConfigDict(extra="forbid")
+    # a refused value is never echoed (pydantic's ``input_value=...``): it may hold a credential
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     dataset_uri: str = Field(
         min_length=1, description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
@@ -81,6 +83,27 @@ class RunParams(BaseModel):
             raise ValueError(
                 f"storage option(s) {', '.join(bad)} look secret: pass credentials through AWS_* environment "
                 "variables or a Prefect Secret block, never as run parameters"
+            )
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials_in_base_url(cls, value: str | None) -> str | None:
+        """A user or password in the endpoint URL would be stored as a flow-run parameter: refused, not echoed."""
+        if value is None:
+            return value
+        parts = urlsplit(value.strip())
+        if "@" in parts.netloc:
+            host = parts.hostname or "the host"
+            raise ValueError(
+                f"the judge endpoint URL holds a user name or password before {host}: remove it and pass the key "
+                "through OPENAI_API_KEY (credentials in parameters are stored in Prefect's database)"
+            )
+        secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if looks_secret(k)]
+        if secret:
+            raise ValueError(
+                f"the judge endpoint URL has a secret-looking query parameter ({', '.join(secret)}): remove it and "
+                "pass the key through OPENAI_API_KEY"
             )
         return value
 

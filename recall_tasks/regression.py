@@ -94,6 +94,7 @@ from pydantic import BaseModel, Field
 from recall_tasks.aggregates import BOOTSTRAP_MAX_N, mean_ci
 from recall_tasks.datasets import ROW_ID_COLUMN_IDENTITY
 from recall_tasks.errors import ConfigError
+from recall_tasks.markdown import md_code, md_text
 
 __all__ = [
     "BOOTSTRAP_MAX_N",
@@ -302,11 +303,6 @@ def _fmt_p(p: float) -> str:
     return f"{p:.3g}" if p >= 1e-4 else f"{p:.2e}"
 
 
-def _cell(text: object) -> str:
-    """A Markdown table cell: pipes escaped, newlines flattened."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 class Comparison(BaseModel):
     """The outcome of comparing a run's per-row results with a baseline run's."""
 
@@ -403,14 +399,15 @@ class Comparison(BaseModel):
 
     def to_markdown(self) -> str:
         """A human report: verdict headline, figures, segments, worst rows with their lost statements."""
-        out = [f"## {self.verdict.upper().replace('_', ' ')}: {self.metric or 'metric'} on {self.dataset or '?'}", ""]
-        out.append(f"Run `{self.current_run_id}` compared with baseline `{self.baseline_run_id}`.")
+        verdict = self.verdict.upper().replace("_", " ")
+        out = [f"## {verdict}: {md_text(self.metric or 'metric')} on {md_text(self.dataset or '?')}", ""]
+        out.append(f"Run {md_code(self.current_run_id)} compared with baseline {md_code(self.baseline_run_id)}.")
         if self.reason:
             out.append("")
-            out.append(f"**Incomparable**: {_cell(self.reason)}")
+            out.append(f"**Incomparable**: {md_text(self.reason)}")
         if self.warnings:
             out.append("")
-            out.extend(f"- ⚠ {w}" for w in self.warnings)
+            out.extend(f"- ⚠ {md_text(w)}" for w in self.warnings)
         out += [
             "",
             "| figure | value |",
@@ -435,8 +432,9 @@ class Comparison(BaseModel):
                 "|---|---|---|---|---|---|---|---|---|",
             ]
             for s in self.segments:
+                value = md_text("(null)" if s.value is None else s.value, 200)
                 out.append(
-                    f"| {_cell(s.column)} | {_cell('(null)' if s.value is None else s.value)} | {s.n_paired} | "
+                    f"| {md_text(s.column)} | {value} | {s.n_paired} | "
                     f"{_fmt(s.mean_baseline)} | {_fmt(s.mean_current)} | {_fmt(s.mean_delta, signed=True)} | "
                     f"[{_fmt(s.ci_low, signed=True)}, {_fmt(s.ci_high, signed=True)}] | "
                     f"{s.flips_pass_to_fail} / {s.flips_fail_to_pass} | {s.verdict} |"
@@ -445,10 +443,10 @@ class Comparison(BaseModel):
             out += ["", "### Largest drops", ""]
             for w in self.worst_rows:
                 out.append(
-                    f"- `{w.row_id}`: {_fmt(w.score_baseline, 3)} → {_fmt(w.score_current, 3)} "
+                    f"- {md_code(w.row_id, 200)}: {_fmt(w.score_baseline, 3)} → {_fmt(w.score_current, 3)} "
                     f"({_fmt(w.delta, 3, signed=True)})"
                 )
-                out.extend(f"  - lost: {_cell(statement)}" for statement in w.lost)
+                out.extend(f"  - lost: {md_text(statement, 400)}" for statement in w.lost)
         return "\n".join(out) + "\n"
 
     def event_payload(self) -> dict[str, Any]:
