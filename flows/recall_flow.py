@@ -94,7 +94,8 @@ def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
 
     Same record, key and storage the task engine would use (``cache_key_fn``, ``result_storage``,
     ``cache_expiration``): an unchanged rerun then costs no task-run round trip per chunk. Any read problem
-    (missing, expired, unreadable) means "not cached" and the chunk goes through its task as usual.
+    (missing, expired, unreadable) means "not cached" and the chunk goes through its task as usual; a report
+    that is not :attr:`~recall_tasks.pipeline.ChunkReport.reusable` is returned, and the caller refreshes it.
     """
     try:
         record = store.read(_CACHE_PREFIX + key)
@@ -105,6 +106,11 @@ def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
         return None
     result = record.result
     return result if isinstance(result, pipeline.ChunkReport) else None
+
+
+def _usable(report: pipeline.ChunkReport | None) -> bool:
+    """Only successes are served from the chunk cache: errored or not-judged rows are judged again."""
+    return report is not None and report.reusable
 
 
 #: How long an aborted run waits for each chunk task in flight to settle after cancelling its judge calls.
@@ -196,8 +202,10 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         future, seq, key = window.popleft()
         _wait_interruptibly(future)
         report = future.result()
-        reused = future.state.name == "Cached" and not report.path.endswith(f"/{plan.run_id}.parquet")
-        if reused and not plan.store.exists(report.path):  # the cached file was pruned: judge again
+        cached = future.state.name == "Cached"
+        reused = cached and not report.path.endswith(f"/{plan.run_id}.parquet")
+        # a cached report with failures, or whose file was pruned: judge again, refreshing the record
+        if cached and (not _usable(report) or (reused and not plan.store.exists(report.path))):
             report = chunk_task.with_options(refresh_cache=True)(quote(plan), seq, key)
             reused = False
         record(seq, report, reused)
@@ -209,11 +217,11 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
             cached = None if cache_store is None or params.refresh_cache else _cached_report(cache_store, key)
             submit = chunk_task
             if cached is not None:
-                if cached.rows == len(block.row_ids) and plan.store.exists(cached.path):
+                if _usable(cached) and cached.rows == len(block.row_ids) and plan.store.exists(cached.path):
                     reused_chunks += 1
                     record(seq, cached, reused=not cached.path.endswith(f"/{plan.run_id}.parquet"))
                     continue
-                submit = chunk_task.with_options(refresh_cache=True)  # its file was pruned: judge again
+                submit = chunk_task.with_options(refresh_cache=True)  # failures or a pruned file: judge again
             plan.pending_blocks[seq] = block
             window.append((submit.submit(quote(plan), seq, key), seq, key))
             while len(window) >= params.max_workers:

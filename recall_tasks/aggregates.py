@@ -80,7 +80,19 @@ def summarize(table: pa.Table) -> dict[str, Any]:
         "completion_tokens": int(total("completion_tokens")),
         "requests": int(total("requests")),
         "cost_usd": total("cost_usd"),
+        **_chunk_figures(table, scored_mask),
     }
+
+
+def _chunk_figures(table: pa.Table, scored: pa.ChunkedArray) -> dict[str, float | None]:
+    """Mean context precision and mean share of retrieved chunks used, over scored rows that have them."""
+    if "context_precision" not in table.column_names:
+        return {"mean_context_precision": None, "chunk_use_rate": None}
+    precision = pc.filter(table.column("context_precision"), scored)
+    used = pc.cast(pc.filter(table.column("chunks_used"), scored), pa.float64())
+    retrieved = pc.cast(pc.filter(table.column("context_count"), scored), pa.float64())
+    rate = pc.divide(used, pc.if_else(pc.greater(retrieved, 0), retrieved, None))
+    return {"mean_context_precision": pc.mean(precision).as_py(), "chunk_use_rate": pc.mean(rate).as_py()}
 
 
 def summarize_segments(table: pa.Table, column: str) -> list[tuple[str | None, dict[str, Any]]]:

@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -19,10 +19,11 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from recall_tasks import events
-from recall_tasks.errors import RecallBenchError, RegressionDetected, RunFailed
+from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
+from recall_tasks.output import OUTPUT_FORMATS, OutputFormat
 from recall_tasks.secrets import looks_secret, redact
 from recall_tasks.storage import parse_storage_options
 
@@ -39,6 +40,57 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
+
+DEFAULT_OUTPUT = "recall-output"
+"""Every command's ``--output`` default, unless the ``RECALL_OUTPUT`` environment variable is set."""
+
+# Options shared by the commands that read or write an output: one default and one help text everywhere.
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output", "-o", envvar="RECALL_OUTPUT", help="Where the tables live: a path or s3://, gs://, az:// URI"
+    ),
+]
+FormatOption = Annotated[
+    str | None,
+    typer.Option("--format", help="delta | parquet; default: what is at --output already, else delta"),
+]
+StorageOption = Annotated[
+    list[str] | None,
+    typer.Option("--storage-option", help="key=value for the object store (repeatable); secrets go to AWS_* vars"),
+]
+OutputFormatOption = Annotated[
+    str, typer.Option("--output-format", help="table | csv | json (JSON lines, one object per row) | markdown")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"recall-bench {version('recall-bench')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit")
+    ] = False,
+) -> None:
+    """Contextual recall of retrieval systems."""
+
+
+def _output_format(value: str) -> OutputFormat:
+    if value not in OUTPUT_FORMATS:
+        _fail(ConfigError(f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, got {value!r}"))
+    return value  # type: ignore[return-value]
+
+
+def _print_notice(message: str | None) -> None:
+    if message:
+        err.print(message, markup=False, highlight=False)
+
 
 _SECRET_ENV = {
     "aws_access_key_id": "AWS_ACCESS_KEY_ID",
@@ -96,16 +148,16 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def _print_summary(summary: dict[str, Any], output: str) -> None:
+    """The run's summary table and where to look next; values are plain text (never markup), redacted."""
+    from recall_tasks.output import print_table
     from recall_tasks.report import summary_rows
 
-    table = Table(title=f"run {summary['run_id']}", show_header=False)
-    for row in summary_rows(summary):
-        table.add_row(row["field"], row["value"])
-    console.print(table)
+    cells = [[row["field"], redact(row["value"])] for row in summary_rows(summary)]
+    print_table(["field", "value"], cells, console, title=f"run {summary['run_id']}", show_header=False)
     query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
-    console.print(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}')
+    console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
     if summary.get("report_uri"):
-        console.print(f"HTML report: {summary['report_uri']}")
+        console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
 
 
 def _announce_boot(info: Any) -> None:
@@ -293,24 +345,34 @@ def _is_interrupt(exc: BaseException) -> bool:
 @app.command()
 def run(
     dataset_uri: Annotated[str, typer.Argument(help="Parquet file, folder or glob (s3://, gs://, az://, path)")],
-    output: Annotated[str, typer.Option("--output", "-o", help="Output location for results/ and runs/")],
+    output: OutputOption = DEFAULT_OUTPUT,
     metric: Annotated[str, typer.Option(help="contextual_recall | context_coverage")] = "contextual_recall",
     judge: Annotated[str, typer.Option(help="openai | lexical")] = "lexical",
     model: Annotated[str, typer.Option(help="Judge model")] = "gpt-4o-mini",
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")] = None,
-    threshold: float = 0.5,
-    scale: float = 1.0,
+    threshold: Annotated[float, typer.Option(help="Score at or above which a row passes")] = 0.5,
+    scale: Annotated[float, typer.Option(help="Score of a fully supported row (scores run 0..scale)")] = 1.0,
     strict: Annotated[
         bool, typer.Option("--strict", help="Score is scale only if every sentence is supported")
     ] = False,
     on_missing: Annotated[str, typer.Option(help="error | zero | skip")] = "error",
-    max_concurrency: int = 64,
-    chunk_size: int = 500,
+    max_concurrency: Annotated[int, typer.Option(help="Judge requests in flight at once")] = 64,
+    chunk_size: Annotated[int, typer.Option(help="Rows per Prefect task (and per chunk-cache entry)")] = 500,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout-s", help="Seconds a judge call may take per attempt before it is retried")
+    ] = 60.0,
+    max_retries: Annotated[
+        int, typer.Option("--max-retries", help="Retries of a judge call on 429, 5xx, timeouts, connection errors")
+    ] = 4,
     label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
+    dataset_name: Annotated[
+        str | None,
+        typer.Option(help="Series name of the dataset (default: its location); set it for dated folders"),
+    ] = None,
     segment_by: Annotated[list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")] = None,
     column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
-    format: Annotated[str, typer.Option("--format", help="delta | parquet")] = "delta",
-    storage_option: Annotated[list[str] | None, typer.Option("--storage-option", help="key=value")] = None,
+    format: FormatOption = None,
+    storage_option: StorageOption = None,
     cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Read and write the verdict caches")] = True,
     refresh_cache: Annotated[bool, typer.Option("--refresh-cache", help="Re-judge, then refresh caches")] = False,
     cache_uri: Annotated[str | None, typer.Option(help="Row cache location (default <output>/cache)")] = None,
@@ -347,10 +409,13 @@ def run(
                 "on_missing": on_missing,
                 "max_concurrency": max_concurrency,
                 "chunk_size": chunk_size,
+                "timeout_s": timeout_s,
+                "max_retries": max_retries,
                 "label": label,
+                "dataset_name": dataset_name,
                 "segment_by": segment_by or [],
                 "columns": parse_column_overrides(column or []),
-                "format": format,
+                "format": format or _detect_format(output, storage_option),
                 "storage_options": _split_storage_options(storage_option or []),
                 "cache": cache,
                 "refresh_cache": refresh_cache,
@@ -367,6 +432,7 @@ def run(
                 "retrieval_uri": retrieval_uri,
             }
         )
+        err.print(_judge_line(params), markup=False, highlight=False)
         summary = _run(params, debug, preflight=True)
     except RegressionDetected as exc:
         _print_outcome(exc.summary, output)
@@ -420,6 +486,8 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
     comparison = summary.get("comparison")
     if comparison:
         console.print(escape(verdict_line(comparison)), soft_wrap=True)
+        for warning in comparison.get("warnings") or []:
+            err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
     elif summary.get("status") == "failed":
         console.print("not compared with a baseline: a failed run is never compared nor used as a baseline")
     else:
@@ -430,12 +498,13 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
             f"rows): {escape(redact(str(summary['top_error'])))}[/]"
         )
     if summary.get("status") == "budget_exhausted":
-        err.print(f"[yellow]judging stopped early: {summary['status_reason']}; rows not judged are marked[/]")
+        reason = escape(redact(str(summary["status_reason"])))
+        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]")
 
 
 @app.command()
 def demo(
-    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    output: OutputOption = DEFAULT_OUTPUT,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score the bundled sample dataset with the offline judge, end to end through Prefect."""
@@ -464,127 +533,184 @@ def demo(
         segment_by=["category"],
         chunk_size=4,
     )
+    err.print(_judge_line(params), markup=False, highlight=False)
     try:
         summary = _run(params, debug)
+        _print_summary(summary, output)
+        console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
+        # ties broken by row_id: the demo prints the same table every time (the README test compares it)
+        _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
     except RecallBenchError as exc:
         _fail(exc, debug)
     except (typer.Exit, typer.Abort):
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
         _fail_unexpected(exc, debug)
-    _print_summary(summary, output)
-    console.print("\nThe five rows with the least supported ground truth:")
-    query(
-        "SELECT row_id, category, score, reason FROM results ORDER BY score NULLS FIRST LIMIT 5",
-        output=output,
-        format="delta",
-        storage_option=None,
-        limit=5,
-    )
+
+
+_DEMO_WORST_ROWS = (
+    "SELECT row_id, category, score, coalesce(nullif(array_to_string(list_transform("
+    "list_filter(verdicts, lambda v: v.verdict <> 'yes'), lambda v: v.statement), ' / '), ''), reason) "
+    "AS not_supported FROM results ORDER BY score NULLS FIRST, row_id LIMIT 5"
+)
+
+
+def _judge_line(params: Any) -> str:
+    from recall_tasks.output import judge_line
+
+    return redact(judge_line(params.judge, params.model, params.base_url))
+
+
+def _detect_format(output: str, storage_option: list[str] | None, storage: Any = None) -> str:
+    """``--format`` when not given: what the tables already at ``output`` are (see results.detect_format)."""
+    from recall_tasks.results import detect_format
+    from recall_tasks.storage import StorageConfig
+
+    if storage is None:
+        storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
+    return detect_format(output, storage)
+
+
+def _store(output: str, format: str | None, storage_option: list[str] | None) -> Any:
+    """The result store at ``output``; ``format`` None: detected from the tables already there."""
+    from recall_tasks.results import ResultStore
+    from recall_tasks.storage import StorageConfig
+
+    storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
+    if format is None:
+        format = _detect_format(output, storage_option, storage)
+    elif format not in ("delta", "parquet"):
+        raise ConfigError(f"--format must be delta or parquet, got {format!r}")
+    return ResultStore(output, storage, format)  # type: ignore[arg-type]
+
+
+def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputFormat) -> None:
+    """Run ``sql`` on the read-only connection (see recall_tasks.sql) and print at most ``limit`` rows."""
+    import duckdb
+
+    from recall_tasks.output import cut_notice, print_rows
+    from recall_tasks.sql import TABLES, connect_readonly, explain_error
+
+    tables = {name: ds for name in TABLES if (ds := store.read_table(name)) is not None}
+    con = connect_readonly(tables)
+    total: int | None = None
+    try:
+        rel = con.sql(sql)
+        if rel is None:
+            return
+        rows: Iterable[Any]
+        if limit <= 0:
+            rows = rel.iter_rows(batch_size=4096)  # streamed: `--limit 0` exports of 1M rows hold one batch
+        else:
+            head = rel.limit(limit + 1).fetchall()
+            if len(head) > limit:
+                head, total = head[:limit], rel.aggregate("count(*)").fetchall()[0][0]
+            rows = head
+        shown = print_rows(rel.columns, rows, fmt, console)
+    except duckdb.Error as exc:
+        raise explain_error(exc, set(tables), output) from None
+    finally:
+        con.close()
+    _print_notice(cut_notice(shown, total if total is not None else shown))
+
+
+LimitOption = Annotated[int, typer.Option(help="Print at most this many rows; 0 for all")]
 
 
 @app.command()
 def query(
     sql: Annotated[str, typer.Argument(help="SQL over the tables `results`, `runs` and `comparisons`")],
-    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
-    format: Annotated[str, typer.Option("--format")] = "delta",
-    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
-    limit: int = 50,
+    output: OutputOption = DEFAULT_OUTPUT,
+    format: FormatOption = None,
+    storage_option: StorageOption = None,
+    limit: LimitOption = 50,
+    output_format: OutputFormatOption = "table",
 ) -> None:
-    """Run DuckDB SQL over the result tables and print the answer."""
-    import duckdb
-
+    """Run read-only DuckDB SQL over the result tables and print the answer (files and settings are locked)."""
+    fmt = _output_format(output_format)
     try:
-        store = _store(output, format, storage_option)
-        con = duckdb.connect()
-        for name in ("results", "runs", "comparisons"):
-            ds = store.read_table(name)
-            if ds is not None:
-                con.register(name, ds)
-        rel = con.sql(sql)
+        _print_query(_store(output, format, storage_option), output, sql, limit, fmt)
     except RecallBenchError as exc:
         _fail(exc)
-    except duckdb.Error as exc:
-        _fail(ValueError(f"query failed: {exc}"))
-    if rel is None:
-        return
-    table = Table(*rel.columns)
-    for row in rel.limit(limit).fetchall():
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
-
-
-def _store(output: str, format: str, storage_option: list[str] | None) -> Any:
-    from recall_tasks.results import ResultStore
-    from recall_tasks.storage import StorageConfig
-
-    return ResultStore(output, StorageConfig.from_options(_split_storage_options(storage_option or [])), format)  # type: ignore[arg-type]
 
 
 @app.command()
 def history(
-    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
+    output: OutputOption = DEFAULT_OUTPUT,
     dataset: Annotated[str | None, typer.Option(help="Only this dataset")] = None,
-    format: Annotated[str, typer.Option("--format")] = "delta",
-    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
-    limit: int = 30,
+    format: FormatOption = None,
+    storage_option: StorageOption = None,
+    limit: Annotated[int, typer.Option(help="Print the latest runs only, at most this many; 0 for all")] = 30,
+    output_format: OutputFormatOption = "table",
 ) -> None:
-    """The series of runs: mean with its 95 % CI, pass rate, and the verdict against each run's baseline."""
+    """The series of runs: mean with its 95 % CI, pass rate, judge, and the verdict against each run's baseline.
+
+    csv and json print the raw fields (ISO timestamps, unrounded numbers, verdict and baseline run id apart).
+    """
     import pyarrow.compute as pc
 
+    from recall_tasks.output import (
+        HISTORY_COLUMNS,
+        HISTORY_FIELDS,
+        cut_notice,
+        history_cells,
+        history_records,
+        print_rows,
+    )
+
+    fmt = _output_format(output_format)
     try:
         store = _store(output, format, storage_option)
         runs_ds = store.read_table("runs")
         comparisons_ds = store.read_table("comparisons")
+        if runs_ds is None:
+            raise ConfigError(f"no runs recorded under {output}")
+        runs = runs_ds.to_table()
+        if dataset:
+            runs = runs.filter(pc.equal(runs.column("dataset"), dataset))
+            if runs.num_rows == 0:
+                raise ConfigError(f"no runs of dataset {dataset!r} recorded under {output}")
+        comparisons = comparisons_ds.to_table() if comparisons_ds is not None else None
     except RecallBenchError as exc:
         _fail(exc)
-    if runs_ds is None:
-        _fail(ValueError(f"no runs recorded under {output}"))
-    runs = runs_ds.to_table()
-    runs = runs.filter(pc.is_null(runs.column("segment_column")))
-    if dataset:
-        runs = runs.filter(pc.equal(runs.column("dataset"), dataset))
-    verdicts: dict[str, str] = {}
-    if comparisons_ds is not None:
-        comps = comparisons_ds.to_table(columns=["current_run_id", "segment_column", "verdict", "baseline_run_id"])
-        for c in comps.to_pylist():
-            if c["segment_column"] is None:
-                verdicts[c["current_run_id"]] = f"{c['verdict']} vs {c['baseline_run_id']}"
-    rows = sorted(runs.to_pylist(), key=lambda r: r["started_at"])[-limit:]
-    table = Table("started", "dataset", "label", "run_id", "rows", "mean", "95 % CI", "pass rate", "verdict")
-    for r in rows:
-        ci = "-" if r["ci_low"] is None else f"{r['ci_low']:.3f}..{r['ci_high']:.3f}"
-        mean = "-" if r["mean_score"] is None else f"{r['mean_score']:.3f}"
-        rate = "-" if r["pass_rate"] is None else f"{r['pass_rate']:.1%}"
-        table.add_row(
-            r["started_at"].strftime("%Y-%m-%d %H:%M"),
-            r["dataset"],
-            r["label"] or "",
-            r["run_id"],
-            str(r["rows"]),
-            mean,
-            ci,
-            rate,
-            verdicts.get(r["run_id"], "first of series"),
-        )
-    console.print(table)
+    records = history_records(runs, comparisons)
+    shown = records[-limit:] if limit > 0 else records
+    if fmt in ("csv", "json"):
+        print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console)
+    else:
+        print_rows(HISTORY_COLUMNS, (history_cells(r) for r in shown), fmt, console, keep_whole=["run_id"])
+    _print_notice(cut_notice(len(shown), len(records)))
 
 
 @app.command()
 def report(
     run_id: Annotated[str, typer.Argument(help="The run to report on")],
-    output: Annotated[str, typer.Option("--output", "-o")] = "recall-output",
-    format: Annotated[str, typer.Option("--format")] = "delta",
-    storage_option: Annotated[list[str] | None, typer.Option("--storage-option")] = None,
+    output: OutputOption = DEFAULT_OUTPUT,
+    format: FormatOption = None,
+    storage_option: StorageOption = None,
+    to: Annotated[
+        Path | None, typer.Option("--to", help="Write the HTML to this local file (or folder) instead of --output")
+    ] = None,
 ) -> None:
-    """Write a self-contained HTML report of a run next to the tables and print where it is."""
-    from recall_tasks.html_report import write_report
+    """Write a self-contained HTML report of a run (next to the tables, or --to a local path); print where."""
+    from recall_tasks.html_report import render_run_report, write_report
 
     try:
-        uri = write_report(_store(output, format, storage_option), run_id)
+        store = _store(output, format, storage_option)
+        if to is None:
+            where = write_report(store, run_id)
+        else:
+            document = render_run_report(store, run_id)
+            target = to / f"{run_id}.html" if to.is_dir() else to
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(document, encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"--to {to}: cannot write the report: {exc.strerror or exc}") from None
+            where = str(target)
     except RecallBenchError as exc:
         _fail(exc)
-    console.print(uri)
+    console.print(Text(where), soft_wrap=True)
 
 
 server_app = typer.Typer(

@@ -8,6 +8,7 @@ or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (en
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,7 +18,8 @@ from recall_tasks.secrets import looks_secret
 class RunParams(BaseModel):
     """Everything a run needs; every field is a CLI option and a deployment parameter."""
 
-    model_config = ConfigDict(extra="forbid")
+    # a refused value is never echoed (pydantic's ``input_value=...``): it may hold a credential
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     dataset_uri: str = Field(
         min_length=1, description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
@@ -38,6 +40,12 @@ class RunParams(BaseModel):
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0, le=20)
     label: str | None = Field(None, description="Free label, e.g. the index version")
+    dataset_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="Name of the dataset's series (default: its normalised URI identifies it, its file or folder "
+        "name labels it); needed when the location changes every night, e.g. dated folders",
+    )
     index_version: str | None = None
     segment_by: list[str] = Field(default_factory=list)
     columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
@@ -78,6 +86,27 @@ class RunParams(BaseModel):
             )
         return value
 
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials_in_base_url(cls, value: str | None) -> str | None:
+        """A user or password in the endpoint URL would be stored as a flow-run parameter: refused, not echoed."""
+        if value is None:
+            return value
+        parts = urlsplit(value.strip())
+        if "@" in parts.netloc:
+            host = parts.hostname or "the host"
+            raise ValueError(
+                f"the judge endpoint URL holds a user name or password before {host}: remove it and pass the key "
+                "through OPENAI_API_KEY (credentials in parameters are stored in Prefect's database)"
+            )
+        secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if looks_secret(k)]
+        if secret:
+            raise ValueError(
+                f"the judge endpoint URL has a secret-looking query parameter ({', '.join(secret)}): remove it and "
+                "pass the key through OPENAI_API_KEY"
+            )
+        return value
+
     @field_validator("output_uri")
     @classmethod
     def _output_has_a_path(cls, value: str) -> str:
@@ -98,6 +127,7 @@ class RunParams(BaseModel):
         "retriever",
         "index_version",
         "label",
+        "dataset_name",
         "base_url",
         "cache_uri",
         "chunk_cache_storage",

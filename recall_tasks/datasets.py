@@ -30,6 +30,24 @@ Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage
   zero rows would commit a run row without a score, so it is refused (``dataset has no rows``). Empty
   files next to non-empty ones are fine.
 
+- duplicate column names in a file, also names that differ only in case (Delta names are case-insensitive);
+- a pass-through column (copied to the results as it is) of a type the results table cannot hold, see below.
+
+Pass-through columns are validated here, before any judge call, and stored with a type Delta Lake and its
+readers handle (:func:`stored_type`); casts are lossless except where said:
+- timestamps of any unit become microseconds (Delta stores microseconds; a ``timestamp[ns]`` column, what pandas
+  writes, would otherwise create a table no reader of this project can open). Values that are not whole
+  microseconds are TRUNCATED to the microsecond, never refused: a sub-microsecond part is noise for a benchmark's
+  metadata column. A zoned timestamp is stored in UTC (the same instant; Delta refuses other zones);
+- ``uint8``/``uint16``/``uint32`` become the next wider signed integer; ``uint64`` becomes ``decimal(20, 0)``
+  (Delta has no unsigned types and values >= 2^63 do not fit a ``long``); ``float16`` becomes ``float32``;
+  ``decimal256`` of precision <= 38 becomes ``decimal128``; ``date64`` becomes ``date32``; an all-null column
+  becomes ``string``; dictionary-encoded columns (pandas categoricals) are stored as their values; string, binary
+  and list flavours (large, view, fixed-size) become the plain ones; lists, structs and maps are checked item by
+  item;
+- refused: time-of-day (``time32``/``time64``), ``duration``, intervals, ``decimal256`` above precision 38,
+  unions and extension types (Delta Lake has no such type): one DatasetError naming file, column and type.
+
 Handled, not refused: null or blank values in a row (``expected_output`` null/empty/whitespace/no sentence,
 an empty context list, context items that are all null or blank, a ``list<null>`` context column) make that
 row "missing" and follow ``on_missing`` (error/zero/skip, counted in the run summary).
@@ -46,7 +64,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError, StorageError
-from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
+from recall_tasks.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 
 ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
 
@@ -71,7 +89,51 @@ _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, 
 
 
 def _is_string(t: pa.DataType) -> bool:
+    """Text: a string flavour, or dictionary-encoded strings (pandas categoricals; cast to string when read)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+class _Unstorable(ValueError):
+    """A pass-through type the results table cannot hold; the message says why and what to do."""
+
+
+def stored_type(t: pa.DataType) -> pa.DataType:
+    """The type a pass-through column is stored with (see the module docstring); raises ``_Unstorable``."""
+    if pa.types.is_dictionary(t):
+        return stored_type(t.value_type)
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz="UTC" if t.tz else None)  # Delta stores instants in UTC, refuses other zones
+    if pa.types.is_time(t):
+        raise _Unstorable("Delta Lake has no time-of-day type: cast it to string (or drop it) before the run")
+    if pa.types.is_duration(t) or pa.types.is_interval(t):
+        raise _Unstorable("Delta Lake has no duration type: cast it to int64 (e.g. microseconds) or string")
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(t.bit_width) or pa.decimal128(20, 0)
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_decimal(t):
+        if t.precision > 38:
+            raise _Unstorable(f"Delta Lake decimals hold at most 38 digits, this one {t.precision}")
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_null(t) or _is_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t) or pa.types.is_fixed_size_binary(t):
+        return pa.binary()
+    if any(f(t) for f in _LIST_TYPES):
+        return pa.list_(stored_type(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(stored_type(t.key_type), stored_type(t.item_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, stored_type(f.type)) for f in t])
+    if pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_binary(t):
+        return t
+    if pa.types.is_date32(t):
+        return t
+    raise _Unstorable("Delta Lake has no such type: cast it to a string or number column (or drop it)")
 
 
 def _is_string_list(t: pa.DataType) -> bool:
@@ -119,6 +181,7 @@ class Dataset:
     fingerprint: str
     has_row_id: bool = False
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
+    identity: str = ""  # what makes runs one series: the normalised URI, or "name:<--dataset-name>"
 
     @property
     def row_identity(self) -> str:
@@ -214,7 +277,8 @@ def _not_found(fs: Any, path: str, uri: str) -> str:
     return f"dataset not found: {uri}"
 
 
-def _type_name(t: pa.DataType) -> str:
+def type_name(t: pa.DataType) -> str:
+    """A type as users read it: ``list<string>`` (pyarrow and Delta name list items differently)."""
     return str(t).replace("item: ", "").replace("element: ", "")
 
 
@@ -247,7 +311,7 @@ def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: st
         if name in roles and ((_is_string(t0) and _is_string(t)) or (_is_string_list(t0) and _is_string_list(t))):
             continue
         raise DatasetError(
-            f"schema differs from the first file {uri0}: expected {_type_name(t0)}, found {_type_name(t)}",
+            f"schema differs from the first file {uri0}: expected {type_name(t0)}, found {type_name(t)}",
             uri=uri,
             column=name,
         )
@@ -286,12 +350,12 @@ def _resolve_columns(
         t = schema.field(col).type
         if role == "retrieval_context":
             if not _is_string_list(t):
-                raise DatasetError(f"{role}: expected list<string>, found {_type_name(t)}", uri=uri, column=col)
+                raise DatasetError(f"{role}: expected list<string>, found {type_name(t)}", uri=uri, column=col)
         elif role == "row_id":
             if not (_is_string(t) or pa.types.is_integer(t)):
-                raise DatasetError(f"row_id: expected string or integer, found {_type_name(t)}", uri=uri, column=col)
+                raise DatasetError(f"row_id: expected string or integer, found {type_name(t)}", uri=uri, column=col)
         elif not (_is_string(t) or pa.types.is_null(t)):
-            raise DatasetError(f"{role}: expected string, found {_type_name(t)}", uri=uri, column=col)
+            raise DatasetError(f"{role}: expected string, found {type_name(t)}", uri=uri, column=col)
     return columns
 
 
@@ -330,6 +394,7 @@ def open_dataset(
             raise DatasetError(f"not a readable Parquet file: {_one_line(exc)}", uri=file_uri) from None
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, file_uri, fs=fs) from None
+        _check_unique_names(schema, file_uri)
         file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri, context_supplied)
         if schema0 is not None:
             _check_same_schema(schema0, files[0].uri, schema, file_uri, file_columns.values())
@@ -354,9 +419,11 @@ def open_dataset(
         raise DatasetError(f"dataset has no rows: {where} holds 0 rows; check the export that wrote it", uri=uri)
     role_cols = set(columns.values())
     passthrough = [n for n in schema0.names if n not in role_cols]
+    types = _passthrough_types(schema0, passthrough, files[0].uri)
     ds = Dataset(
         uri=uri,
         name=dataset_name(uri),
+        identity=normalize_uri(uri),
         files=files,
         columns=columns,
         passthrough=passthrough,
@@ -364,11 +431,57 @@ def open_dataset(
         num_rows=num_rows,
         fingerprint=hashlib.sha256("".join(f.fingerprint for f in files).encode()).hexdigest()[:16],
         has_row_id="row_id" in columns,
-        passthrough_types={n: schema0.field(n).type for n in passthrough},
+        passthrough_types=types,
     )
     if ds.has_row_id:
         _check_unique_ids(ds)
     return ds
+
+
+def _check_unique_names(schema: pa.Schema, uri: str) -> None:
+    """Every column name once, also ignoring case (Delta Lake and most SQL engines do)."""
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        other = seen.get(name.lower())
+        if other is not None:
+            what = (
+                f"column {name!r} appears twice"
+                if other == name
+                else f"columns {other!r} and {name!r} differ only in case"
+            )
+            raise DatasetError(f"duplicate column names: {what}; give every column a unique name", uri=uri, column=name)
+        seen[name.lower()] = name
+
+
+def _passthrough_types(schema: pa.Schema, passthrough: list[str], uri: str) -> dict[str, pa.DataType]:
+    """The stored type of each pass-through column, or one DatasetError naming file, column and found type.
+
+    Also refuses names that would collide in the results table: a name of a result column (compared ignoring
+    case) is stored as ``data_<name>``, which must not be another pass-through column.
+    """
+    from recall_tasks.scoring import passthrough_name  # scoring imports this module
+
+    types: dict[str, pa.DataType] = {}
+    stored: dict[str, str] = {}
+    for name in passthrough:
+        t = schema.field(name).type
+        try:
+            types[name] = stored_type(t)
+        except _Unstorable as why:
+            raise DatasetError(
+                f"pass-through column of type {type_name(t)} cannot be stored in the results table: {why}",
+                uri=uri, column=name,
+            ) from None  # fmt: skip
+        target = passthrough_name(name)
+        other = stored.get(target.lower())
+        if other is not None:
+            raise DatasetError(
+                f"pass-through columns {other!r} and {name!r} would both be stored as {target!r} (result column "
+                "names are compared ignoring case, a colliding one becomes data_<name>); rename one",
+                uri=uri, column=name,
+            )  # fmt: skip
+        stored[target.lower()] = name
+    return types
 
 
 def _one_line(exc: BaseException) -> str:
@@ -537,5 +650,8 @@ def _block(
             row_ids.append(h if n == 1 else f"{h}~{n}")
     for name in ds.passthrough:
         if name not in arrays:
-            arrays[name] = part.column(name)
+            column = part.column(name)
+            target = ds.passthrough_types.get(name, column.type)
+            # safe=False: timestamps are truncated to microseconds; every other cast is lossless (stored_type)
+            arrays[name] = column if column.type == target else column.cast(target, safe=False)
     return RowBlock(source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays))

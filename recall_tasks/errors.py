@@ -84,6 +84,7 @@ class JudgeError(RecallBenchError):
         super().__init__(message)
         self.model = model
         self.status = status
+        self.requests = 0  # HTTP attempts the failed call made (retries included), set by the judge
 
 
 class JudgeConfigError(JudgeError):

@@ -26,7 +26,7 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.results import ResultStore
 from recall_tasks.storage import join_uri, translate_storage_error
 
-__all__ = ["BINS", "render_report", "write_report"]
+__all__ = ["BINS", "render_report", "render_run_report", "write_report"]
 
 BINS = 10
 """Number of histogram bins over ``[0, scale]``."""
@@ -519,8 +519,8 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     return table
 
 
-def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
-    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
+def render_run_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
+    """The HTML report of ``run_id`` read from ``store`` (``recall-bench report --to`` writes it locally).
 
     ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan);
     ``dataset``: the run's open :class:`~recall_tasks.datasets.Dataset` (the flow's), else the runs table's
@@ -540,7 +540,15 @@ def write_report(store: ResultStore, run_id: str, results: pa.Table | None = Non
     drops = _largest_drops(store, run_id, comparisons)
     run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
     chunks = _chunks_of_worst(store, run, results, dataset)
-    document = render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
+    return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
+
+
+def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
+    """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
+
+    ``results`` and ``dataset``: as for :func:`render_run_report`.
+    """
+    document = render_run_report(store, run_id, results, dataset)
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
     try:

@@ -58,6 +58,10 @@ class ResultMetadata(BaseModel):
     judge_model: str = ""
     prompt_version: str = ""
     flags: list[str] = Field(default_factory=list)
+    #: context precision from the same verdicts (contextual recall only; see ``metrics.precision``)
+    context_precision: float | None = None
+    chunks_used: int | None = None
+    first_relevant_rank: int | None = None
 
 
 class RecallResult(BaseModel):

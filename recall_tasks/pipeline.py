@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.aggregates import summarize, summarize_segments
 from recall_tasks.cache import RowVerdictCache
-from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides
+from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
@@ -41,7 +41,15 @@ from recall_tasks.metrics.base import Metric
 from recall_tasks.regression import find_baseline
 from recall_tasks.results import ChunkPart, ResultStore, today
 from recall_tasks.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
-from recall_tasks.scoring import CHUNK_FIELDS, Budget, metric_fingerprint, passthrough_name, score_block
+from recall_tasks.scoring import (
+    CHUNK_FIELDS,
+    NOT_JUDGED,
+    Budget,
+    CircuitBreaker,
+    metric_fingerprint,
+    passthrough_name,
+    score_block,
+)
 from recall_tasks.sentences import SPLITTER_VERSION
 from recall_tasks.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
 
@@ -128,6 +136,7 @@ class RunPlan:
     segment_columns: list[str] = field(default_factory=list)
     cache: RowVerdictCache | None = None
     budget: Budget | None = None
+    breaker: CircuitBreaker | None = None
     config_hash: str = ""
     retriever: Retriever | None = None
     retrieval: RetrievalResults | None = None
@@ -180,7 +189,7 @@ def check_baseline_reference(params: Any, store: ResultStore, dataset: Dataset) 
             f"--baseline {spec}: no runs are recorded under {params.output_uri} yet; "
             "use --baseline latest (the default) or none"
         )
-    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec)
+    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec, dataset_id=dataset.identity)
 
 
 @dataclass
@@ -208,6 +217,8 @@ def check_run(params: Any) -> Checked:
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
     dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, context_supplied=supplied)
+    if params.dataset_name:
+        dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     retriever = load_retriever(params.retriever) if params.retriever else None
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     segments = []
@@ -218,12 +229,20 @@ def check_run(params: Any) -> Checked:
                 f"--segment-by {col}: not a pass-through column; available: {available}",
                 uri=params.dataset_uri, column=col,
             )  # fmt: skip
+        typ = dataset.passthrough_types[col]
+        if pa.types.is_nested(typ):
+            raise DatasetError(
+                f"--segment-by {col}: a {type_name(typ)} column cannot segment a run; segment by a text, number, "
+                "boolean or date column",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
         segments.append(passthrough_name(col))
     try:
         store = ResultStore(params.output_uri, storage, params.format)
     except (ValueError, ImportError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
+    _check_results_schema(dataset, store)
     check_baseline_reference(params, store, dataset)
     judge = make_judge(params)
     notes = []
@@ -258,15 +277,56 @@ def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough,
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
     }  # fmt: skip
     return RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
+        breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval,
     )  # fmt: skip
+
+
+def _check_results_schema(dataset: Dataset, store: ResultStore) -> None:
+    """A pass-through column must have the type the existing ``results`` table has under its name.
+
+    Checked before judging: Delta's schema merge would refuse the commit after every row was paid for. Names
+    are compared ignoring case (Delta's rule); timestamps compare by unit and by having a time zone or not
+    (Delta stores instants in UTC).
+    """
+    existing = store.read_table("results")
+    if existing is None:
+        return
+    by_lower = {f.name.lower(): f for f in existing.schema}
+    for col in dataset.passthrough:
+        name, typ = passthrough_name(col), dataset.passthrough_types[col]
+        old = by_lower.get(name.lower())
+        if old is None:
+            continue
+        if old.name != name:
+            raise DatasetError(
+                f"pass-through column stored as {name!r}, but the results table {store.results_uri} has "
+                f"{old.name!r}, which differs only in case: rename the column or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+        if _comparable(old.type) != _comparable(typ):
+            raise DatasetError(
+                f"pass-through column is {type_name(typ)}, but the results table {store.results_uri} has "
+                f"{old.name!r} as {type_name(old.type)}: cast the column, rename it, or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+
+
+def _comparable(t: pa.DataType) -> str:
+    try:
+        t = stored_type(t)
+    except ValueError:
+        pass
+    if pa.types.is_timestamp(t) and t.tz:
+        t = pa.timestamp(t.unit, tz="UTC")
+    return type_name(t)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -288,13 +348,28 @@ _ROLE_COLUMNS = {"input", "expected_output", "retrieval_context", "actual_output
 
 @dataclass
 class ChunkReport:
-    """What a chunk task returns: small, so Prefect never holds row data (and can cache it)."""
+    """What a chunk task returns: small, so Prefect never holds row data (and can cache it).
+
+    ``not_judged``: rows the budget or the circuit breaker kept from the judge. ``None`` in reports cached
+    before the field existed: unknown, so such a report is not reused (see :attr:`reusable`).
+    """
 
     seq: int
     rows: int
     errors: int
     scored: int
     path: str
+    not_judged: int | None = None
+
+    @property
+    def reusable(self) -> bool:
+        """Only successes are cached: a report with an errored or not-judged row is never served whole.
+
+        Prefect persists every task result under the chunk's key (a cache policy cannot see the result), so
+        the flow checks this before using a cached report; such a chunk goes through its task again (its
+        good rows then come from the row cache, which only holds parsed verdicts) and refreshes the record.
+        """
+        return self.errors == 0 and self.not_judged == 0
 
 
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
@@ -303,7 +378,7 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     Raises :class:`RunInterrupted` if the run is aborted before or while the block is judged (no file written).
     """
     try:
-        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget))
+        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
@@ -312,12 +387,20 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
     scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
-    return ChunkReport(seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path)
+    not_judged = pc.and_(table.column("skipped"), pc.starts_with(table.column("reason"), NOT_JUDGED))
+    return ChunkReport(
+        seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path,
+        not_judged=int(pc.sum(pc.fill_null(not_judged, False)).as_py() or 0),
+    )  # fmt: skip
 
 
 _SUMMARY_COLUMNS = [
     "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
+    "context_precision", "chunks_used", "context_count",
 ]  # fmt: skip
+
+#: Part of every chunk key: bumped when a chunk file's columns change, so older chunk files are not reused.
+CHUNK_SCHEMA_VERSION = 2
 
 
 def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> dict[str, Any]:
@@ -390,6 +473,7 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
         "splitter_version": SPLITTER_VERSION,
         "judge_config": metric_fingerprint(plan.metric),
         "row_identity": plan.dataset.row_identity,
+        "dataset_id": plan.dataset.identity,
     }
 
 

@@ -43,7 +43,8 @@ Verdict
     ``regressed`` (alert on the side of caution) and a warning explains the mixed signal.
 
 Comparable or not
-    Two runs are comparable only when what produces a score is the same: ``metric``, ``units``, ``judge``,
+    Two runs are comparable only when what produces a score is the same: ``dataset_id`` (the normalised dataset
+    URI, or ``--dataset-name``), ``metric``, ``units``, ``judge``,
     ``judge_model``, ``prompt_version``, ``schema_version``, ``splitter_version``, ``judge_config`` (the
     fingerprint of every judge setting that changes verdicts), ``threshold``, ``scale``, ``row_identity`` and
     ``dataset`` (the ``index_version``/``label`` is what is being compared). When any differs the verdict is
@@ -61,6 +62,11 @@ Segments
     figures (bootstrap per segment with the same seed, flips, McNemar p, verdict by the same rule). Segment
     verdicts are not corrected for multiple comparisons: the overall verdict is the one to alert on. Added and
     removed counts are run-level only (null on segment rows of the ``comparisons`` table).
+
+Context precision (secondary)
+    ``context_precision_delta`` is the mean change of the rows' context precision (from the same verdicts, see
+    :mod:`recall_tasks.metrics.precision`) over the paired rows that have it in both runs. It never decides the
+    verdict: recall is the metric; precision says whether the supporting chunks moved down the ranking.
 
 Worst rows
     Up to ``worst`` paired rows whose score dropped (delta < 0), most negative first (ties: current table order),
@@ -88,6 +94,7 @@ from pydantic import BaseModel, Field
 from recall_tasks.aggregates import BOOTSTRAP_MAX_N, mean_ci
 from recall_tasks.datasets import ROW_ID_COLUMN_IDENTITY
 from recall_tasks.errors import ConfigError
+from recall_tasks.markdown import md_code, md_text
 
 __all__ = [
     "BOOTSTRAP_MAX_N",
@@ -112,12 +119,13 @@ MCNEMAR_EXACT_MAX = 20_000
 
 #: Run fields that must be equal for a verdict; the second group is recorded only since row identity v2.
 COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
-COMPARABLE_KEYS_V2 = ("units", "judge", "schema_version", "splitter_version", "judge_config")
+COMPARABLE_KEYS_V2 = ("dataset_id", "units", "judge", "schema_version", "splitter_version", "judge_config")
 
-_COMPARISON_ORDER = ("dataset", "metric", "units", "judge", "judge_model", "prompt_version", "schema_version",
-                     "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
+_COMPARISON_ORDER = ("dataset", "dataset_id", "metric", "units", "judge", "judge_model", "prompt_version",
+                     "schema_version", "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
 # a difference in a key on the right is implied by one on the left: only the first is named
 _IMPLIED_BY = {
+    "dataset_id": {"dataset"},
     "judge_model": {"judge"},
     "prompt_version": {"judge", "judge_model"},
     "schema_version": {"judge", "judge_model"},
@@ -151,6 +159,7 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("flips_pass_to_fail", pa.int64()),
         pa.field("flips_fail_to_pass", pa.int64()),
         pa.field("mcnemar_p", pa.float64()),
+        pa.field("context_precision_delta", pa.float64()),
         pa.field("tolerance", pa.float64()),
         pa.field("alpha", pa.float64()),
         pa.field("compared_at", pa.timestamp("us", tz="UTC")),
@@ -294,11 +303,6 @@ def _fmt_p(p: float) -> str:
     return f"{p:.3g}" if p >= 1e-4 else f"{p:.2e}"
 
 
-def _cell(text: object) -> str:
-    """A Markdown table cell: pipes escaped, newlines flattened."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 class Comparison(BaseModel):
     """The outcome of comparing a run's per-row results with a baseline run's."""
 
@@ -324,6 +328,7 @@ class Comparison(BaseModel):
     flips_pass_to_fail: int
     flips_fail_to_pass: int
     mcnemar_p: float
+    context_precision_delta: float | None = None
     segments: list[SegmentDelta] = Field(default_factory=list)
     worst_rows: list[WorstRow] = Field(default_factory=list)
     compared_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
@@ -365,6 +370,7 @@ class Comparison(BaseModel):
                 "flips_pass_to_fail": self.flips_pass_to_fail,
                 "flips_fail_to_pass": self.flips_fail_to_pass,
                 "mcnemar_p": self.mcnemar_p,
+                "context_precision_delta": self.context_precision_delta,
             }
         ]
         for s in self.segments:
@@ -386,20 +392,22 @@ class Comparison(BaseModel):
                     "flips_pass_to_fail": s.flips_pass_to_fail,
                     "flips_fail_to_pass": s.flips_fail_to_pass,
                     "mcnemar_p": s.mcnemar_p,
+                    "context_precision_delta": None,
                 }
             )
         return [{name: row[name] for name in COMPARISON_SCHEMA.names} for row in rows]
 
     def to_markdown(self) -> str:
         """A human report: verdict headline, figures, segments, worst rows with their lost statements."""
-        out = [f"## {self.verdict.upper().replace('_', ' ')}: {self.metric or 'metric'} on {self.dataset or '?'}", ""]
-        out.append(f"Run `{self.current_run_id}` compared with baseline `{self.baseline_run_id}`.")
+        verdict = self.verdict.upper().replace("_", " ")
+        out = [f"## {verdict}: {md_text(self.metric or 'metric')} on {md_text(self.dataset or '?')}", ""]
+        out.append(f"Run {md_code(self.current_run_id)} compared with baseline {md_code(self.baseline_run_id)}.")
         if self.reason:
             out.append("")
-            out.append(f"**Incomparable**: {_cell(self.reason)}")
+            out.append(f"**Incomparable**: {md_text(self.reason)}")
         if self.warnings:
             out.append("")
-            out.extend(f"- ⚠ {w}" for w in self.warnings)
+            out.extend(f"- ⚠ {md_text(w)}" for w in self.warnings)
         out += [
             "",
             "| figure | value |",
@@ -412,6 +420,7 @@ class Comparison(BaseModel):
             f"| 95 % CI of delta | [{_fmt(self.ci_low, signed=True)}, {_fmt(self.ci_high, signed=True)}] |",
             f"| pass → fail / fail → pass | {self.flips_pass_to_fail} / {self.flips_fail_to_pass} |",
             f"| McNemar exact p | {_fmt_p(self.mcnemar_p)} |",
+            f"| context precision delta (secondary) | {_fmt(self.context_precision_delta, signed=True)} |",
             f"| tolerance / alpha | {self.tolerance:g} / {self.alpha:g} |",
         ]
         if self.segments:
@@ -423,8 +432,9 @@ class Comparison(BaseModel):
                 "|---|---|---|---|---|---|---|---|---|",
             ]
             for s in self.segments:
+                value = md_text("(null)" if s.value is None else s.value, 200)
                 out.append(
-                    f"| {_cell(s.column)} | {_cell('(null)' if s.value is None else s.value)} | {s.n_paired} | "
+                    f"| {md_text(s.column)} | {value} | {s.n_paired} | "
                     f"{_fmt(s.mean_baseline)} | {_fmt(s.mean_current)} | {_fmt(s.mean_delta, signed=True)} | "
                     f"[{_fmt(s.ci_low, signed=True)}, {_fmt(s.ci_high, signed=True)}] | "
                     f"{s.flips_pass_to_fail} / {s.flips_fail_to_pass} | {s.verdict} |"
@@ -433,10 +443,10 @@ class Comparison(BaseModel):
             out += ["", "### Largest drops", ""]
             for w in self.worst_rows:
                 out.append(
-                    f"- `{w.row_id}`: {_fmt(w.score_baseline, 3)} → {_fmt(w.score_current, 3)} "
+                    f"- {md_code(w.row_id, 200)}: {_fmt(w.score_baseline, 3)} → {_fmt(w.score_current, 3)} "
                     f"({_fmt(w.delta, 3, signed=True)})"
                 )
-                out.extend(f"  - lost: {_cell(statement)}" for statement in w.lost)
+                out.extend(f"  - lost: {md_text(statement, 400)}" for statement in w.lost)
         return "\n".join(out) + "\n"
 
     def event_payload(self) -> dict[str, Any]:
@@ -455,6 +465,7 @@ class Comparison(BaseModel):
             "ci": [self.ci_low, self.ci_high],
             "flips": {"pass_to_fail": self.flips_pass_to_fail, "fail_to_pass": self.flips_fail_to_pass},
             "p": self.mcnemar_p,
+            "context_precision_delta": self.context_precision_delta,
             "warnings": list(self.warnings),
         }
 
@@ -502,6 +513,7 @@ def find_baseline(
     spec: str = "latest",
     exclude_run_id: str | None = None,
     current: dict[str, Any] | None = None,
+    dataset_id: str | None = None,
 ) -> dict[str, Any] | None:
     """The overall ``runs`` row of the baseline run chosen by ``spec``, or None when there is none yet.
 
@@ -517,8 +529,10 @@ def find_baseline(
       (a failed run is never a baseline); preferably its row for ``dataset``/``metric``, else its only overall
       row (a mismatch is then flagged by :func:`compare_runs`).
 
-    Only overall rows (``segment_column`` null) are considered. An explicit label or run id that matches nothing
-    raises :class:`ConfigError` listing some that exist.
+    The series is the runs of ``dataset_id`` (a normalised URI or ``name:<--dataset-name>``) when given, so two
+    unrelated datasets that share a file name never pair; runs recorded before ``dataset_id`` existed match by
+    ``dataset`` name. Only overall rows (``segment_column`` null) are considered. An explicit label or run id
+    that matches nothing raises :class:`ConfigError` listing some that exist.
     """
     spec = (spec or "").strip()
     if not spec:
@@ -530,7 +544,11 @@ def find_baseline(
     overall = runs
     if "segment_column" in runs.column_names:
         overall = runs.filter(pc.is_null(runs.column("segment_column")))
-    series = overall.filter(pc.and_(_eq(overall, "dataset", dataset), _eq(overall, "metric", metric)))
+    same_dataset = _eq(overall, "dataset", dataset)
+    if dataset_id is not None and "dataset_id" in overall.column_names:
+        ids = _strings(overall, "dataset_id")
+        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), pc.and_(pc.is_null(ids), same_dataset))
+    series = overall.filter(pc.and_(same_dataset, _eq(overall, "metric", metric)))
     completed = series
     if "status" in series.column_names:
         completed = series.filter(_eq(series, "status", "completed"))
@@ -773,6 +791,13 @@ def compare_runs(
         warnings.append(f"{int(np.count_nonzero(~known))} paired row(s) lack a success value; left out of the flips")
 
     fig = _figures(sc, sb, succ_c, succ_b, known, resamples=resamples, seed=seed)
+    precision_delta = None
+    if "context_precision" in current.column_names and "context_precision" in baseline.column_names:
+        pc_cur = pc.cast(current.column("context_precision"), pa.float64()).to_numpy(zero_copy_only=False)
+        pc_base = pc.cast(baseline.column("context_precision"), pa.float64()).to_numpy(zero_copy_only=False)
+        a, b = np.asarray(pc_cur, float)[cur_pos], np.asarray(pc_base, float)[base_pos]
+        both = ~np.isnan(a) & ~np.isnan(b)
+        precision_delta = float((a[both] - b[both]).mean()) if both.any() else None
     verdict, mixed = _verdict_of(fig, tolerance=tolerance, alpha=alpha)
     if baseline.num_rows and n_matched < MIN_PAIRED_SHARE * baseline.num_rows:
         reasons.append(
@@ -858,5 +883,6 @@ def compare_runs(
         n_unpaired_unscored=n_matched - len(cur_pos),
         segments=segments,
         worst_rows=worst_rows,
+        context_precision_delta=precision_delta,
         **fig,
     )

@@ -1,4 +1,7 @@
-"""Human-readable views of a run: the summary table and a markdown report of the worst rows."""
+"""Human-readable views of a run: the summary table and a markdown report of the worst rows.
+
+Dataset values in the markdown report are escaped (``recall_tasks.markdown``): they stay text in Prefect's UI.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from recall_tasks.markdown import md_code, md_text
 
 
 def _fmt(value: Any) -> str:
@@ -77,10 +82,11 @@ def worst_rows(plan: Any, limit: int = 10, results: pa.Table | None = None) -> l
 def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10, results: pa.Table | None = None) -> str:
     """Markdown: headline figures, then the worst rows and the sentences their context lacks."""
     lines = [
-        f"# Contextual recall run `{summary['run_id']}`",
+        f"# Contextual recall run {md_code(summary['run_id'])}",
         "",
-        f"Dataset **{summary['dataset']}** (`{summary['dataset_uri']}`), metric {summary['metric']}, "
-        f"judge {summary['judge_model']} (prompt {summary['prompt_version']}).",
+        f"Dataset **{md_text(summary['dataset'])}** ({md_code(summary['dataset_uri'])}), metric "
+        f"{md_text(summary['metric'])}, judge {md_text(summary['judge_model'])} (prompt "
+        f"{md_text(summary['prompt_version'])}).",
         "",
         f"- mean score **{_fmt(summary['mean_score'])}** (95 % CI {_fmt(summary['ci_low'])}–"
         f"{_fmt(summary['ci_high'])}), pass rate {_fmt(summary['pass_rate'])} at threshold {summary['threshold']}",
@@ -96,5 +102,5 @@ def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10, results
     ]
     for row in worst_rows(plan, limit, results):
         detail = row["error"] or "; ".join(f"“{s}”" for s in row["missing"]) or "-"
-        lines.append(f"| `{row['row_id']}` | {_fmt(row['score'])} | {detail.replace('|', '/')[:400]} |")
+        lines.append(f"| {md_code(row['row_id'], 200, table=True)} | {_fmt(row['score'])} | {md_text(detail, 400)} |")
     return "\n".join(lines)

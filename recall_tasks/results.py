@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 Format = Literal["delta", "parquet"]
 
+#: Delta commits retried after a conflict with another run's commit (fresh snapshot, schema merged again).
+COMMIT_ATTEMPTS = 4
+
 RUN_FIELDS: list[pa.Field] = [
     pa.field("run_id", pa.string(), nullable=False),
     pa.field("flow_run_id", pa.string()),
@@ -71,6 +74,8 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("completion_tokens", pa.int64()),
     pa.field("requests", pa.int64()),
     pa.field("cost_usd", pa.float64()),
+    pa.field("mean_context_precision", pa.float64()),
+    pa.field("chunk_use_rate", pa.float64()),
     pa.field("wall_seconds", pa.float64()),
     pa.field("status", pa.string()),
     pa.field("status_reason", pa.string()),
@@ -84,6 +89,7 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("splitter_version", pa.string()),
     pa.field("judge_config", pa.string()),
     pa.field("row_identity", pa.string()),
+    pa.field("dataset_id", pa.string()),
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 
@@ -256,13 +262,16 @@ class ResultStore:
         The check and the write use ONE snapshot of the table (created empty first if missing): a commit that
         lands after that snapshot with the same app id makes ours fail ("concurrent transaction"), and we then
         find the winner's id and skip. So a rerun and two processes committing the same run at once both end
-        with the rows once, without scanning the table.
+        with the rows once, without scanning the table. A conflict with ANOTHER run's commit (two datasets with
+        different pass-through columns merging the schema at the same moment: "Metadata changed since last
+        commit") is retried on a fresh snapshot, up to :data:`COMMIT_ATTEMPTS` times. ``data`` may be a
+        callable returning a fresh reader, since a streamed reader can be written only once.
         """
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
         options = delta_storage_options(self.output_uri, self.storage)
-        schema = data.schema
+        schema = data().schema if callable(data) else data.schema
         try:
             table = DeltaTable(uri, storage_options=options)
         except TableNotFoundError:
@@ -275,17 +284,26 @@ class ResultStore:
         if table.transaction_version(app_id) is not None:
             return
         props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=1)])
-        try:
-            write_deltalake(table, data, mode="append", schema_mode="merge", commit_properties=props, **kwargs)
-        except CommitFailedError:
-            if DeltaTable(uri, storage_options=options).transaction_version(app_id) is None:
-                raise
-            log.info("%s was committed by a concurrent writer; not appended again", app_id)
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:  # a reader is streamed once: each attempt gets a fresh one (memory stays bounded)
+                rows = data() if callable(data) else data
+                write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=props, **kwargs)
+                return
+            except CommitFailedError as exc:
+                table = DeltaTable(uri, storage_options=options)  # a fresh snapshot
+                if table.transaction_version(app_id) is not None:
+                    log.info("%s was committed by a concurrent writer; not appended again", app_id)
+                    return
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                # another run committed first (e.g. a schema merge of its own pass-through columns): retry
+                log.info("%s: commit conflict (%s); retrying on the new table version", app_id, exc)
 
     def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         if parts:
             self._delta_append(
-                self.results_uri, self._run_batches(run_id, parts, dataset, run_date), f"recall-bench-results-{run_id}",
+                self.results_uri, lambda: self._run_batches(run_id, parts, dataset, run_date),
+                f"recall-bench-results-{run_id}",
                 partition_by=["dataset", "run_date"], target_file_size=TARGET_FILE_BYTES,
                 writer_properties=_writer_properties(),
             )  # fmt: skip
@@ -372,3 +390,21 @@ class ResultStore:
 def today() -> str:
     """The UTC date used as the ``run_date`` partition."""
     return dt.datetime.now(dt.UTC).date().isoformat()
+
+
+def detect_format(output_uri: str, storage: StorageConfig) -> Format:
+    """The format of the tables already at ``output_uri`` (what readers use when ``--format`` is not given).
+
+    A table folder with a ``_delta_log`` means delta; a table folder without one means parquet; an output with
+    no table yet gets the default, delta.
+    """
+    fs, root = filesystem(output_uri, storage)
+    names = ("runs", "results", "comparisons")
+    try:
+        if any(fs.exists(f"{root.rstrip('/')}/{name}/_delta_log") for name in names):
+            return "delta"
+        if any(fs.exists(f"{root.rstrip('/')}/{name}") for name in names):
+            return "parquet"
+    except Exception as exc:  # noqa: BLE001
+        raise translate_storage_error(exc, output_uri) from None
+    return "delta"

@@ -4,7 +4,10 @@
 optional ``RowCache`` for verdicts by content key first and judges only the misses. Errors:
 - a missing input under ``on_missing="error"``, a judge reply that stays unusable, transient failures past
   the retry budget: the row is recorded with its error, the block goes on;
-- :class:`JudgeConfigError` (auth, quota, bad model): re-raised, the run stops before anything is written.
+- :class:`JudgeConfigError` (auth, quota, bad model): re-raised, the run stops before anything is written;
+- an outage (the endpoint refuses, resets, times out or fails with 5xx again and again): the run's
+  :class:`CircuitBreaker` trips, the calls in flight are cancelled and every row not judged yet is recorded
+  "not judged" with the breaker's reason (the run's status becomes ``failed``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pyarrow as pa
 
 from recall_tasks.datasets import RowBlock
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
-from recall_tasks.judges.base import JudgeResponse
+from recall_tasks.judges.base import JudgeResponse, attempt_observer
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.models import RecallCase, RecallResult
 from recall_tasks.sentences import SPLITTER_VERSION
@@ -56,11 +59,12 @@ def row_cache_key(fingerprint: str, prepared: Prepared) -> str:
 
 @dataclass
 class RowOutcome:
-    """The result of one row, or its error."""
+    """The result of one row, or its error; ``requests``: the attempts of a row that got no verdict."""
 
     result: RecallResult | None
     error: str | None
     cached: bool = False
+    requests: int = 0
 
 
 def _case(row: dict[str, Any]) -> RecallCase:
@@ -104,13 +108,83 @@ class Budget:
         self.cost_usd += cost_usd or 0.0
 
 
+#: How the reason of a row kept from the judge (budget spent, breaker tripped) starts.
+NOT_JUDGED = "not judged: "
+
+#: Failed judge attempts in a row (retries included) that trip a run's circuit breaker.
+BREAKER_THRESHOLD = 10
+
+
+class CircuitBreaker:
+    """Stops judging when the endpoint is down: ``threshold`` failed attempts in a row, or ``timeout_threshold``
+    timed-out attempts in a row.
+
+    Attempts, not rows: a networked judge reports every HTTP attempt (the SDK's retries included) to
+    :data:`~recall_tasks.judges.base.attempt_observer`. Failures are connection errors (refused, reset, DNS,
+    TLS), timeouts and 5xx; any other answer resets the counts (the endpoint answers), a 429 counts neither way.
+    Timeouts trip sooner (the run sets ``timeout_threshold`` to its concurrency, between 3 and ``threshold``):
+    the calls in flight time out at about the same moment, so a hanging endpoint costs about one timeout for the
+    whole run, not rows x attempts x timeout. When it trips, the calls in flight are cancelled and every row not
+    judged yet is recorded "not judged" with :attr:`tripped_reason` (endpoint host and cause, no credentials).
+
+    Shared by every chunk of a run, like :class:`Budget`; used only on the one event loop the judge calls run on.
+    """
+
+    def __init__(self, threshold: int = BREAKER_THRESHOLD, timeout_threshold: int | None = None) -> None:
+        self.threshold = threshold
+        self.timeout_threshold = min(timeout_threshold or threshold, threshold)
+        self.failures = 0
+        self.timeouts = 0
+        self.tripped_reason: str | None = None
+        self._in_flight: set[asyncio.Task[Any]] = set()
+        self._cancelled: set[asyncio.Task[Any]] = set()
+
+    def attempt_ok(self) -> None:
+        self.failures = self.timeouts = 0
+
+    def attempt_failed(self, endpoint: str, cause: str, *, timed_out: bool = False) -> None:
+        if self.tripped_reason is not None:
+            return
+        self.failures += 1
+        self.timeouts += 1 if timed_out else 0
+        if self.failures >= self.threshold or self.timeouts >= self.timeout_threshold:
+            self.trip(
+                f"judge endpoint {endpoint} failed {self.failures} attempts in a row (last: {cause}); "
+                "judging stopped, the remaining rows were not judged"
+            )
+
+    def trip(self, reason: str) -> None:
+        """Record ``reason`` and cancel every judge call in flight (their rows become "not judged")."""
+        self.tripped_reason = reason
+        for task in self._in_flight:
+            if not task.done():
+                self._cancelled.add(task)
+                task.cancel()
+
+    def enter(self, task: asyncio.Task[Any]) -> None:
+        self._in_flight.add(task)
+
+    def leave(self, task: asyncio.Task[Any]) -> bool:
+        """Forget ``task``; True when the breaker cancelled it (its row is then "not judged")."""
+        self._in_flight.discard(task)
+        if task in self._cancelled:
+            self._cancelled.discard(task)
+            return True
+        return False
+
+
 async def score_rows(
-    metric: Metric, rows: list[dict[str, Any]], cache: RowCache | None = None, budget: Budget | None = None
+    metric: Metric,
+    rows: list[dict[str, Any]],
+    cache: RowCache | None = None,
+    budget: Budget | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> list[RowOutcome]:
     """Score rows concurrently; the judge bounds concurrency. A JudgeConfigError cancels the rest.
 
     Cache hits are finalised without a judge call; each fresh response is handed to the cache as soon as it
-    arrives (so a crash loses little); rows past the budget are marked not assessed with the reason.
+    arrives (so a crash loses little); rows past the budget, or after the breaker tripped, are marked not
+    assessed with the reason.
     """
     outcomes: list[RowOutcome | None] = [None] * len(rows)
     pending: list[tuple[int, Prepared, str]] = []
@@ -137,37 +211,59 @@ async def score_rows(
         else:
             to_judge.append((i, prepared, key))
 
+    def not_judged(prepared: Prepared, why: str, requests: int = 0) -> RowOutcome:
+        result = metric.not_assessed(
+            NOT_JUDGED + why, sentence_count=prepared.sentence_count, context_count=prepared.context_count
+        )
+        return RowOutcome(result, None, requests=requests)
+
     async def judge_one(i: int, prepared: Prepared, key: str) -> None:
+        if breaker is not None and breaker.tripped_reason is not None:
+            outcomes[i] = not_judged(prepared, breaker.tripped_reason)
+            return
         if budget is not None and not budget.acquire():
-            why = f"not judged: {budget.exhausted_reason or 'budget'}"
-            result = metric.not_assessed(
-                why, sentence_count=prepared.sentence_count, context_count=prepared.context_count
-            )
-            outcomes[i] = RowOutcome(result, None)
+            outcomes[i] = not_judged(prepared, budget.exhausted_reason or "budget")
             return
         started = time.perf_counter()
         response: JudgeResponse | None = None
+        attempts = 1
+        task = asyncio.current_task()
+        if breaker is not None and task is not None:
+            breaker.enter(task)
         try:
             response = await metric.judge.judge(prepared.request)
         except JudgeConfigError:
             raise
         except JudgeError as exc:
-            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}")
+            attempts = max(exc.requests, 1)
+            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", requests=attempts)
+            return
+        except asyncio.CancelledError as exc:
+            if breaker is None or task is None or not breaker.leave(task):
+                raise
+            task.uncancel()  # cancelled by the breaker, not by the caller: the row is "not judged"
+            attempts = max(getattr(exc, "requests", 1), 1)
+            outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", attempts)
             return
         finally:
+            if breaker is not None and task is not None:
+                breaker.leave(task)
             if budget is not None:
-                budget.release(response.requests if response else 1, response.cost_usd if response else None)
+                budget.release(response.requests if response else attempts, response.cost_usd if response else None)
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
         if cache is not None and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
 
     if to_judge:
+        token = attempt_observer.set(breaker)  # the judge tasks started below report their attempts to it
         try:
             async with asyncio.TaskGroup() as group:
                 for i, prepared, key in to_judge:
                     group.create_task(judge_one(i, prepared, key))
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
+        finally:
+            attempt_observer.reset(token)
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
 
 
@@ -195,6 +291,9 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("sentence_count", pa.int32()),
     pa.field("attributed_count", pa.int32()),
     pa.field("context_count", pa.int32()),
+    pa.field("context_precision", pa.float64()),
+    pa.field("chunks_used", pa.int32()),
+    pa.field("first_relevant_rank", pa.int32()),
     pa.field("skipped", pa.bool_()),
     pa.field("error", pa.string()),
     pa.field("cached", pa.bool_()),
@@ -209,11 +308,15 @@ RESULT_FIELDS: list[pa.Field] = [
 ]
 CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
 RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
+_RESERVED_LOWER = {n.lower() for n in RESERVED}
 
 
 def passthrough_name(name: str) -> str:
-    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``)."""
-    return f"data_{name}" if name in RESERVED else name
+    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``).
+
+    Compared ignoring case: Delta Lake column names are case-insensitive (``Score`` is ``score``).
+    """
+    return f"data_{name}" if name.lower() in _RESERVED_LOWER else name
 
 
 def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:
@@ -237,6 +340,9 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["sentence_count"].append(md.sentence_count if md else None)
         cols["attributed_count"].append(md.attributed_count if md else None)
         cols["context_count"].append(md.context_count if md else None)
+        cols["context_precision"].append(md.context_precision if md and r and r.score is not None else None)
+        cols["chunks_used"].append(md.chunks_used if md and r and r.score is not None else None)
+        cols["first_relevant_rank"].append(md.first_relevant_rank if md and r and r.score is not None else None)
         cols["skipped"].append(bool(r and r.skipped))
         cols["error"].append(out.error)
         cols["cached"].append(out.cached)
@@ -244,7 +350,7 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["prompt_version"].append(md.prompt_version if md else metric.judge.prompt_version)
         cols["prompt_tokens"].append(0 if out.cached or not md else md.prompt_tokens)
         cols["completion_tokens"].append(0 if out.cached or not md else md.completion_tokens)
-        cols["requests"].append(0 if out.cached or not md else md.requests)
+        cols["requests"].append(0 if out.cached else (md.requests if md and md.requests else out.requests))
         cols["cost_usd"].append(0.0 if out.cached else (md.cost_usd if md else None))
         cols["latency_ms"].append(md.latency_ms if md else None)
         cols["flags"].append(md.flags if md else [])
@@ -256,7 +362,11 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
 
 
 async def score_block(
-    metric: Metric, block: RowBlock, cache: RowCache | None = None, budget: Budget | None = None
+    metric: Metric,
+    block: RowBlock,
+    cache: RowCache | None = None,
+    budget: Budget | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> pa.Table:
     """Score every row of ``block``; its result table has no run columns (added at commit, see results.py).
 
@@ -265,5 +375,5 @@ async def score_block(
     """
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
     rows = await asyncio.to_thread(lambda: block.table.select(columns).to_pylist())
-    outcomes = await score_rows(metric, rows, cache, budget)
+    outcomes = await score_rows(metric, rows, cache, budget, breaker)
     return await asyncio.to_thread(results_table, block, outcomes, metric)

@@ -13,7 +13,7 @@ import pyarrow.dataset as pads
 
 from recall_tasks.regression import Comparison, WorstRow, compare_runs, find_baseline, lost_statements
 
-RESULT_COLUMNS = ["row_id", "score", "success"]
+RESULT_COLUMNS = ["row_id", "score", "success", "context_precision"]
 
 
 def _rows_of(results: pads.Dataset, run_id: str, columns: list[str], where: Any = None) -> Any:
@@ -48,7 +48,7 @@ def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | No
     runs = runs_ds.to_table()
     baseline = find_baseline(
         runs, dataset=plan.dataset.name, metric=plan.params.metric, spec=spec, exclude_run_id=plan.run_id,
-        current=summary,
+        current=summary, dataset_id=plan.dataset.identity,
     )  # fmt: skip
     if baseline is None:
         return None
@@ -69,7 +69,8 @@ def largest_drops(store: Any, run_id: str, baseline_id: str, limit: int = 10) ->
     results = store.read_table("results")
     if results is None:
         return []
-    current, base = _rows_of(results, run_id, RESULT_COLUMNS), _rows_of(results, baseline_id, RESULT_COLUMNS)
+    columns = [c for c in RESULT_COLUMNS if c in results.schema.names]
+    current, base = _rows_of(results, run_id, columns), _rows_of(results, baseline_id, columns)
     if current.num_rows == 0 or base.num_rows == 0:
         return []
     comparison = compare_runs(

@@ -16,6 +16,10 @@ Typical use::
 Per request, in order: queued faults (FIFO, one per request) -> ``reject_json_schema`` -> random faults
 (``fault_rate`` / ``malformed_rate``) -> the responder.  Every request is recorded in ``requests`` (also
 those answered with a fault), in arrival order.
+
+``hang = True`` (an outage that accepts connections and never answers): every chat request is recorded, then
+held without an answer until ``hang`` is cleared, :meth:`FakeOpenAI.reset` or :meth:`FakeOpenAI.stop`; the
+connection is then dropped.
 """
 
 from __future__ import annotations
@@ -320,7 +324,7 @@ class FakeOpenAI:
     (a fixed number of draws per request, so the counts are deterministic even under concurrency).
 
     ``stats`` counts outcomes: "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
-    "malformed:<kind>", "rejected:json_schema", "responder_error".  ``errors`` keeps responder exceptions.
+    "malformed:<kind>", "rejected:json_schema", "responder_error", "hang".  ``errors`` keeps responder exceptions.
     The constructor settings are public attributes; :meth:`reset` restores them.
     """
 
@@ -334,6 +338,7 @@ class FakeOpenAI:
         malformed_rate: float = 0.0,
         seed: int | None = None,
         model_id: str = "gpt-4o-mini",
+        hang: bool = False,
     ) -> None:
         self._defaults = {
             "responder": responder,
@@ -341,7 +346,9 @@ class FakeOpenAI:
             "reject_json_schema": reject_json_schema,
             "fault_rate": fault_rate,
             "malformed_rate": malformed_rate,
+            "hang": hang,
         }
+        self.hang = hang
         self.responder: Responder | None = responder
         self.latency_s = latency_s
         self.record = True  # benchmarks turn this off: request bodies are not kept
@@ -474,6 +481,7 @@ class FakeOpenAI:
             # settings are snapshotted on arrival, so that a slow (Delay) request answered after a
             # reset() does not use the next test's responder
             gen = self._generation
+            hang = self.hang and is_chat
             responder, latency_s = self.responder, self.latency_s
             reject_json_schema = self.reject_json_schema
             fault_rate, malformed_rate = self.fault_rate, self.malformed_rate
@@ -482,6 +490,12 @@ class FakeOpenAI:
             with self._lock:
                 if gen == self._generation:
                     self.stats[key] += 1
+
+        if hang:  # accept, never answer: until the hang is lifted, the server reset or stopped
+            count("hang")
+            while self.hang and gen == self._generation and not self._stopping.wait(0.05):
+                pass
+            return _ResetConnection()
 
         self._sleep(latency_s)
 

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,17 @@ def _unreachable(ctx: Ctx) -> dict[str, Any]:
 
 DUPLICATES = assign(rows(5), "row_id", ["a", "b", "c", "b", "a"])
 
+
+def _with_column(name: str, values: pa.Array) -> pa.Table:
+    """rows() plus one pass-through column ``name`` of ``values`` (4 values), its type kept as given."""
+    return table(rows()).append_column(name, values)
+
+
+def _duplicate_names(second: str) -> pa.Table:
+    t = table(rows())
+    return pa.Table.from_arrays([*t.columns, t.column("category")], names=[*t.column_names, second])
+
+
 REFUSED = [
     Refused(
         "missing-expected_output-column",
@@ -450,6 +462,68 @@ REFUSED = [
         lambda c: {**_data(c, rows()), "segment_by": ["language"]},
         DatasetError,
         ["--segment-by language: not a pass-through column; available: category", "column 'language'", "{uri}"],
+    ),
+    Refused(
+        "time64-passthrough",
+        lambda c: _data(c, _with_column("at", pa.array([1, 2, 3, 4], pa.time64("us")))),
+        DatasetError,
+        ["pass-through column of type time64[us] cannot be stored", "no time-of-day type", "file {uri}", "'at'"],
+    ),
+    Refused(
+        "duration-passthrough",
+        lambda c: _data(c, _with_column("took", pa.array([1, 2, 3, 4], pa.duration("ms")))),
+        DatasetError,
+        ["type duration[ms] cannot be stored", "no duration type: cast it to int64", "column 'took'", "file {uri}"],
+    ),
+    Refused(
+        "decimal256-passthrough",
+        lambda c: _data(c, _with_column("big", pa.array([1, 2, 3, 4]).cast(pa.decimal256(40, 0)))),
+        DatasetError,
+        ["type decimal256(40, 0) cannot be stored", "at most 38 digits", "column 'big'", "file {uri}"],
+    ),
+    Refused(
+        "time-in-a-struct-passthrough",
+        lambda c: _data(c, _with_column("meta", pa.array([{"d": 5}] * 4, pa.struct([("d", pa.time32("s"))])))),
+        DatasetError,
+        ["type struct<d: time32[ms]> cannot be stored", "no time-of-day type", "column 'meta'", "file {uri}"],
+    ),
+    Refused(
+        "reserved-name-collision-ignoring-case",
+        lambda c: _data(
+            c, _with_column("Score", pa.array([1, 2, 3, 4])).append_column("data_score", pa.array([1] * 4))
+        ),
+        DatasetError,
+        ["'Score' and 'data_score' would both be stored as", "compared ignoring case", "file {uri}"],
+    ),
+    Refused(
+        "duplicate-column-names",
+        lambda c: _data(c, _duplicate_names("category")),
+        DatasetError,
+        ["duplicate column names: column 'category' appears twice", "file {uri}", "column 'category'"],
+    ),
+    Refused(
+        "column-names-differing-only-in-case",
+        lambda c: _data(c, _duplicate_names("Category")),
+        DatasetError,
+        ["duplicate column names: columns 'category' and 'Category' differ only in case", "file {uri}"],
+    ),
+    Refused(
+        "segment-by-list-column",
+        lambda c: {
+            **_data(c, _with_column("tags", pa.array([["x"], ["y"], [], None], pa.list_(pa.string())))),
+            "segment_by": ["tags"],
+        },
+        DatasetError,
+        ["--segment-by tags: a list<string> column cannot segment a run", "column 'tags'", "file {uri}"],
+    ),
+    Refused(
+        "segment-by-struct-column",
+        lambda c: {
+            **_data(c, _with_column("meta", pa.array([{"a": 1}] * 4, pa.struct([("a", pa.int64())])))),
+            "segment_by": ["meta"],
+        },
+        DatasetError,
+        ["--segment-by meta: a struct<a: int64> column cannot segment a run", "column 'meta'"],
     ),
     Refused(
         "s3-missing-object",
@@ -686,6 +760,71 @@ def test_corrupted_data_page_stops_the_run_without_commit(ctx: Ctx) -> None:
     assert not (out / "results").exists() and not (out / "runs").exists()
 
 
+def test_passthrough_type_differing_from_the_results_table_is_refused_before_judging(ctx: Ctx) -> None:
+    """A later dataset whose pass-through column has another type than the output's results table."""
+    first = run_flow(ctx, dataset_uri=write(ctx.tmp / "a" / "eval.parquet", rows()))
+    assert first["scored"] == 4
+    ctx.fake.reset()
+    other = write(ctx.tmp / "b" / "eval.parquet", assign(rows(), "category", [1, 2, 3, 4]))
+    with pytest.raises(DatasetError) as info:
+        run_flow(ctx, dataset_uri=other)
+    message = str(info.value)
+    assert "pass-through column is int64, but the results table" in message
+    assert "has 'category' as string: cast the column, rename it, or write to another --output" in message
+    assert f"file {other}" in message and "column 'category'" in message and "\n" not in message
+    assert ctx.fake.chat_requests == []
+    runs = DeltaTable(str(Path(ctx.out) / "runs")).to_pyarrow_table()
+    assert runs.column("run_id").to_pylist() == [first["run_id"]]  # nothing committed by the refused run
+    assert DeltaTable(str(Path(ctx.out) / "results")).to_pyarrow_table().num_rows == 4
+    assert not list(Path(ctx.out).glob("_chunks/*/*/*.parquet"))[4:]  # no chunk file of the refused run
+
+
+def test_pandas_style_passthrough_types_are_stored_readably(ctx: Ctx) -> None:
+    """timestamp[ns] (values not whole microseconds), uint64 >= 2^63, float16, categoricals, Score/Reason/Error
+    columns: run twice into one output, then query and history still read it."""
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app
+
+    data = table(rows())
+    extra = {
+        "seen_at": pa.array([1_700_000_000_123_456_789 + i for i in range(4)], pa.timestamp("ns")),
+        "seen_at_tz": pa.array([1_700_000_000_123_456_789] * 4, pa.timestamp("ns", tz="Europe/Berlin")),
+        "big": pa.array([2**63 + 5, 0, 1, 2**64 - 1], pa.uint64()),
+        "small": pa.array([1, 2, 3, 255], pa.uint8()),
+        "half": pa.array([0.5, 1.5, 2.5, None], pa.float32()).cast(pa.float16()),
+        "team": pa.array(["x", "y", "x", None]).dictionary_encode(),
+        "amount": pa.array([Decimal(i) for i in range(4)], pa.decimal256(10, 0)),
+        "Score": pa.array([9.0, 8.0, 7.0, 6.0]),
+        "Reason": pa.array(["r"] * 4),
+        "Error": pa.array(["e"] * 4),
+    }
+    for name, values in extra.items():
+        data = data.append_column(name, values)
+    uri = write(ctx.data, data.set_column(1, "question", data.column("question").dictionary_encode()))
+    first = run_flow(ctx, dataset_uri=uri, segment_by=["team"])
+    second = run_flow(ctx, dataset_uri=uri, segment_by=["team"])
+    assert first["scored"] == second["scored"] == 4 and first["errors"] == 0
+    results = DeltaTable(str(Path(ctx.out) / "results")).to_pyarrow_table()
+    assert results.num_rows == 8
+    schema = results.schema
+    assert schema.field("seen_at").type == pa.timestamp("us") and schema.field("seen_at_tz").type.unit == "us"
+    assert schema.field("big").type == pa.decimal128(20, 0) and schema.field("small").type == pa.int16()
+    assert schema.field("half").type == pa.float32() and schema.field("team").type == pa.string()
+    assert {"data_Score", "data_Reason", "data_Error", "score", "reason", "error"} <= set(schema.names)
+    row = next(r for r in results.to_pylist() if r["row_id"] == "r0")
+    assert row["big"] == 2**63 + 5 and row["small"] == 1 and row["data_Score"] == 9.0 and row["score"] == 1.0
+    assert row["seen_at"].microsecond == 123456  # truncated to the microsecond (789 ns dropped)
+    assert row["input"] == "What about item 0?"
+    runner = CliRunner()
+    query = runner.invoke(
+        app, ["query", "SELECT count(*) AS n, max(big) AS b FROM results", "--output", ctx.out], env={"COLUMNS": "200"}
+    )
+    assert query.exit_code == 0 and "8" in query.output and "18446744073709551615" in query.output, query.output
+    history = runner.invoke(app, ["history", "--output", ctx.out], env={"COLUMNS": "400"})
+    assert history.exit_code == 0 and second["run_id"] in history.output, history.output
+
+
 # ------------------------------------------------------------------------------------ refused: parameters
 
 
@@ -708,6 +847,19 @@ PARAMS = [
         "storage_options",
         "look secret",
         id="secret-in-storage-options",
+    ),
+    pytest.param(
+        {"base_url": f"http://judge-user:{CLI_SECRET}@127.0.0.1:9/v1"},
+        "base_url",
+        "the judge endpoint URL holds a user name or password before 127.0.0.1: remove it and pass the key through "
+        "OPENAI_API_KEY",
+        id="credentials-in-base-url",
+    ),
+    pytest.param(
+        {"base_url": f"http://127.0.0.1:9/v1?api-key={CLI_SECRET}"},
+        "base_url",
+        "secret-looking query parameter (api-key)",
+        id="key-in-base-url-query",
     ),
 ]
 
@@ -839,11 +991,37 @@ def test_cli_exits_2_with_one_line(ctx: Ctx, request: pytest.FixtureRequest, cas
     assert "Traceback" not in output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     lines = [line for line in output.splitlines() if line.strip()]
+    if lines and lines[0].startswith("judge: openai "):  # the judge in use, printed (stderr) as a run starts
+        lines = lines[1:]
     assert len(lines) == 1 or not case.one_line, output
     for needle in case.needles:
         assert needle in output, output
     for secret in [KEY, *case.absent]:
         assert secret not in output
+    assert ctx.fake.chat_requests == []
+    nothing_written(ctx)
+
+
+def test_cli_refuses_credentials_in_base_url_before_any_flow_run(ctx: Ctx) -> None:
+    """The password is never echoed, and never reaches Prefect (no flow run stores it as a parameter)."""
+    from prefect.client.orchestration import get_client
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app
+
+    url = f"http://judge-user:{CLI_SECRET}@127.0.0.1:{ctx.fake.port}/v1"
+    args = ["run", *_cli_data(ctx), "--judge", "openai", "--base-url", url]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        "error: base_url: the judge endpoint URL holds a user name or password before 127.0.0.1: remove it and pass "
+        "the key through OPENAI_API_KEY (credentials in parameters are stored in Prefect's database)"
+    ]
+    assert CLI_SECRET not in result.output and "judge-user" not in result.output
+    with get_client(sync_client=True) as client:
+        stored = [str(r.parameters) for r in client.read_flow_runs(limit=200)]
+    assert not any(CLI_SECRET in p for p in stored)
     assert ctx.fake.chat_requests == []
     nothing_written(ctx)
 
@@ -858,6 +1036,8 @@ def test_cli_error_is_one_line_at_default_width(ctx: Ctx) -> None:
     result = CliRunner().invoke(app, ["run", str(deep), "--output", ctx.out])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[0].startswith("judge: lexical (offline approximation")  # the judge in use, first (stderr)
+    lines = lines[1:]
     assert len(lines) == 1, result.output
     assert str(deep) in result.output
     assert re.match(r"^error: dataset not found", lines[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +20,12 @@ from deltalake import DeltaTable
 from flows.recall_flow import recall_benchmark
 from recall_tasks.cache import RowVerdictCache
 from recall_tasks.config import RunParams
-from recall_tasks.errors import StorageError
+from recall_tasks.errors import RunFailed, StorageError
 from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
 from recall_tasks.results import ResultStore
 from recall_tasks.storage import StorageConfig
 from tests import judge_script
+from tests.fake_openai import Reset, Status
 from tests.test_pipeline import KEY, expected, make_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -539,3 +541,81 @@ def test_row_cache_lookup_reads_only_the_row_groups_it_needs(where, tmp_path, re
     across = reader.get_many(["k0", "k2499", "k4999"])
     assert reader.row_groups_read == 4
     assert [across[k].prompt_tokens for k in ("k0", "k2499", "k4999")] == [0, 2499, 4999]
+
+
+# -- only successes are cached: failed chunks are judged again on the next run -------------------
+
+
+def _fresh(judge) -> None:
+    judge.reset()
+    judge.set_responder(judge_script.responder)
+
+
+def _all_scored_right(out: Path, summary: dict, rows: list[dict]) -> None:
+    got = results_of(out, summary["run_id"])
+    assert {k: r["score"] for k, r in got.items()} == pytest.approx({r["row_id"]: expected(r) for r in rows})
+    assert all(r["error"] is None for r in got.values())
+
+
+def test_outage_then_healthy_rerun_judges_every_row(prefect_harness, judge_env, tmp_path):
+    """The judge goes down after the pre-flight probe (every chat request reset): the rerun with the judge back
+    judges the rows, none is served from the chunk cache as an error."""
+    rows = make_rows(40, seed=51)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    judge_env.enqueue(*[Reset()] * 400)
+    with pytest.raises(RunFailed) as info:
+        run(judge_env, data, out)
+    first = info.value.summary
+    assert first["scored"] == 0 and first["status"] == "failed"
+    assert "connection reset by the server" in first["status_reason"]
+    _fresh(judge_env)
+    second = run(judge_env, data, out)
+    assert len(judge_env.chat_requests) == 40 and second["requests"] == 40
+    assert second["scored"] == 40 and second["errors"] == 0 and second["cached"] == 0
+    assert second["status"] == "completed"
+    _all_scored_right(out, second, rows)
+    assert len(_chunk_task_runs(second["flow_run_id"])) == 4  # every failed chunk went through its task again
+    shutil.rmtree(out / "cache")  # only the chunk cache can answer now: its records were refreshed
+    _fresh(judge_env)
+    third = run(judge_env, data, out)
+    assert judge_env.chat_requests == [] and third["cached"] == 40 and third["scored"] == 40
+    assert _chunk_task_runs(third["flow_run_id"]) == []
+
+
+def test_budget_stop_then_rerun_without_budget_judges_the_rest(prefect_harness, judge_env, tmp_path):
+    rows = make_rows(40, seed=53)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    first = run(judge_env, data, out, max_requests=12, max_workers=1, max_concurrency=4)
+    assert first["status"] == "budget_exhausted" and first["skipped"] == 40 - first["scored"] >= 28
+    _fresh(judge_env)
+    second = run(judge_env, data, out)
+    assert len(judge_env.chat_requests) == 40 - first["scored"] == second["requests"]
+    assert second["scored"] == 40 and second["skipped"] == 0 and second["cached"] == first["scored"]
+    assert second["status"] == "completed" and second["status_reason"] is None
+    _all_scored_right(out, second, rows)
+
+
+def test_rows_left_in_error_by_transient_faults_are_judged_on_rerun(prefect_harness, judge_env, tmp_path):
+    rows = make_rows(40, seed=57)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    judge_env.enqueue(*[Status(503)] * 3)  # three rows fail (no retries), far from tripping the breaker
+    first = run(judge_env, data, out, max_retries=0, max_error_rate=0.1)  # 3 of 40 in error: not a failed run
+    assert first["errors"] == 3 and first["scored"] == 37 and first["status"] == "completed"
+    _fresh(judge_env)
+    second = run(judge_env, data, out, max_retries=0, max_error_rate=0.1)
+    assert len(judge_env.chat_requests) == 3 and second["requests"] == 3
+    assert second["errors"] == 0 and second["scored"] == 40 and second["cached"] == 37
+    _all_scored_right(out, second, rows)
+
+
+def test_reports_cached_before_not_judged_existed_are_not_reused():
+    """A pickled report of an older version has no ``not_judged``: unknown, so never served whole."""
+    from recall_tasks.pipeline import ChunkReport
+
+    assert not ChunkReport(seq=0, rows=10, errors=0, scored=10, path="p").reusable
+    assert not ChunkReport(seq=0, rows=10, errors=1, scored=9, path="p", not_judged=0).reusable
+    assert not ChunkReport(seq=0, rows=10, errors=0, scored=8, path="p", not_judged=2).reusable
+    assert ChunkReport(seq=0, rows=10, errors=0, scored=10, path="p", not_judged=0).reusable

@@ -150,7 +150,10 @@ def test_yaml_is_portable_and_holds_no_secrets():
     walk(raw)
     # the nightly parameters validate as RunParams once the environment is filled in
     params = names["nightly-recall"].parameters["params"]
-    filled = {k: v.replace("{{ $RECALL_DATASET_URI }}", "s3://b/d.parquet") for k, v in params.items()}
+    filled = {
+        k: v.replace("{{ $RECALL_DATASET_URI }}", "s3://b/d.parquet") if isinstance(v, str) else v
+        for k, v in params.items()
+    }
     filled["output_uri"] = "s3://b/recall"
     assert RunParams.model_validate(filled).judge == "openai"
 
@@ -239,7 +242,14 @@ def test_deploy_then_index_built_events_run_the_flow(
             # the checkout is chosen on the worker at run time: the placeholder is stored as written
             assert dep.pull_steps == [PULL_STEP]
         assert nightly.parameters == {
-            "params": {"dataset_uri": dataset, "output_uri": default_output, "judge": "openai", "label": "nightly"}
+            "params": {
+                "dataset_uri": dataset,
+                "output_uri": default_output,
+                "judge": "openai",
+                "label": "nightly",
+                "timeout_s": 60,
+                "max_retries": 4,
+            }
         }
         RunParams.model_validate(nightly.parameters["params"])
         assert len(nightly.schedules) == 1

@@ -229,7 +229,7 @@ def test_transient_faults_past_the_budget_raise_typed_errors(fake_openai):
     assert len(fake_openai.chat_requests) == 3
     fake_openai.reset()
     fake_openai.enqueue(Delay(1.0), Delay(1.0))
-    with pytest.raises(JudgeTransientError, match="did not answer within 0.3s"):
+    with pytest.raises(JudgeTransientError, match="no answer within 0.3 s"):
         ContextualRecall(judge=judge_for(fake_openai, max_retries=1, timeout_s=0.3)).measure(EINSTEIN)
 
 
@@ -460,3 +460,23 @@ def test_azure_deployment_through_the_sdk_azure_client(fake_openai):
     assert request["headers"]["api-key"] == KEY
     assert "max_completion_tokens" in request["body"]
     assert KEY not in repr(judge)
+
+
+def test_huge_judge_replies_are_size_bounded_and_flagged(fake_openai):
+    """A 2 MB reason (and summary) is cut to a few KB before it is stored, with a flag saying so."""
+    from recall_tasks.judges.parsing import MAX_REASON_CHARS, MAX_SUMMARY_CHARS
+
+    huge = dict(EINSTEIN_REPLY)
+    huge["verdicts"] = [{**EINSTEIN_REPLY["verdicts"][0], "reason": "x" * 2_000_000}, *EINSTEIN_REPLY["verdicts"][1:]]
+    huge["summary"] = "y" * 500_000
+    huge["verdicts"] += [{"id": 100 + i, "verdict": "yes", "chunk_ids": []} for i in range(50)]  # 50 unknown ids
+    fake_openai.set_responder(reply(huge))
+    result = ContextualRecall(judge=judge_for(fake_openai)).measure(EINSTEIN)
+    assert result.score == pytest.approx(2 / 3)
+    assert len(result.verdicts[0].reason) == MAX_REASON_CHARS + 1 and result.verdicts[0].reason.endswith("…")
+    assert result.verdicts[1].reason == "relativity in chunk 2"
+    flags = result.metadata.flags
+    assert f"reason of id 1 truncated to {MAX_REASON_CHARS} characters" in flags
+    assert f"summary truncated to {MAX_SUMMARY_CHARS} characters" in flags
+    assert len(flags) <= 20 and flags[-1].startswith("and ") and flags[-1].endswith("more flags")
+    assert len(json.dumps(result.model_dump())) < 20_000

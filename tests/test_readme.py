@@ -1,7 +1,8 @@
-"""The README's promises: its two commands exist and the demo and query it shows work from a fresh folder."""
+"""The README's promises: its two commands exist, and the demo prints exactly what the quickstart shows."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 
 
 def test_first_screen_shows_the_two_commands_and_ci_runs_the_test_one():
-    first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:40])
+    first_screen = "\n".join(README.splitlines()[:40])
     assert "make demo" in first_screen and "make test" in first_screen
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo: .*\n\t.*recall-bench demo", makefile, re.M)
@@ -20,38 +23,78 @@ def test_first_screen_shows_the_two_commands_and_ci_runs_the_test_one():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_demo_then_readme_query_from_a_fresh_folder(prefect_harness, tmp_path):
+def quickstart_block() -> list[str]:
+    """The README's quickstart output: the lines of the first code block after ``## Quickstart``."""
+    section = README.split("## Quickstart", 1)[1]
+    return section.split("```\n", 2)[1].rstrip("\n").splitlines()
+
+
+def masked(lines: list[str]) -> list[str]:
+    """Lines with what differs between runs masked: run id, wall_seconds, the folder the demo ran in.
+
+    Everything else (counts, mean, CI, pass rate, the worst rows, the layout) must match exactly.
+    """
+    out = []
+    for line in lines:
+        line = RUN_ID.sub("RUN_ID", line.rstrip())
+        line = re.sub(r"(│ wall_seconds\s+│ )[0-9.]+\s*│", r"\1WALL│", line)
+        line = re.sub(r"^HTML report: .*?(recall-output/reports/)", r"HTML report: DIR/\1", line)
+        out.append(line)
+    return out
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recall_tasks", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_demo_prints_what_the_readme_shows_and_its_queries_work(prefect_harness, tmp_path):
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
     env.pop("OPENAI_API_KEY", None)
-    demo = subprocess.run(
-        [sys.executable, "-m", "recall_tasks", "demo"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env.pop("RECALL_OUTPUT", None)
+    demo = run_cli(["demo"], tmp_path, env)
     assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert "mean_score" in demo.stdout and "HTML report:" in demo.stdout
-    ids = {
-        line.split('"row_id": "')[1].split('"')[0]
-        for line in (ROOT / "recall_tasks" / "data" / "sample.jsonl").read_text().splitlines()
-        if line
-    }
-    assert sum(i in demo.stdout for i in ids) >= 3  # the worst rows are printed
-    query = re.search(r'recall-bench query "([^"]+)" --output (\S+)', demo.stdout)
-    assert query, demo.stdout
-    answer = subprocess.run(
-        [sys.executable, "-m", "recall_tasks", "query", query.group(1), "--output", query.group(2)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+
+    block = quickstart_block()
+    assert block[0] == "$ make demo"
+    makefile = (ROOT / "Makefile").read_text()
+    assert block[1] == re.search(r"^demo: .*\n\t(.*)$", makefile, re.M).group(1).replace("$(BIN)", ".venv/bin")
+    judge_lines = [line for line in demo.stderr.splitlines() if line.startswith("judge: ")]
+    assert (
+        judge_lines
+        == [block[2]]
+        == ["judge: lexical (offline approximation; use --judge openai for numbers you report)"]
     )
+    assert masked(demo.stdout.rstrip("\n").splitlines()) == masked(block[3:])
+
+    # the figures the block shows are the run's (runs table), not just its text
+    runs = run_cli(
+        ["query", "SELECT rows, scored, skipped, mean_score, ci_low, ci_high, pass_rate FROM runs "
+         "WHERE segment_column IS NULL", "--output-format", "json"], tmp_path, env,
+    )  # fmt: skip
+    assert runs.returncode == 0, runs.stderr
+    (overall,) = [json.loads(line) for line in runs.stdout.splitlines()]
+    shown = {m.group(1): m.group(2) for m in re.finditer(r"│ (\w+)\s+│ (\S+)\s+│", "\n".join(block))}
+    for key in ("rows", "scored", "skipped"):
+        assert str(overall[key]) == shown[key]
+    for key in ("mean_score", "ci_low", "ci_high", "pass_rate"):
+        assert f"{overall[key]:.4g}" == shown[key]
+
+    # the query the demo suggests, and the README's example queries, run on the demo's output
+    suggested = re.search(r'recall-bench query "([^"]+)" --output (\S+)', demo.stdout)
+    assert suggested, demo.stdout
+    answer = run_cli(["query", suggested.group(1), "--output", suggested.group(2)], tmp_path, env)
     assert answer.returncode == 0, answer.stderr
-    assert "row_id" in answer.stdout and "score" in answer.stdout
+    assert "row_id" in answer.stdout and "python-1" in answer.stdout
+    examples = re.findall(r'recall-bench query "([^"]+)"', README)
+    assert any("FROM runs WHERE segment_column IS NULL" in sql for sql in examples)
+    for sql in examples:
+        result = run_cli(["query", sql, "--output-format", "json", "--limit", "0"], tmp_path, env)
+        assert result.returncode == 0, (sql, result.stderr)
+        if "FROM runs" in sql:  # overall rows only: the demo's per-category rows are not mixed in
+            assert len(result.stdout.splitlines()) == 1, result.stdout
     assert (tmp_path / "recall-output" / "results" / "_delta_log").is_dir()
     assert list((tmp_path / "recall-output" / "reports").glob("*.html"))

@@ -44,9 +44,13 @@ def test_series_baseline_comparison_events_and_fail(prefect_harness, asserting_e
     rows = [r for r in make_rows(200, seed=31) if any(c != "unrelated filler text" for c in r["contexts"])]
     out = str(tmp_path / "out")
     data = write(tmp_path / "v1" / "eval.parquet", rows)
-    first = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, label="prod", segment_by=["category"]))
+    first = recall_benchmark(
+        RunParams(dataset_uri=data, output_uri=out, label="prod", segment_by=["category"], dataset_name="eval")
+    )
     assert "comparison" not in first
-    same = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, label="idx-2", segment_by=["category"]))
+    same = recall_benchmark(
+        RunParams(dataset_uri=data, output_uri=out, label="idx-2", segment_by=["category"], dataset_name="eval")
+    )
     assert same["comparison"]["verdict"] == "unchanged" and same["comparison"]["mean_delta"] == 0
     worse = write(tmp_path / "v2" / "eval.parquet", degrade(rows, 5))
     with pytest.raises(RegressionDetected, match="regressed against"):
@@ -58,6 +62,7 @@ def test_series_baseline_comparison_events_and_fail(prefect_harness, asserting_e
                 baseline="label:prod",
                 segment_by=["category"],
                 fail_on_regression=True,
+                dataset_name="eval",
             )
         )
     comparisons = DeltaTable(f"{out}/comparisons").to_pyarrow_table().to_pylist()
@@ -117,8 +122,9 @@ def test_cli_history_and_comparisons_query(prefect_harness, tmp_path):
     base = write(tmp_path / "v1" / "eval.parquet", rows)
     worse = write(tmp_path / "v2" / "eval.parquet", degrade(rows, 2))
     runner = CliRunner()
-    assert runner.invoke(app, ["run", base, "--output", out, "--label", "prod"]).exit_code == 0
-    failed = runner.invoke(app, ["run", worse, "--output", out, "--label", "v2", "--fail-on-regression"])
+    series = ["--dataset-name", "eval"]  # the two index versions' files are one series
+    assert runner.invoke(app, ["run", base, "--output", out, "--label", "prod", *series]).exit_code == 0
+    failed = runner.invoke(app, ["run", worse, "--output", out, "--label", "v2", "--fail-on-regression", *series])
     assert failed.exit_code == 3 and "regression" in failed.output
     history = runner.invoke(app, ["history", "--output", out], env={"COLUMNS": "200"})
     assert history.exit_code == 0 and "first of series" in history.output and "regressed vs" in history.output

@@ -145,7 +145,9 @@ def test_an_endpoint_failing_every_judge_call_fails_the_run_with_exit_4(prefect_
     data = write(tmp_path / "data" / "eval.parquet", ragas_rows(8, seed=3))
     out = str(tmp_path / "out")
     judge.set_responder(lambda body: {"status": 503, "content": ""})
-    failed = cli("run", data, "-o", out, "--judge", "openai", "--base-url", judge.base_url)
+    # no retries: 8 failed attempts stay below the circuit breaker's 10 (with retries it trips first and its
+    # reason names the endpoint, see tests/test_outages.py), so the error-rate rule fails the run
+    failed = cli("run", data, "-o", out, "--judge", "openai", "--base-url", judge.base_url, "--max-retries", "0")
     assert failed.exit_code == 4, failed.output
     n = len(ragas_rows(8, seed=3))
     assert f"{n} of {n} assessed rows ended with an error" in failed.output
@@ -254,11 +256,12 @@ def test_an_output_at_inside_or_around_the_dataset_is_refused(prefect_harness, s
 def test_the_html_report_shows_drops_chunks_reasons_and_one_series_per_judge(prefect_harness, judge, tmp_path):
     rows = ragas_rows(60, seed=17)
     out = str(tmp_path / "out")
-    llm = ["--judge", "openai", "--base-url", judge.base_url, "--segment-by", "category"]
+    series = ["--dataset-name", "faq", "--segment-by", "category"]  # one series over the index versions' files
+    llm = ["--judge", "openai", "--base-url", judge.base_url, *series]
     assert cli("run", write(tmp_path / "v1" / "eval.parquet", rows), "-o", out, *llm, "--label", "a").exit_code == 0
     worse = write(tmp_path / "v2" / "eval.parquet", ragas_degrade(rows, 2))
     assert cli("run", worse, "-o", out, *llm, "--label", "b").exit_code == 0
-    assert cli("run", worse, "-o", out, "--label", "c", "--segment-by", "category").exit_code == 0
+    assert cli("run", worse, "-o", out, "--label", "c", *series).exit_code == 0
     runs = {r["label"]: r for r in runs_of(out)}
     doc = (Path(out) / "reports" / f"{runs['b']['run_id']}.html").read_text()
     assert "<h2>Largest drops vs baseline</h2>" in doc
@@ -273,3 +276,87 @@ def test_the_html_report_shows_drops_chunks_reasons_and_one_series_per_judge(pre
     assert "One series per judge configuration" in trend
     assert "gpt-4o-mini (prompt" in trend and "lexical (prompt" in trend
     assert trend.split("</svg>", 1)[0].count("<polyline") == 1  # the two openai runs joined, the lexical one alone
+
+
+# -- identity of a series, and runs of different series committing at once ------------------------------
+
+
+def test_two_datasets_sharing_a_file_name_are_two_series(prefect_harness, tmp_path):
+    out = str(tmp_path / "out")
+    first = make_rows(12, seed=1)
+    other = [{**r, "ground_truth": "Something else entirely."} for r in make_rows(12, seed=2)]  # same row ids
+    a = cli("run", write(tmp_path / "team-a" / "eval.parquet", first), "-o", out, "--label", "a")
+    b = cli("run", write(tmp_path / "team-b" / "eval.parquet", other), "-o", out, "--label", "b")
+    assert a.exit_code == 0 and b.exit_code == 0, b.output
+    assert "first run of its series" in b.output  # not paired with team a's rows by row_id
+    ids = {r["label"]: r["dataset_id"] for r in runs_of(out)}
+    assert ids == {"a": str(tmp_path / "team-a" / "eval.parquet"), "b": str(tmp_path / "team-b" / "eval.parquet")}
+
+
+def test_dated_folders_form_one_series_with_a_dataset_name(prefect_harness, tmp_path):
+    out = str(tmp_path / "out")
+    rows = make_rows(12, seed=1)
+    nights = [write(tmp_path / "evals" / day / "golden.parquet", rows) for day in ("2026-11-29", "2026-11-30")]
+    plain = cli("run", nights[1], "-o", str(tmp_path / "plain"))
+    assert cli("run", nights[0], "-o", str(tmp_path / "plain")).exit_code == 0
+    assert "first run of its series" in plain.output
+    assert cli("run", nights[0], "-o", out, "--dataset-name", "golden").exit_code == 0
+    second = cli("run", nights[1], "-o", out, "--dataset-name", "golden")
+    assert second.exit_code == 0, second.output
+    assert ": unchanged (" in second.output and "warning: the baseline's dataset URI differs" in second.output
+    assert {r["dataset"] for r in runs_of(out)} == {"golden"}
+    bad = cli("run", nights[1], "-o", out, "--dataset-name", "../x")
+    assert bad.exit_code == 2 and "dataset_name" in bad.output
+
+
+def test_runs_of_two_datasets_committing_at_once_both_land(tmp_path, monkeypatch, caplog):
+    import threading
+
+    import deltalake
+
+    from recall_tasks.results import ChunkPart
+
+    store = ResultStore(str(tmp_path / "out"), StorageConfig.from_options())
+    chunks = []
+    for n, extra in enumerate(("team", "owner", "region")):  # each run brings its own pass-through column
+        path = store.chunk_path(f"{n}" * 32, f"run-{n}")
+        store.write_chunk(path, pa.table({"row_id": ["a", "b"], "score": [1.0, 0.5], extra: ["x", "y"]}))
+        chunks.append(path)
+
+    def commit(n: int) -> None:
+        ResultStore(str(tmp_path / "out"), StorageConfig.from_options()).commit(
+            f"run-{n}", f"d{n}", "2026-11-30", [ChunkPart(chunks[n])], [{"run_id": f"run-{n}", "dataset": f"d{n}"}]
+        )
+
+    commit(0)
+    barrier = threading.Barrier(2, timeout=30)
+    real_write, calls = deltalake.write_deltalake, []
+
+    def both_from_one_snapshot(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:  # the first attempt of each writer waits for the other: both start from one version
+            barrier.wait()
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", both_from_one_snapshot)
+    caplog.set_level("INFO", logger="recall_tasks.results")
+    errors: list[BaseException] = []
+
+    def attempt(n: int) -> None:
+        try:
+            commit(n)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=attempt, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert "commit conflict" in caplog.text  # the retry path ran
+    results = deltalake.DeltaTable(str(tmp_path / "out" / "results")).to_pyarrow_table()
+    assert sorted(results.column("run_id").to_pylist()) == ["run-0", "run-0", "run-1", "run-1", "run-2", "run-2"]
+    assert {"team", "owner", "region"} <= set(results.column_names)
+    runs = deltalake.DeltaTable(str(tmp_path / "out" / "runs")).to_pyarrow_table()
+    assert sorted(runs.column("run_id").to_pylist()) == ["run-0", "run-1", "run-2"]

@@ -8,6 +8,7 @@ support it. The metric, not the judge, counts and scores, so the denominator nev
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -72,3 +73,17 @@ class Judge(Protocol):
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
         """Decide every statement of ``request``; one verdict per statement id."""
         ...
+
+
+class AttemptObserver(Protocol):
+    """Told about every HTTP attempt a networked judge makes (retries included); the circuit breaker is one."""
+
+    def attempt_ok(self) -> None: ...
+
+    def attempt_failed(self, endpoint: str, cause: str, *, timed_out: bool = False) -> None: ...
+
+
+#: The observer of the judge calls made in this context (set by ``score_rows`` for the tasks it starts).
+attempt_observer: contextvars.ContextVar[AttemptObserver | None] = contextvars.ContextVar(
+    "attempt_observer", default=None
+)

@@ -10,6 +10,12 @@ Decisions worth knowing:
   judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
   ``finish_reason == "length"`` is retried once with twice the completion budget.
 - Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight.
+- Every HTTP attempt (retries included) is reported to the run's circuit breaker through
+  :data:`~recall_tasks.judges.base.attempt_observer` (a wrapper around the HTTP transport): refused, reset,
+  DNS and TLS failures, timeouts and 5xx count as failures.
+- Error texts say what happened, read from the exception chain under the SDK's error (the aiohttp transport
+  maps a refused connection to a *timeout*): "connection refused", "DNS lookup failed", "TLS error", "no answer
+  within N s" only for real timeouts, the HTTP status otherwise. The endpoint is named by host and port only.
 """
 
 from __future__ import annotations
@@ -19,16 +25,19 @@ import contextvars
 import json
 import logging
 import os
+import socket
+import ssl
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError, JudgeTransientError
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
 from recall_tasks.judges.parsing import ParseError, parse_verdicts
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.metrics import prompts
@@ -83,6 +92,81 @@ async def _quota_is_final(response: httpx2.Response) -> None:
             response.headers["x-should-retry"] = "false"
 
 
+def endpoint_host(url: str | None, default: str = "api.openai.com") -> str:
+    """``host[:port]`` of an endpoint URL: never its user, password, path or query."""
+    if not url:
+        return default
+    parts = urlsplit(url if "://" in url else f"//{url}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or default
+    return f"{host}:{port}" if port else host
+
+
+def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
+    """What an HTTP attempt's exception means, and whether it was a real timeout.
+
+    Reads the whole ``__cause__``/``__context__`` chain: the SDK's ``APITimeoutError`` wraps an httpx error that
+    wraps the aiohttp/OS error which says what happened (the aiohttp transport maps refused connections,
+    resets and DNS failures to ``ConnectTimeout``).
+    """
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 10 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        if isinstance(e, socket.gaierror) or type(e).__name__ == "ClientConnectorDNSError":
+            return "DNS lookup failed (name not resolved)", False
+        if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSL" in type(e).__name__:
+            reasons = [x.reason for x in chain if isinstance(x, ssl.SSLError) and getattr(x, "reason", None)]
+            detail = reasons[-1] if reasons else " ".join(str(e).split())[:120]  # the OpenSSL name, e.g. CERT_...
+            return f"TLS error ({detail})", False
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused", False
+        if isinstance(e, ConnectionResetError | BrokenPipeError):
+            return "connection reset by the server", False
+        if type(e).__name__ == "ServerDisconnectedError":
+            return "the server closed the connection without answering", False
+    for e in chain:
+        if isinstance(e, TimeoutError | httpx2.TimeoutException):
+            return f"no answer within {timeout_s:g} s", True
+    for e in chain:
+        if isinstance(e, OSError) and e.strerror:
+            return f"connection error ({e.strerror})", False
+    return f"connection error ({' '.join(str(exc).split())[:120] or type(exc).__name__})", False
+
+
+class _ObservedTransport(httpx2.AsyncBaseTransport):
+    """Reports each HTTP attempt's outcome to the run's :data:`attempt_observer` (the circuit breaker)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: str, timeout_s: float) -> None:
+        self._inner = inner
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        observer = attempt_observer.get()
+        try:
+            response = await self._inner.handle_async_request(request)
+        except Exception as exc:
+            if observer is not None:
+                cause, timed_out = describe_failure(exc, self._timeout_s)
+                observer.attempt_failed(self._endpoint, cause, timed_out=timed_out)
+            raise
+        if observer is not None:
+            if response.status_code >= 500:
+                observer.attempt_failed(self._endpoint, f"HTTP {response.status_code}")
+            elif response.status_code != 429:  # rate limiting says nothing about an outage
+                observer.attempt_ok()
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class OpenAIJudge:
     """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
 
@@ -131,6 +215,8 @@ class OpenAIJudge:
         self.max_tokens_param = max_tokens_param or ("max_completion_tokens" if official else "max_tokens")
         self._format = response_format
         self._azure = {k: v for k, v in (azure or {}).items() if k != "api_key"}
+        #: ``host[:port]`` named in error texts and the breaker's reason (never credentials or paths)
+        self.endpoint = endpoint_host(self._azure["azure_endpoint"] if self._azure else self.base_url)
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
 
     @classmethod
@@ -199,6 +285,12 @@ class OpenAIJudge:
                     ),
                     event_hooks=hooks,
                 )
+            # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
+            http._transport = _ObservedTransport(http._transport, self.endpoint, self.timeout_s)
+            http._mounts = {
+                pattern: None if t is None else _ObservedTransport(t, self.endpoint, self.timeout_s)
+                for pattern, t in http._mounts.items()
+            }
             common: dict[str, Any] = {
                 "api_key": self._api_key or "no-key",  # a self-hosted endpoint without auth
                 "timeout": self.timeout_s,
@@ -272,6 +364,9 @@ class OpenAIJudge:
                             model=self._model,
                         ) from None
                     flags = ["repaired after an unusable first reply", *flags]
+        except BaseException as exc:  # the attempts of a failed (or cancelled) call count in the run's requests
+            exc.requests = counter[0]  # type: ignore[attr-defined]
+            raise
         finally:
             _attempts.reset(token)
         if not request.include_reason:
@@ -352,7 +447,7 @@ class OpenAIJudge:
 
     def _translate(self, exc: Exception) -> Exception:
         """Map SDK errors to recall-bench's typed errors with a message that says what to fix."""
-        where = self.base_url or ("Azure" if self._azure else "api.openai.com")
+        where = self.endpoint
         text = redact(_error_text(exc), extra=[self._api_key] if self._api_key else ())
         status = getattr(exc, "status_code", None)
         model = self._model
@@ -384,12 +479,11 @@ class OpenAIJudge:
                 model=model,
                 status=429,
             )
-        if isinstance(exc, openai.APITimeoutError):
-            return JudgeTransientError(
-                f"{where} did not answer within {self.timeout_s:g}s ({self.max_retries} retries)", model=model
-            )
-        if isinstance(exc, openai.APIConnectionError):
-            return JudgeTransientError(f"cannot connect to {where} ({self.max_retries} retries): {text}", model=model)
+        if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included: the chain says what happened
+            cause, timed_out = describe_failure(exc, self.timeout_s)
+            if timed_out:
+                return JudgeTransientError(f"{where}: {cause} ({self.max_retries} retries)", model=model)
+            return JudgeTransientError(f"cannot connect to {where}: {cause} ({self.max_retries} retries)", model=model)
         if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
             return JudgeTransientError(
                 f"{where} failed with {status} after {self.max_retries} retries: {text}",

@@ -5,6 +5,9 @@ trailing commas removed); the result is validated with pydantic. Verdict labels 
 ("Yes", "true", "1" -> yes). Unknown and duplicate ids are ignored; missing ids become "no" and are flagged.
 Anything else (not an object, no ``verdicts`` list, an unrecognisable label) is a :class:`ParseError`,
 which the judge answers with one repair request.
+
+Replies are size-bounded before they are stored: a verdict's reason is cut at :data:`MAX_REASON_CHARS`, the
+summary at :data:`MAX_SUMMARY_CHARS` (each cut flagged), and at most :data:`MAX_FLAGS` flags are kept.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from recall_tasks.judges.base import JudgeVerdict
+
+#: A verdict's reason and the summary are cut here (a judge's reply is stored with every row).
+MAX_REASON_CHARS = 2_000
+MAX_SUMMARY_CHARS = 4_000
+MAX_FLAGS = 20
 
 _YES = {"yes", "y", "true", "1", "supported", "attributed"}
 _NO = {"no", "n", "false", "0", "unsupported", "not supported", "not attributed", "idk"}
@@ -110,6 +118,7 @@ def parse_verdicts(text: str, count: int, evidence_count: int) -> tuple[list[Jud
     if count and not by_id:
         raise ParseError(f"reply has no usable verdict for any of the {count} ids")
     verdicts: list[JudgeVerdict] = []
+    cuts: list[str] = []
     for i in range(1, count + 1):
         raw_v = by_id.get(i)
         if raw_v is None:
@@ -124,7 +133,18 @@ def parse_verdicts(text: str, count: int, evidence_count: int) -> tuple[list[Jud
             )
             continue
         chunks = sorted({c for c in raw_v.chunk_ids if 1 <= c <= evidence_count})
+        reason = raw_v.reason
+        if len(reason) > MAX_REASON_CHARS:
+            reason = reason[:MAX_REASON_CHARS] + "…"
+            cuts.append(f"reason of id {i} truncated to {MAX_REASON_CHARS} characters")
         verdicts.append(
-            JudgeVerdict(id=i, verdict="yes" if raw_v.verdict == "yes" else "no", reason=raw_v.reason, chunk_ids=chunks)
+            JudgeVerdict(id=i, verdict="yes" if raw_v.verdict == "yes" else "no", reason=reason, chunk_ids=chunks)
         )
-    return verdicts, reply.summary, flags
+    summary = reply.summary
+    if len(summary) > MAX_SUMMARY_CHARS:
+        summary = summary[:MAX_SUMMARY_CHARS] + "…"
+        cuts.append(f"summary truncated to {MAX_SUMMARY_CHARS} characters")
+    flags = cuts + flags  # the cuts first: they survive the bound below
+    if len(flags) > MAX_FLAGS:
+        flags = [*flags[: MAX_FLAGS - 1], f"and {len(flags) - MAX_FLAGS + 1} more flags"]
+    return verdicts, summary, flags

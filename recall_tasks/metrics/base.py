@@ -17,6 +17,7 @@ from typing import ClassVar
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import MissingInputError
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse, Task
+from recall_tasks.metrics.precision import chunk_use
 from recall_tasks.models import OnMissing, RecallCase, RecallResult, ResultMetadata, Verdict
 
 ContextExtractor = Callable[[RecallCase], Sequence[str] | Awaitable[Sequence[str]]]
@@ -110,7 +111,13 @@ class Metric:
             score = self.scale if attributed == total else 0.0
         else:
             score = attributed / total * self.scale
+        use = None
+        if self.task == "contextual_recall":
+            use = chunk_use((v.chunk_ids for v in verdicts if v.verdict == "yes"), prepared.context_count)
         metadata = ResultMetadata(
+            context_precision=use.context_precision if use else None,
+            chunks_used=use.chunks_used if use else None,
+            first_relevant_rank=use.first_relevant_rank if use else None,
             metric=self.task,
             sentence_count=prepared.sentence_count,
             attributed_count=attributed,

@@ -1,0 +1,254 @@
+"""Printing rows for people and for scripts: ``--output-format table|csv|json|markdown``.
+
+Decisions:
+
+* Every printed value passes through the secret redactor (:func:`recall_tasks.secrets.redact`), whatever the
+  format: ``query`` prints what analysts' SQL returns, and that must never show a key.
+* Data is never read as Rich markup: cells, headers and titles are :class:`rich.text.Text`, so ``arr[i]`` prints
+  as is and ``[/]`` cannot raise ``MarkupError``.
+* ``table`` on a terminal fits the terminal and folds long values (never ``…``); piped (stdout not a terminal)
+  it is rendered at the width its widest values need, so every value is printed in full, one row per line
+  unless a value holds a newline.
+* ``json`` is JSON lines: one object per row (dates in ISO 8601, NaN as null), for ``jq`` and scripts.
+* ``csv`` and ``markdown`` print lists and structs as JSON text; markdown escapes ``|``, newlines and HTML.
+* A listing cut by ``--limit`` says so on stderr ("50 of 300 rows shown; --limit 0 for all"), never silently.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import IO, Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from recall_tasks.secrets import redact, redactor
+
+__all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
+
+OutputFormat = Literal["table", "csv", "json", "markdown"]
+OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
+
+
+Mask = Callable[[str], str]
+
+
+def json_value(value: Any, mask: Mask = redact) -> Any:
+    """``value`` as JSON-ready data with every string (keys too) redacted by ``mask``, recursively.
+
+    Timestamps become ISO 8601, decimals strings, bytes hex, NaN and infinities null; types are tested exactly
+    first because a ``--limit 0`` export calls this for every value.
+    """
+    kind = type(value)
+    if kind is str:
+        return mask(value)
+    if value is None or kind is int or kind is bool:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is list or kind is tuple:
+        return [json_value(v, mask) for v in value]
+    if isinstance(value, Mapping):
+        return {mask(str(k)): json_value(v, mask) for k, v in value.items()}
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [json_value(v, mask) for v in value]
+    return mask(str(value))
+
+
+def text(value: Any, mask: Mask = redact) -> str:
+    """One value as redacted display text: ``""`` for null, JSON for lists and structs, ISO 8601 timestamps."""
+    if value is None:
+        return ""
+    if type(value) is str:
+        return mask(value)
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(json_value(value, mask), ensure_ascii=False)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    return mask(str(value))
+
+
+def _markdown_cell(value: str) -> str:
+    value = value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
+def _width_needed(columns: Sequence[str], cells: list[list[str]]) -> int:
+    """Console width at which a boxed table shows every cell on one line (per line of a multi-line cell)."""
+    widths = [cell_len(c) for c in columns]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], max((cell_len(line) for line in cell.splitlines()), default=0))
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def print_table(
+    columns: Sequence[str],
+    cells: list[list[str]],
+    console: Console,
+    *,
+    title: str | None = None,
+    show_header: bool = True,
+    keep_whole: Iterable[str] = (),
+) -> None:
+    """A Rich table of plain-text cells (never markup). ``keep_whole``: columns never wrapped (run ids)."""
+    whole = set(keep_whole)
+    piped = not console.is_terminal
+    if piped:
+        # wide enough for the longest values: nothing wrapped, nothing cut
+        console = Console(
+            file=console.file, width=max(80, _width_needed(columns, cells)), color_system=None, highlight=False
+        )
+    table = Table(title=Text(title) if title is not None else None, show_header=show_header)
+    for i, name in enumerate(columns):
+        keep = piped or name in whole
+        width = max([cell_len(name), *(cell_len(r[i]) for r in cells)]) if name in whole else None
+        table.add_column(Text(name), overflow="fold", no_wrap=keep, min_width=width)
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
+    console.print(table, soft_wrap=False)
+
+
+def print_rows(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    fmt: OutputFormat,
+    console: Console,
+    *,
+    title: str | None = None,
+    keep_whole: Iterable[str] = (),
+    file: IO[str] | None = None,
+) -> int:
+    """Print ``rows`` (sequences in ``columns`` order) in ``fmt``, values redacted first; the number printed.
+
+    ``console`` renders ``table`` (which needs every row to size its columns); the other formats stream plain
+    text to ``file`` (default: stdout) a row at a time.
+    """
+    out = file if file is not None else sys.stdout
+    mask = redactor()  # the secrets looked up once, not once per value
+    names = [mask(c) for c in columns]
+    count = 0
+    if fmt == "json":
+        for row in rows:
+            record = {name: json_value(v, mask) for name, v in zip(names, row, strict=True)}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+        return count
+    cells = ([text(v, mask) for v in row] for row in rows)
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        for row_cells in cells:
+            writer.writerow(row_cells)
+            count += 1
+    elif fmt == "markdown":
+        out.write("| " + " | ".join(_markdown_cell(n) for n in names) + " |\n")
+        out.write("|" + "---|" * len(names) + "\n")
+        for row_cells in cells:
+            out.write("| " + " | ".join(_markdown_cell(c) for c in row_cells) + " |\n")
+            count += 1
+    else:
+        every = list(cells)
+        print_table(names, every, console, title=title, keep_whole=keep_whole)
+        count = len(every)
+    return count
+
+
+def cut_notice(shown: int, total: int) -> str | None:
+    """What to say on stderr when a listing is cut by ``--limit``; ``None`` when nothing was left out."""
+    if shown >= total:
+        return None
+    return f"{shown} of {total} rows shown; --limit 0 for all"
+
+
+def judge_line(judge: str, model: str, base_url: str | None) -> str:
+    """The first line of a run, on stderr: which judge produces the numbers (host only, never credentials)."""
+    if judge == "lexical":
+        return "judge: lexical (offline approximation; use --judge openai for numbers you report)"
+    import os
+
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+    parts = urlsplit(url)
+    host = parts.hostname or url
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"judge: {judge} {model} at {host}"
+
+
+HISTORY_COLUMNS = ("started", "dataset", "label", "run_id", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict")
+HISTORY_FIELDS = (
+    "started_at", "dataset", "label", "run_id", "judge", "rows", "mean_score", "ci_low", "ci_high", "pass_rate",
+    "verdict", "baseline_run_id", "reason",
+)  # fmt: skip
+
+
+def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
+    """One record per run (overall rows only), oldest first, with its verdict against its baseline.
+
+    ``runs``/``comparisons`` are pyarrow tables. The comparisons table's ``reason`` column (why a pair is
+    ``incomparable``) is optional: outputs written before it existed have none.
+    """
+    verdicts: dict[str, dict[str, Any]] = {}
+    if comparisons is not None:
+        for c in comparisons.to_pylist():
+            if c.get("segment_column") is None:
+                verdicts[c["current_run_id"]] = c
+    records = []
+    for r in runs.to_pylist():
+        if r.get("segment_column") is not None:
+            continue
+        c = verdicts.get(r["run_id"], {})
+        records.append(
+            {
+                "started_at": r["started_at"],
+                "dataset": r["dataset"],
+                "label": r["label"],
+                "run_id": r["run_id"],
+                "judge": r.get("judge_model"),
+                "rows": r["rows"],
+                "mean_score": r["mean_score"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "pass_rate": r["pass_rate"],
+                "verdict": c.get("verdict"),
+                "baseline_run_id": c.get("baseline_run_id"),
+                "reason": c.get("reason"),
+            }
+        )
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    return sorted(records, key=lambda rec: rec["started_at"] or epoch)
+
+
+def history_cells(rec: Mapping[str, Any]) -> list[str]:
+    """A history record as the human columns of :data:`HISTORY_COLUMNS` (table and markdown formats)."""
+
+    def num(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    ci = "-" if rec["ci_low"] is None else f"{rec['ci_low']:.3f}..{rec['ci_high']:.3f}"
+    if rec["verdict"] is None:
+        verdict = "first of series"
+    else:
+        verdict = f"{rec['verdict']} vs {rec['baseline_run_id']}"
+        if rec["verdict"] == "incomparable" and rec.get("reason"):
+            verdict += f": {rec['reason']}"
+    started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
+    return [
+        started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec["judge"]), text(rec["rows"]),
+        num(rec["mean_score"], ".3f"), ci, num(rec["pass_rate"], ".1%"), verdict,
+    ]  # fmt: skip
