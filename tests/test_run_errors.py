@@ -1,5 +1,7 @@
 """What ``recall-bench run`` prints, in real processes: its own lines only, one line per error, ``--debug`` for more.
 
+(The judge line every run prints first is set aside: tests/test_cli_output.py covers it.)
+
 Subprocesses, not CliRunner: Prefect's console handler writes to the process's real stderr, which an
 in-process runner would not capture (a test of "no Prefect lines" could then never fail).
 """
@@ -29,7 +31,9 @@ def run_cli(judge, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def lines(done: subprocess.CompletedProcess[str]) -> list[str]:
-    return [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    """The output's lines after the judge line every run starts with."""
+    found = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return [line for line in found if not line.startswith("judge: ")]
 
 
 @pytest.fixture
