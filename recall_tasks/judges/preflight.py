@@ -14,8 +14,6 @@ Decisions:
 
 from __future__ import annotations
 
-import socket
-import ssl
 from urllib.parse import urlsplit
 
 import openai
@@ -36,28 +34,11 @@ def endpoint_name(base_url: str | None, azure: bool = False) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else redact(base_url)
 
 
-def connection_cause(exc: BaseException) -> str:
-    """What an ``APIConnectionError`` really was: connection refused, DNS failure, TLS error, reset..."""
-    seen: BaseException | None = exc
-    depth = 0
-    while seen is not None and depth < 10:
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection refused (nothing listens on that host and port)"
-        if isinstance(seen, socket.gaierror):
-            return f"DNS lookup failed ({seen.strerror or seen})"
-        if isinstance(seen, ssl.SSLError):
-            return f"TLS error ({getattr(seen, 'reason', None) or seen})"
-        if isinstance(seen, ConnectionResetError):
-            return "connection reset by the server"
-        if isinstance(seen, TimeoutError | socket.timeout):
-            return "connection timed out"
-        seen = seen.__cause__ or seen.__context__
-        depth += 1
-    text = str(exc.__cause__ or exc)
-    lowered = text.lower()
-    if "ssl" in lowered or "certificate" in lowered or "tls" in lowered:
-        return f"TLS error ({text[:200]})"
-    return f"connection failed ({text[:200]})"
+def connection_cause(exc: BaseException, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """What an ``APIConnectionError`` really was (the judge's own reading of the exception chain)."""
+    from recall_tasks.judges.openai_judge import describe_failure
+
+    return describe_failure(exc, timeout_s)[0]
 
 
 def check_endpoint(
@@ -102,7 +83,7 @@ def check_endpoint(
         ) from None
     except openai.APIConnectionError as exc:
         raise JudgeConfigError(
-            f"cannot reach the judge at {where}: {connection_cause(exc)}; check --base-url / OPENAI_BASE_URL",
+            f"cannot reach the judge at {where}: {connection_cause(exc, timeout)}; check --base-url / OPENAI_BASE_URL",
             model=model,
         ) from None
     except openai.APIStatusError as exc:
