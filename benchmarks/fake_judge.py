@@ -14,6 +14,8 @@ import asyncio
 import json
 import re
 import socket
+import time
+from typing import Any
 
 from aiohttp import web
 
@@ -31,9 +33,13 @@ def answer(body: dict) -> tuple[str, int]:
 
 
 def make_app(latency: float) -> web.Application:
-    stats = {"requests": 0, "in_flight": 0, "peak_in_flight": 0}
+    # first_request_at: wall-clock time (time.time()) of the first request since the last reset, so a benchmark
+    # in another process can measure its command's time to first judge request
+    stats: dict[str, Any] = {"requests": 0, "in_flight": 0, "peak_in_flight": 0, "first_request_at": None}
 
     async def chat(request: web.Request) -> web.Response:
+        if stats["first_request_at"] is None:
+            stats["first_request_at"] = time.time()
         stats["requests"] += 1
         stats["in_flight"] += 1
         stats["peak_in_flight"] = max(stats["peak_in_flight"], stats["in_flight"])
@@ -55,6 +61,7 @@ def make_app(latency: float) -> web.Application:
         out = dict(stats)
         if request.query.get("reset"):
             stats["requests"] = stats["peak_in_flight"] = 0
+            stats["first_request_at"] = None
         return web.json_response(out)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -3,12 +3,17 @@
 The sync API (``metric.measure``, the Prefect chunk tasks) calls the async code path through
 :func:`run_sync`, so there is a single implementation. All such calls share one long-lived loop in a daemon
 thread: judges keep their HTTP clients (bound to a loop) across calls and across chunk threads.
+
+A :class:`CancelScope` groups the calls of one run so that an interrupt cancels all of them at once, from
+any thread, including calls that have not started yet (a chunk thread that starts after the cancel is refused).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -37,3 +42,56 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         coro.close()
         raise RuntimeError("run_sync called from the background loop itself; await the coroutine instead")
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class CancelScope:
+    """Coroutines run through one scope; :meth:`cancel` cancels those in flight and refuses new ones.
+
+    Cancelling a future of ``run_coroutine_threadsafe`` cancels its task on the loop: awaited HTTP requests are
+    aborted (their connections closed), ``finally`` blocks run. The waiting thread gets :class:`Cancelled`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: set[concurrent.futures.Future[Any]] = set()
+        self.cancelled = False
+        _scopes.add(self)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Like :func:`run_sync`, unless the scope is cancelled (then :class:`Cancelled`, nothing run)."""
+        loop = _background_loop()
+        if threading.current_thread() is _thread:
+            coro.close()
+            raise RuntimeError("CancelScope.run called from the background loop itself; await the coroutine instead")
+        with self._lock:
+            if self.cancelled:
+                coro.close()
+                raise Cancelled("cancelled before it started")
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+            self._futures.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise Cancelled("cancelled while running") from None
+        finally:
+            with self._lock:
+                self._futures.discard(future)
+
+    def cancel(self) -> int:
+        """Cancel every coroutine in flight and refuse new ones; returns how many were cancelled."""
+        with self._lock:
+            self.cancelled = True
+            futures = list(self._futures)
+        return sum(f.cancel() for f in futures)
+
+
+_scopes: weakref.WeakSet[CancelScope] = weakref.WeakSet()
+
+
+def cancel_all_scopes() -> int:
+    """Cancel every live scope (an interrupt handler's first move, before the exception reaches the flow)."""
+    return sum(scope.cancel() for scope in list(_scopes))
+
+
+class Cancelled(Exception):
+    """A coroutine of a cancelled :class:`CancelScope`."""

@@ -70,6 +70,7 @@ class RowVerdictCache:
         self._counter = itertools.count()
         self.hits = 0
         self.misses = 0
+        self.stored = 0  # entries this instance wrote (an interrupted run reports them)
         self.row_groups_read = 0
         try:
             self.fs.makedirs(self.root, exist_ok=True)
@@ -167,6 +168,7 @@ class RowVerdictCache:
             full, rest = divmod(len(batch), ROW_GROUP_ROWS)
             self._add(seg, list(batch), [ROW_GROUP_ROWS] * full + ([rest] if rest else []))
             self._written.append(path)
+            self.stored += len(batch)
 
     def close(self) -> None:
         """Flush, then compact the segments this run wrote into one (streamed: one segment in memory at a time).

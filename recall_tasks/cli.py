@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Iterable
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -112,9 +118,24 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
     return plain
 
 
-def _fail(exc: BaseException) -> NoReturn:
+def _fail(exc: BaseException, debug: bool = False) -> NoReturn:
+    """One line, ``error: …``, exit 2; ``--debug`` prints the (redacted) traceback before it."""
+    if debug and exc.__traceback__ is not None:
+        err.print(escape(redact("".join(traceback.format_exception(exc)))), soft_wrap=True, highlight=False)
     err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _fail_unexpected(exc: Exception, debug: bool) -> NoReturn:
+    """An exception recall-bench did not raise on purpose (a bug, a library's error): still one line."""
+    text = " ".join(str(exc).split())[:500] or "(no message)"
+    hint = "" if debug else " (rerun with --debug for the traceback)"
+    message = RuntimeError(f"{type(exc).__name__}: {text}{hint}")
+    message.__traceback__ = exc.__traceback__
+    _fail(message, debug)
+
+
+DEBUG_HELP = "Show Prefect's logs and full tracebacks"
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -139,31 +160,186 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
 
 
-def _run(params: Any) -> dict[str, Any]:
+def _announce_boot(info: Any) -> None:
+    err.print(
+        f"starting the local Prefect server (first run only, takes a few seconds): UI {info.ui_url}\n"
+        "  it keeps running for the next runs; `recall-bench server stop` stops it, "
+        "PREFECT_API_URL points runs at another server"
+    )
+
+
+@contextlib.contextmanager
+def _prefect_api() -> Iterator[None]:
+    """Point this process at ``PREFECT_API_URL`` if configured, else at the local server (started if needed).
+
+    Never Prefect's temporary in-process server (see ``recall_tasks/server.py``). A configured URL that refuses
+    connections fails here in one line, not after the Prefect client's retries. The local server's URL is set
+    for the length of the run both in the environment (read by any ``Settings()`` built later) and as Prefect's
+    current settings (the ones built when ``prefect`` was imported lack it); both are restored afterwards.
+    """
+    from recall_tasks import server
+
+    url, local = server.api_url_for_run(on_boot=_announce_boot)
+    if not local:
+        reason = server.unreachable(url)
+        if reason:
+            raise server.ServerError(
+                f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached ({reason}); start that server, "
+                "or unset PREFECT_API_URL to use recall-bench's local server"
+            )
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]", highlight=False)
+    previous = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = previous
+
+
+class _Terminated(BaseException):
+    """SIGTERM outside Prefect's own handler, raised in the main thread as KeyboardInterrupt is for SIGINT."""
+
+
+#: A repeated signal while an interrupted run cleans up is ignored, unless the clean-up takes longer than this.
+FORCE_EXIT_AFTER_S = 10.0
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[dict[str, Any]]:
+    """SIGINT and SIGTERM for the length of a run: the first one raises in the main thread, repeats are ignored.
+
+    The first SIGINT raises KeyboardInterrupt, the first SIGTERM :class:`_Terminated` (while the flow runs,
+    Prefect's engine holds SIGTERM and raises its TerminationSignal, then re-sends the signal to this handler).
+    The flow's chunk loop turns either into an abort (judge calls cancelled, row cache flushed); a second
+    Ctrl-C during that clean-up would interrupt it half-way (what logged "client has been closed" errors), so
+    it is ignored unless the clean-up hangs past ``FORCE_EXIT_AFTER_S``.
+    """
+    state: dict[str, Any] = {"signal": None, "at": 0.0}
+
+    def handler(signum: int, frame: Any) -> None:
+        if state["signal"] is not None:
+            if time.monotonic() - state["at"] > FORCE_EXIT_AFTER_S:
+                err.print("interrupted again: exiting without finishing the clean-up")
+                os._exit(128 + int(state["signal"]))
+            return
+        state["signal"], state["at"] = signum, time.monotonic()
+        from recall_tasks._sync import cancel_all_scopes
+
+        cancel_all_scopes()  # judge calls stop now, not when the exception reaches the flow's chunk loop
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():  # signals can only be handled there
+        yield state
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+#: Notes the CLI printed before the flow; the flow logs them again for deployment runs: not twice on the console.
+_printed_notes: set[str] = set()
+
+
+def _own_warnings_only(record: logging.LogRecord) -> bool:
+    if not record.name.startswith("recall_tasks") or record.levelno < logging.WARNING:
+        return False
+    return record.getMessage() not in _printed_notes
+
+
+@contextlib.contextmanager
+def _quiet_prefect_console(debug: bool) -> Iterator[None]:
+    """Console logging shows only recall-bench's own warnings for the run (``--debug``: everything).
+
+    Flow-run and task-run logs still go to the Prefect API (the UI shows them); the CLI prints its own summary,
+    progress and one-line errors. Without this, a run printed Prefect's state lines and, on any failure, its
+    tracebacks. Only console (stream) handlers are filtered, and only while the run lasts.
+    """
+    handlers: list[logging.Handler] = []
+    if not debug:
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for handler in getattr(logger, "handlers", []):
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                    if _own_warnings_only not in handler.filters:
+                        handler.addFilter(_own_warnings_only)
+                        handlers.append(handler)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_own_warnings_only)
+
+
+def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str, Any]:
+    """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up.
+
+    ``preflight``: the run's checks first (before Prefect starts), inside the same interrupt handling.
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flows.recall_flow import recall_benchmark
-    from recall_tasks import pipeline
-
-    with Progress(
-        TextColumn("scoring"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as progress:
-        bar = progress.add_task("rows", total=None)
-
-        def listener(done: int, total: int) -> None:
-            progress.update(bar, completed=done, total=total)
-
-        pipeline.add_progress_listener(listener)
+    cached: list[int] = []
+    with _interrupts() as state, contextlib.ExitStack() as stack:
         try:
+            if preflight:
+                for note in _preflight(params):
+                    _printed_notes.add(note)
+                    err.print(f"[yellow]note:[/] {escape(redact(note))}")
+            stack.enter_context(_prefect_api())
+            from flows.recall_flow import recall_benchmark
+            from recall_tasks import pipeline
+
+            stack.enter_context(_quiet_prefect_console(debug))
+            progress = stack.enter_context(
+                Progress(
+                    TextColumn("scoring"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=err,
+                    transient=True,
+                    disable=not err.is_terminal,
+                )
+            )
+            bar = progress.add_task("rows", total=None)
+
+            def listener(done: int, total: int) -> None:
+                progress.update(bar, completed=done, total=total)
+
+            pipeline.add_progress_listener(listener)
+            pipeline.add_abort_listener(cached.append)
+            stack.callback(pipeline.remove_progress_listener, listener)
+            stack.callback(pipeline.remove_abort_listener, cached.append)
             return recall_benchmark(params)
-        finally:
-            pipeline.remove_progress_listener(listener)
+        except BaseException as exc:
+            if not _is_interrupt(exc) and state["signal"] is None:
+                raise
+            sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
+            err.print(
+                f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
+                highlight=False,
+            )
+            raise typer.Exit(code=128 + int(sig)) from None
+
+
+def _is_interrupt(exc: BaseException) -> bool:
+    """KeyboardInterrupt, our SIGTERM, Prefect's TerminationSignal, or a chunk's RunInterrupted."""
+    from recall_tasks.errors import RunInterrupted
+
+    if isinstance(exc, KeyboardInterrupt | _Terminated | RunInterrupted):
+        return True
+    return type(exc).__name__ == "TerminationSignal"
 
 
 @app.command()
@@ -212,6 +388,7 @@ def run(
     fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 3 on regression")] = False,
     retriever: Annotated[str | None, typer.Option(help="module:function filling contexts at run time")] = None,
     retrieval_uri: Annotated[str | None, typer.Option(help="Parquet of row_id + contexts from a new index")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
     from recall_tasks.config import RunParams
@@ -256,9 +433,7 @@ def run(
             }
         )
         err.print(_judge_line(params), markup=False, highlight=False)
-        for note in _preflight(params):
-            err.print(f"[yellow]note:[/] {escape(redact(note))}")
-        summary = _run(params)
+        summary = _run(params, debug, preflight=True)
     except RegressionDetected as exc:
         _print_outcome(exc.summary, output)
         err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
@@ -268,9 +443,13 @@ def run(
         err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
         raise typer.Exit(code=4) from None
     except ValidationError as exc:
-        _fail(ValueError(_validation_message(exc)))
+        _fail(ValueError(_validation_message(exc)), debug)
     except RecallBenchError as exc:
-        _fail(exc)
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
     _print_outcome(summary, output)
 
 
@@ -324,7 +503,10 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
 
 
 @app.command()
-def demo(output: OutputOption = DEFAULT_OUTPUT) -> None:
+def demo(
+    output: OutputOption = DEFAULT_OUTPUT,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+) -> None:
     """Score the bundled sample dataset with the offline judge, end to end through Prefect."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -353,13 +535,17 @@ def demo(output: OutputOption = DEFAULT_OUTPUT) -> None:
     )
     err.print(_judge_line(params), markup=False, highlight=False)
     try:
-        summary = _run(params)
+        summary = _run(params, debug)
         _print_summary(summary, output)
         console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
         # ties broken by row_id: the demo prints the same table every time (the README test compares it)
         _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
     except RecallBenchError as exc:
-        _fail(exc)
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
 
 
 _DEMO_WORST_ROWS = (
@@ -525,6 +711,63 @@ def report(
     except RecallBenchError as exc:
         _fail(exc)
     console.print(Text(where), soft_wrap=True)
+
+
+server_app = typer.Typer(
+    no_args_is_help=True,
+    help="The local Prefect server that run and demo use when PREFECT_API_URL is not set.",
+)
+app.add_typer(server_app, name="server")
+
+
+def _server_line(info: Any) -> str:
+    from recall_tasks import server
+
+    return f"UI {info.ui_url}, API {info.api_url} (pid {info.pid}, state {server.state_dir()})"
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[
+        int | None, typer.Option(help="Port on 127.0.0.1 (default $RECALL_BENCH_SERVER_PORT or 4250)")
+    ] = None,
+) -> None:
+    """Start the local Prefect server in the background (or report the one running)."""
+    from recall_tasks import server
+
+    try:
+        info, started = server.start(port, on_boot=lambda i: err.print("starting the local Prefect server..."))
+    except RecallBenchError as exc:
+        _fail(exc)
+    console.print(
+        f"local Prefect server {'started' if started else 'already running'}: {_server_line(info)}", soft_wrap=True
+    )
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Whether the local Prefect server runs (exit 0) or not (exit 1), and its addresses."""
+    from recall_tasks import server
+
+    current = server.status()
+    if os.environ.get("PREFECT_API_URL"):
+        err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
+    if current.info is None:
+        stale = " (removed the record of a server that is gone)" if current.stale_removed else ""
+        console.print(f"local Prefect server: stopped{stale}", soft_wrap=True)
+        raise typer.Exit(code=1)
+    console.print(f"local Prefect server: {current.state}, {_server_line(current.info)}", soft_wrap=True)
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local Prefect server (its database is kept for the next start)."""
+    from recall_tasks import server
+
+    info = server.stop()
+    console.print(
+        "local Prefect server: not running" if info is None else f"stopped the local Prefect server (pid {info.pid})"
+    )
 
 
 events.register(app)

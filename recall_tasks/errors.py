@@ -14,8 +14,10 @@ The tree, and what the pipeline does with each branch::
     ├── StorageError                  object store unreachable, missing object, wrong credentials
     ├── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
     │                                 (raised after everything is written)
-    └── RunFailed                     the run was recorded with status failed (too many row errors, or an
-                                      outage stopped judging): raised after everything is written
+    ├── RunFailed                     the run was recorded with status failed (too many row errors, or an
+    │                                 outage stopped judging): raised after everything is written
+    └── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
+                                      nothing committed, judged rows kept in the row cache
 
 Exit codes of ``recall-bench run`` (and the flow run's state):
 
@@ -115,3 +117,7 @@ class RunFailed(RecallBenchError):
     def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.summary = summary or {}
+
+
+class RunInterrupted(RecallBenchError):
+    """The run's judging was cancelled (an interrupt): nothing is committed, judged rows stay in the row cache."""

@@ -30,11 +30,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recall_tasks._sync import run_sync
+from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.aggregates import summarize, summarize_segments
 from recall_tasks.cache import RowVerdictCache
 from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
-from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 ProgressListener = Callable[[int, int], None]
 _listeners: list[ProgressListener] = []
+AbortListener = Callable[[int], None]
+_abort_listeners: list[AbortListener] = []
 
 
 def add_progress_listener(fn: ProgressListener) -> None:
@@ -72,6 +74,16 @@ def remove_progress_listener(fn: ProgressListener) -> None:
 def notify_progress(done: int, total: int) -> None:
     for fn in list(_listeners):
         fn(done, total)
+
+
+def add_abort_listener(fn: AbortListener) -> None:
+    """Register ``fn(rows_cached)``, called when a run is aborted; the CLI's interrupt message uses it."""
+    _abort_listeners.append(fn)
+
+
+def remove_abort_listener(fn: AbortListener) -> None:
+    if fn in _abort_listeners:
+        _abort_listeners.remove(fn)
 
 
 def make_judge(params: Any) -> Judge:
@@ -129,6 +141,7 @@ class RunPlan:
     retriever: Retriever | None = None
     retrieval: RetrievalResults | None = None
     pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
+    scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""
@@ -360,8 +373,14 @@ class ChunkReport:
 
 
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
-    """Score one block (async judge calls on the shared loop) and write its result file."""
-    table = run_sync(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
+    """Score one block (async judge calls on the shared loop) and write its result file.
+
+    Raises :class:`RunInterrupted` if the run is aborted before or while the block is judged (no file written).
+    """
+    try:
+        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
+    except Cancelled:
+        raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
         plan.cache.flush()
     path = plan.store.chunk_path(key, plan.run_id)
@@ -415,6 +434,33 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
     return overall
+
+
+def abort(plan: RunPlan) -> None:
+    """Stop judging now: cancel the run's judge calls in flight; chunks not started yet refuse to start.
+
+    Called by the flow on any exception in the chunk loop (an interrupt, a configuration error): a cancelled
+    request is not waited for and never billed further; rows already judged are in the row cache (flushed by
+    :func:`keep_judged`).
+    """
+    plan.scope.cancel()
+
+
+def keep_judged(plan: RunPlan) -> int:
+    """After an abort, once the chunk tasks have settled: flush the row cache; tell the abort listeners.
+
+    Returns how many rows this run judged and cached: a rerun of the same command resumes with them.
+    """
+    cached = 0
+    if plan.cache is not None:
+        try:
+            plan.cache.flush()
+        except Exception as exc:  # noqa: BLE001 - the abort's own error matters more than a lost flush
+            log.warning("could not save the row cache after the interrupt: %s", exc)
+        cached = plan.cache.stored
+    for fn in list(_abort_listeners):
+        fn(cached)
+    return cached
 
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:

@@ -6,6 +6,7 @@ No test needs a key or the internet: OPENAI_* variables are cleared so nothing c
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -16,6 +17,10 @@ _PREFECT_HOME = tempfile.mkdtemp(prefix="recall-prefect-")
 os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# a test that runs the CLI without PREFECT_API_URL must never start (or stop) a server in the user's own state
+# directory, whatever RECALL_BENCH_STATE_DIR the caller has: the session gets its own
+_STATE_DIR = tempfile.mkdtemp(prefix="recall-state-")
+os.environ["RECALL_BENCH_STATE_DIR"] = _STATE_DIR
 
 from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
 from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
@@ -28,3 +33,13 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_local_server_left_behind():
+    """Stop a local Prefect server that a test may have started in the session's state directory."""
+    yield
+    from recall_tasks import server
+
+    server.stop()
+    shutil.rmtree(_STATE_DIR, ignore_errors=True)

@@ -360,6 +360,7 @@ class FakeOpenAI:
         #: answer ``GET /models`` with this status instead of the model list (e.g. 401, or 404: no such route)
         self.models_reply: Status | None = None
         self.requests: list[dict[str, Any]] = []
+        self.chat_arrivals: list[float] = []  # time.monotonic() of each chat request's arrival, recorded or not
         self.errors: list[BaseException] = []
         self.stats: Counter[str] = Counter()
         self._faults: list[Fault] = []
@@ -415,6 +416,7 @@ class FakeOpenAI:
         """Clear recorded requests, queued faults, stats and errors; restore constructor settings."""
         with self._lock:
             self.requests.clear()
+            self.chat_arrivals.clear()
             self._faults.clear()
             self.errors.clear()
             self.stats.clear()
@@ -446,6 +448,11 @@ class FakeOpenAI:
         with self._lock:
             return [r for r in self.requests if r["path"].rstrip("/").endswith("/chat/completions")]
 
+    def chat_requests_since(self, t: float) -> int:
+        """How many chat requests arrived at or after ``t`` (``time.monotonic()``)."""
+        with self._lock:
+            return sum(1 for at in self.chat_arrivals if at >= t)
+
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> bool:
         """Block until at least ``n`` requests were recorded; False on timeout."""
         with self._cond:
@@ -465,6 +472,8 @@ class FakeOpenAI:
             if self.record:
                 self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
             self.stats["requests"] += 1
+            if is_chat:
+                self.chat_arrivals.append(time.monotonic())
             fault = self._faults.pop(0) if is_chat and self._faults else None
             # always 4 draws per chat request: counts stay deterministic whatever the arrival order
             draws = [self._rng.random() for _ in range(4)] if is_chat else None

@@ -17,3 +17,7 @@ async def aretrieve(questions: list[str]) -> list[list[str]]:
 
 def broken(questions: list[str]) -> list[list[str]]:
     return [["only one"]]
+
+
+def crashes(questions: list[str]) -> list[list[str]]:
+    raise RuntimeError("index service unavailable")

@@ -453,7 +453,8 @@ class OpenAIJudge:
         model = self._model
         if isinstance(exc, openai.AuthenticationError):
             return JudgeConfigError(
-                f"{where} rejected the API key (401): set OPENAI_API_KEY. {text}",
+                f"{where} rejected the API key (401): set OPENAI_API_KEY (AZURE_OPENAI_API_KEY for Azure) to a "
+                f"valid key for this endpoint. {text}",
                 model=model,
                 status=401,
             )

@@ -1,0 +1,102 @@
+"""SIGINT and SIGTERM in the middle of a real ``recall-bench run`` process, then a resume.
+
+The run judges against the fake OpenAI server with 200 ms of latency at concurrency 8 (~40 requests/s), so a
+signal lands with chunks in flight. The fake server time-stamps every request's arrival: what arrives after
+the signal is what the run still sent. Without the abort, the chunk loop waited for every chunk in flight
+(up to 4 x 50 rows here: ~150 more requests); the bound below is two rounds of the concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.test_caching import ROOT, cli_env, results_of, write
+from tests.test_pipeline import expected, make_rows
+
+ROWS = 300
+CONCURRENCY = 8
+AFTER_SIGNAL_MAX = 2 * CONCURRENCY
+MESSAGE = re.compile(r"^interrupted: rerun the same command to resume \((\d+) rows judged so far are cached\)$", re.M)
+
+
+@pytest.fixture
+def judge_env(fake_openai, monkeypatch):
+    from tests import judge_script
+    from tests.test_pipeline import KEY
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    return fake_openai
+
+
+def start(judge, data: str, out: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
+           "--base-url", judge.base_url, "--chunk-size", "50", "--max-concurrency", str(CONCURRENCY)]  # fmt: skip
+    return subprocess.Popen(
+        cmd, env=cli_env(judge), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def assert_clean(text: str) -> None:
+    """No traceback, no Prefect crash report, no error from a closed client: only our lines."""
+    for bad in ("Traceback", "client has been closed", "ERROR", "Crash detected", "Finished in state"):
+        assert bad not in text, text
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "twice"),
+    [(signal.SIGINT, 130, False), (signal.SIGTERM, 143, False), (signal.SIGINT, 130, True)],
+    ids=["sigint", "sigterm", "sigint-twice"],
+)
+def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
+    prefect_harness, judge_env, tmp_path, sig, code, twice
+):
+    rows = make_rows(ROWS, seed=21)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    judge_env.latency_s = 0.2
+    proc = start(judge_env, data, out)
+    assert judge_env.wait_for_requests(40, timeout=240), proc.communicate()
+    at_signal = time.monotonic()
+    proc.send_signal(sig)
+    if twice:  # a second Ctrl-C while the first one's clean-up runs
+        time.sleep(0.2)
+        proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+
+    assert proc.returncode == code, stdout + stderr
+    sent_after = judge_env.chat_requests_since(at_signal)
+    print(f"\n[{sig.name}{' x2' if twice else ''}] exit {proc.returncode}, {sent_after} requests after the signal")
+    assert sent_after <= AFTER_SIGNAL_MAX, f"{sent_after} judge requests after the signal"
+    found = MESSAGE.findall(stderr)
+    assert len(found) == 1, stderr
+    cached = int(found[0])
+    judged = len(judge_env.chat_requests)
+    assert 0 < cached <= judged < ROWS
+    assert_clean(stdout + stderr)
+    assert not (out / "results").exists() and not (out / "runs").exists()  # nothing committed
+    (marker,) = (out / "_pending").glob("*.json")
+    interrupted_run = json.loads(marker.read_text())["run_id"]
+
+    judge_env.latency_s = 0.0
+    rerun = start(judge_env, data, out)
+    stdout, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, stdout + stderr
+    assert_clean(stdout + stderr)
+    rejudged = len(judge_env.chat_requests) - judged
+    assert rejudged <= ROWS - cached < ROWS  # the cached rows were not judged again
+    (run,) = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
+    assert run["run_id"] == interrupted_run and run["rows"] == ROWS and run["errors"] == 0
+    got = results_of(out, run["run_id"])  # asserts each row appears once
+    assert set(got) == {r["row_id"] for r in rows}
+    assert all(got[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
+    assert sum(1 for r in got.values() if r["cached"]) >= cached
