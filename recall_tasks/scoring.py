@@ -138,11 +138,26 @@ class CircuitBreaker:
         self.tripped_reason: str | None = None
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._cancelled: set[asyncio.Task[Any]] = set()
+        self._attempts: dict[asyncio.Task[Any], int] = {}  # HTTP attempts made by each call in flight
+
+    def _count(self) -> None:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # called outside the judge loop (tests, a sync caller): nothing to attribute
+            return
+        if task is not None and task in self._in_flight:
+            self._attempts[task] = self._attempts.get(task, 0) + 1
+
+    def attempts_of(self, task: asyncio.Task[Any]) -> int:
+        """HTTP attempts ``task`` made (a call cancelled while waiting for its turn made none)."""
+        return self._attempts.get(task, 0)
 
     def attempt_ok(self) -> None:
+        self._count()
         self.failures = self.timeouts = 0
 
     def attempt_failed(self, endpoint: str, cause: str, *, timed_out: bool = False) -> None:
+        self._count()
         if self.tripped_reason is not None:
             return
         self.failures += 1
@@ -167,6 +182,7 @@ class CircuitBreaker:
     def leave(self, task: asyncio.Task[Any]) -> bool:
         """Forget ``task``; True when the breaker cancelled it (its row is then "not judged")."""
         self._in_flight.discard(task)
+        self._attempts.pop(task, None)
         if task in self._cancelled:
             self._cancelled.discard(task)
             return True
@@ -238,11 +254,12 @@ async def score_rows(
             attempts = max(exc.requests, 1)
             outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", requests=attempts)
             return
-        except asyncio.CancelledError as exc:
+        except asyncio.CancelledError:
+            made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
                 raise
             task.uncancel()  # cancelled by the breaker, not by the caller: the row is "not judged"
-            attempts = max(getattr(exc, "requests", 1), 1)
+            attempts = made
             outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", attempts)
             return
         finally:

@@ -77,6 +77,11 @@ def test_failing_endpoint_trips_after_ten_failed_attempts(prefect_harness, judge
     assert 10 <= len(judge_env.chat_requests) <= 12
     assert summary["scored"] == 0 and summary["errors"] + summary["skipped"] == 40 and summary["skipped"] >= 28
     assert summary["requests"] == len(judge_env.chat_requests)  # the attempts of failed rows count
+    # many calls waiting for their turn when it trips: they are not judged and made no request
+    judge_env.reset()
+    judge_env.enqueue(*[Status(503)] * 200)
+    wide = failed_run(judge_env.base_url, data, tmp_path / "out-wide", max_retries=0, max_concurrency=8, max_workers=1)
+    assert wide["status"] == "failed" and wide["requests"] == len(judge_env.chat_requests) < 40
 
 
 def test_flaky_but_answering_endpoint_does_not_trip(prefect_harness, judge_env, tmp_path):
