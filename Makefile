@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo check lint types bench clean
+.PHONY: venv test test-fast demo check lint types bench clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not integration"
 
 demo: $(STAMP)
 	$(BIN)/recall-bench demo

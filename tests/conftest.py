@@ -43,3 +43,16 @@ def _no_local_server_left_behind():
 
     server.stop()
     shutil.rmtree(_STATE_DIR, ignore_errors=True)
+
+
+#: Tests that need a real server process (Prefect, SeaweedFS) or run the CLI in subprocesses: ``integration``.
+#: ``make test-fast`` runs the rest (pure functions, the in-thread fake OpenAI server); ``make test`` runs all.
+_SERVER_FIXTURES = {"prefect_harness", "s3_server", "s3_bucket", "prefect_server"}
+_PROCESS_MODULES = {"test_server", "test_interrupts", "test_run_errors", "test_startup", "test_deployments"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _PROCESS_MODULES:
+            item.add_marker(pytest.mark.integration)
