@@ -480,3 +480,31 @@ def test_huge_judge_replies_are_size_bounded_and_flagged(fake_openai):
     assert f"summary truncated to {MAX_SUMMARY_CHARS} characters" in flags
     assert len(flags) <= 20 and flags[-1].startswith("and ") and flags[-1].endswith("more flags")
     assert len(json.dumps(result.model_dump())) < 20_000
+
+
+_SCRIPT = """
+import asyncio, gc, sys
+sys.path.insert(0, {repo!r})
+from recall_tasks import ContextualRecall, OpenAIJudge, RecallCase
+CASE = RecallCase(expected_output="A b c.", retrieval_context=["a b c"])
+async def main():
+    {open_judge}
+        print((await ContextualRecall(judge=judge).a_measure(CASE)).score)
+asyncio.run(main())
+gc.collect()
+"""
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_async_with_leaves_no_client_session_unclosed(fake_openai, closed):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fake_openai.set_responder(reply({"verdicts": [{"id": 1, "verdict": "yes", "reason": "", "chunk_ids": [1]}]}))
+    make = f"OpenAIJudge(base_url={fake_openai.base_url!r}, api_key='sk-x')"
+    open_judge = f"async with {make} as judge:" if closed else f"judge = {make}\n    if True:"
+    script = _SCRIPT.format(repo=str(Path(__file__).parent.parent), open_judge=open_judge)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "1.0", done.stderr
+    assert ("Unclosed client session" in done.stderr) is not closed  # the control shows the check can fail

@@ -323,10 +323,16 @@ class OpenAIJudge:
         return check_endpoint(model=self._model, base_url=self.base_url, api_key=self._api_key, azure=azure)
 
     async def aclose(self) -> None:
-        """Close the client of the running loop."""
+        """Close the client of the running loop (its HTTP sessions too: nothing is left unclosed at exit)."""
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.client.close()
+
+    async def __aenter__(self) -> OpenAIJudge:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # -- judging ---------------------------------------------------------------------------------
 
