@@ -30,7 +30,7 @@ from prefect.results import get_result_store
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from recall_tasks import pipeline, tracking
+from recall_tasks import _logging, pipeline, tracking
 from recall_tasks.artifacts import artifact_key, browser_link, summary_table
 from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
@@ -38,6 +38,8 @@ from recall_tasks.errors import JudgeTransientError, RegressionDetected, RunFail
 from recall_tasks.html_report import write_report
 from recall_tasks.report import markdown_report, run_results
 from recall_tasks.results import ChunkPart
+
+_logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
 
 
 def _transient(task: Any, task_run: Any, state: Any) -> bool:

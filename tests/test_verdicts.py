@@ -372,3 +372,18 @@ def test_a_relative_output_in_two_folders_shares_no_chunk_cache(prefect_harness,
         assert result.exit_code == 0, result.output
         (run,) = runs_of(str(tmp_path / folder / "out"))
         assert run["cached"] == 0, folder  # `out` is another location in each folder: nothing is shared
+
+
+def test_a_newline_in_dataset_values_never_forges_a_log_line(prefect_harness, tmp_path, caplog):
+    import logging
+
+    from flows.recall_flow import recall_benchmark
+    from recall_tasks.config import RunParams
+
+    folder = tmp_path / "evil\nERROR forged line"
+    data = write(folder / "eval.parquet", make_rows(6, seed=8))
+    caplog.set_level(logging.INFO, logger="prefect.flow_runs")
+    recall_benchmark(RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), baseline="latest"))
+    messages = [r.getMessage() for r in caplog.records if r.name == "prefect.flow_runs"]
+    assert any("evil\\nERROR forged line" in m for m in messages)  # the value, escaped, on its own line
+    assert not any("\n" in m for m in messages)
