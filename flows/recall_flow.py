@@ -16,27 +16,20 @@ from uuid import UUID
 
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import (
-    create_link_artifact,
-    create_markdown_artifact,
     create_progress_artifact,
-    create_table_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext, get_run_context
-from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from prefect.results import get_result_store
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from recall_tasks import _logging, pipeline, tracking
-from recall_tasks.artifacts import artifact_key, browser_link, summary_table
+from recall_tasks import _logging, pipeline, publish
 from recall_tasks.config import RunParams
 from recall_tasks.datasets import iter_blocks
-from recall_tasks.errors import JudgeTransientError, RegressionDetected, RunFailed, StorageError
-from recall_tasks.html_report import write_report
-from recall_tasks.report import markdown_report, run_results
+from recall_tasks.errors import JudgeTransientError, StorageError
 from recall_tasks.results import ChunkPart
 
 _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
@@ -241,61 +234,9 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
         pipeline.release(plan)
     if reused_chunks:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", reused_chunks)
-    summary = pipeline.commit_run(plan, parts, flow_run_id)
-    logger.info(
-        "run %s committed: %s rows, %s scored, %s errors, %s skipped, %s cached, mean %s, status %s",
-        plan.run_id, summary["rows"], summary["scored"], summary["errors"], summary["skipped"], summary["cached"],
-        summary["mean_score"], summary["status"],
-    )  # fmt: skip
-    failed = summary["status"] == "failed"
-    if summary["status_reason"]:
-        log = logger.error if failed else logger.warning
-        log("run %s %s: %s", plan.run_id, summary["status"], summary["status_reason"])
-    rows = run_results(plan)  # one scan of the run for both reports
-    keys = {k: artifact_key(k, plan.dataset.name, params.metric) for k in ("summary", "report", "regression", "html")}
-    create_table_artifact(summary_table(summary), key=keys["summary"], description=f"run {plan.run_id}")
-    create_link_artifact(plan.store.results_uri, link_text="results table", key="recall-results")
-    comparison = None if failed else tracking.compare_with_baseline(plan, summary)
-    resource = {"prefect.resource.id": f"recall.dataset.{plan.dataset.name}", "recall.run_id": plan.run_id}
-    emit_event("recall.run.completed", resource=resource, payload=tracking.run_event_payload(summary))
-    if failed:
-        logger.info("run %s failed: not compared with a baseline, and never used as one", plan.run_id)
-    elif comparison is None:
-        logger.info("run %s is the first of its series (no baseline %r)", plan.run_id, params.baseline)
-    else:
-        logger.info(
-            "run %s vs baseline %s: %s (mean delta %s)%s", plan.run_id, comparison.baseline_run_id,
-            comparison.verdict, comparison.mean_delta, f": {comparison.reason}" if comparison.reason else "",
-        )  # fmt: skip
-        create_markdown_artifact(
-            comparison.to_markdown(),
-            key=keys["regression"],
-            description=f"run {plan.run_id} vs {comparison.baseline_run_id}",
-        )
-        summary = {**summary, "comparison": comparison.event_payload()}
-        if comparison.verdict == "regressed":
-            emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
-    report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset)
-    link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
-    report_md = markdown_report(plan, summary, results=rows)
-    if comparison is not None:
-        report_md += "\n\n" + comparison.to_markdown()
-    create_markdown_artifact(
-        f"{report_md}\n\n[HTML report]({link}) ({link_note})", key=keys["report"],
-        description=f"run {plan.run_id}: worst rows and verdict",
-    )  # fmt: skip
-    create_link_artifact(link, link_text=f"HTML report ({link_note})", key=keys["html"])
-    summary = {**summary, "report_uri": report_uri}
+    summary = publish.publish_run(plan, pipeline.commit_run(plan, parts, flow_run_id), logger)
     pipeline.finish_run(plan)
-    if failed:
-        raise RunFailed(f"run {plan.run_id} failed: {summary['status_reason']}", summary)
-    if comparison is not None and comparison.verdict == "regressed" and params.fail_on_regression:
-        raise RegressionDetected(
-            f"run {plan.run_id} regressed against {comparison.baseline_run_id}: mean delta "
-            f"{comparison.mean_delta:+.4f} (95 % CI {comparison.ci_low:+.4f}..{comparison.ci_high:+.4f}), "
-            f"{comparison.flips_pass_to_fail} rows pass->fail",
-            summary,
-        )
+    publish.raise_for_outcome(plan, summary)
     return summary
 
 
