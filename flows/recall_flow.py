@@ -54,14 +54,13 @@ def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
 _CACHE_PREFIX = "recall-chunk-"
 
 
-@task(
-    name="score-chunk",
-    retries=2,
-    retry_delay_seconds=[2, 10],
-    retry_condition_fn=_transient,
-    cache_key_fn=_chunk_cache_key,
-    persist_result=True,
-)
+#: The chunk task's name and retry rule, shared by its cached and uncached forms.
+_CHUNK_TASK: dict[str, Any] = {
+    "name": "score-chunk", "retries": 2, "retry_delay_seconds": [2, 10], "retry_condition_fn": _transient,
+}  # fmt: skip
+
+
+@task(**_CHUNK_TASK, cache_key_fn=_chunk_cache_key, persist_result=True)
 def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkReport:
     """Score one chunk of rows and write its result file (a retry rewrites the same file).
 
@@ -74,14 +73,7 @@ def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkRep
 #: ``--no-cache``: the same task function without Prefect's cache. Not ``score_chunk.with_options(cache_policy=
 #: NO_CACHE)``: ``with_options`` cannot drop ``cache_key_fn``, and Prefect then warned on every such run that both
 #: ``cache_policy`` and ``cache_key_fn`` were set. Same name, retries and retry rule.
-score_chunk_uncached = task(
-    name="score-chunk",
-    retries=2,
-    retry_delay_seconds=[2, 10],
-    retry_condition_fn=_transient,
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)(score_chunk.fn)
+score_chunk_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk.fn)
 
 
 def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
