@@ -55,6 +55,7 @@ row "missing" and follow ``on_missing`` (error/zero/skip, counted in the run sum
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -574,18 +575,19 @@ def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[
             continue
         with ds.fs.open(f.path, "rb") as fh:
             pf = pq.ParquetFile(fh)
-            starts, offset = [], 0
+            starts = [0]
             for g in range(pf.num_row_groups):
-                starts.append(offset)
-                offset += pf.metadata.row_group(g).num_rows
+                starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+            by_group: dict[int, list[tuple[int, str | None]]] = {}
             for row, digest in wanted:
-                group = next((i for i in reversed(range(len(starts))) if starts[i] <= row), None)
-                if group is None or row >= offset:
-                    continue
-                part = pf.read_row_group(group, columns=read_cols).slice(row - starts[group], 1)
-                block = _block(roles_only, uri, row, part, ds.columns, {})
-                if block.content_hashes[0] == digest:
-                    out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
+                if 0 <= row < starts[-1]:
+                    by_group.setdefault(bisect.bisect_right(starts, row) - 1, []).append((row, digest))
+            for group, members in by_group.items():  # each needed row group read once
+                table = pf.read_row_group(group, columns=read_cols)
+                for row, digest in members:
+                    block = _block(roles_only, uri, row, table.slice(row - starts[group], 1), ds.columns, {})
+                    if block.content_hashes[0] == digest:
+                        out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
     return out
 
 

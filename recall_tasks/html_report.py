@@ -519,12 +519,19 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     return table
 
 
-def render_run_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
+def render_run_report(
+    store: ResultStore,
+    run_id: str,
+    results: pa.Table | None = None,
+    dataset: Any = None,
+    drops: list[dict[str, Any]] | None = None,
+) -> str:
     """The HTML report of ``run_id`` read from ``store`` (``recall-bench report --to`` writes it locally).
 
     ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan);
     ``dataset``: the run's open :class:`~recall_tasks.datasets.Dataset` (the flow's), else the runs table's
-    ``dataset_uri`` is opened to show the worst rows' chunks, when its content still matches.
+    ``dataset_uri`` is opened to show the worst rows' chunks, when its content still matches; ``drops``: the
+    comparison's worst rows when the caller has them (the flow), else computed from the tables.
     """
     runs_ds = store.read_table("runs")
     runs = runs_ds.to_table() if runs_ds is not None else None
@@ -537,18 +544,25 @@ def render_run_report(store: ResultStore, run_id: str, results: pa.Table | None 
         else:
             results = bounded_results(results_ds, run_id)
     comparisons = _read_comparisons(store, run_id)
-    drops = _largest_drops(store, run_id, comparisons)
+    if drops is None:
+        drops = _largest_drops(store, run_id, comparisons)
     run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
     chunks = _chunks_of_worst(store, run, results, dataset)
     return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
 
 
-def write_report(store: ResultStore, run_id: str, results: pa.Table | None = None, dataset: Any = None) -> str:
+def write_report(
+    store: ResultStore,
+    run_id: str,
+    results: pa.Table | None = None,
+    dataset: Any = None,
+    drops: list[dict[str, Any]] | None = None,
+) -> str:
     """Render the report of ``run_id`` from ``store`` and write ``<output>/reports/<run_id>.html``; its URI.
 
-    ``results`` and ``dataset``: as for :func:`render_run_report`.
+    ``results``, ``dataset`` and ``drops``: as for :func:`render_run_report`.
     """
-    document = render_run_report(store, run_id, results, dataset)
+    document = render_run_report(store, run_id, results, dataset, drops)
     path = store._path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
     try:

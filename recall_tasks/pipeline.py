@@ -254,16 +254,23 @@ def check_run(params: Any) -> Checked:
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes)
 
 
+#: What :func:`preflight` checked, handed to :func:`plan_run` of the same parameters in the same process (the
+#: CLI's ad-hoc runs), so the dataset footers and the judge endpoint are not checked twice seconds apart.
+#: Deployment runs have no pre-flight and check in the flow.
+_preflighted: dict[str, Checked] = {}
+
+
 def preflight(params: Any) -> list[str]:
-    """The checks of :func:`check_run` alone (the CLI runs them before Prefect starts); returns the notes."""
+    """The checks of :func:`check_run` (the CLI runs them before Prefect starts); returns the notes."""
     checked = check_run(params)
-    release_judge(checked.metric.judge)
+    _preflighted.clear()
+    _preflighted[params.model_dump_json()] = checked
     return checked.notes
 
 
 def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise."""
-    checked = check_run(params)
+    checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
     for note in checked.notes:
         log.warning("%s", note)

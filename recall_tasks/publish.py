@@ -74,7 +74,8 @@ def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> dict[str, An
         summary = {**summary, "comparison": comparison.event_payload()}
         if comparison.verdict == "regressed":
             emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
-    report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset)
+    drops = [w.model_dump() for w in comparison.worst_rows] if comparison is not None else []
+    report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset, drops=drops)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:
