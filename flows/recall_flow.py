@@ -26,11 +26,12 @@ from prefect.results import get_result_store
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from recall_tasks import _logging, pipeline, publish
+from recall_tasks import _logging
 from recall_tasks.config import RunParams
-from recall_tasks.datasets import iter_blocks
 from recall_tasks.errors import JudgeTransientError, StorageError
-from recall_tasks.results import ChunkPart
+from recall_tasks.io.datasets import iter_blocks
+from recall_tasks.io.results import ChunkPart
+from recall_tasks.pipeline import publish, steps
 
 _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
 
@@ -61,13 +62,13 @@ _CHUNK_TASK: dict[str, Any] = {
 
 
 @task(**_CHUNK_TASK, cache_key_fn=_chunk_cache_key, persist_result=True)
-def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkReport:
+def score_chunk(plan: steps.RunPlan, seq: int, key: str) -> steps.ChunkReport:
     """Score one chunk of rows and write its result file (a retry rewrites the same file).
 
     The rows are not a task parameter: Prefect keeps task parameters referenced after the run, which grew the
     flow by ~1 MB per chunk. The flow parks each chunk in ``plan.pending_blocks`` until its task settles.
     """
-    return pipeline.score_chunk(plan, seq, plan.pending_blocks[seq], key)
+    return steps.score_chunk(plan, seq, plan.pending_blocks[seq], key)
 
 
 #: ``--no-cache``: the same task function without Prefect's cache. Not ``score_chunk.with_options(cache_policy=
@@ -76,13 +77,13 @@ def score_chunk(plan: pipeline.RunPlan, seq: int, key: str) -> pipeline.ChunkRep
 score_chunk_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk.fn)
 
 
-def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
+def _cached_report(store: Any, key: str) -> steps.ChunkReport | None:
     """The chunk's report if Prefect's cache holds a live record for it, read without creating a task run.
 
     Same record, key and storage the task engine would use (``cache_key_fn``, ``result_storage``,
     ``cache_expiration``): an unchanged rerun then costs no task-run round trip per chunk. Any read problem
     (missing, expired, unreadable) means "not cached" and the chunk goes through its task as usual; a report
-    that is not :attr:`~recall_tasks.pipeline.ChunkReport.reusable` is returned, and the caller refreshes it.
+    that is not :attr:`~recall_tasks.pipeline.steps.ChunkReport.reusable` is returned, and the caller refreshes it.
     """
     try:
         record = store.read(_CACHE_PREFIX + key)
@@ -92,10 +93,10 @@ def _cached_report(store: Any, key: str) -> pipeline.ChunkReport | None:
     if expiration is not None and expiration <= dt.datetime.now(dt.UTC):
         return None
     result = record.result
-    return result if isinstance(result, pipeline.ChunkReport) else None
+    return result if isinstance(result, steps.ChunkReport) else None
 
 
-def _usable(report: pipeline.ChunkReport | None) -> bool:
+def _usable(report: steps.ChunkReport | None) -> bool:
     """Only successes are served from the chunk cache: errored or not-judged rows are judged again."""
     return report is not None and report.reusable
 
@@ -133,7 +134,7 @@ def _chunk_task(params: RunParams) -> Any:
         "refresh_cache": params.refresh_cache,
     }
     if params.chunk_cache_storage:
-        options["result_storage"] = pipeline.chunk_cache_storage(params)
+        options["result_storage"] = steps.chunk_cache_storage(params)
     return score_chunk.with_options(**options)
 
 
@@ -152,7 +153,7 @@ def _flow_run_name() -> str:
 def recall_benchmark(params: RunParams) -> dict[str, Any]:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
-    plan = pipeline.plan_run(params)
+    plan = steps.plan_run(params)
     ctx = get_run_context()
     flow_run_id = str(ctx.flow_run.id) if getattr(ctx, "flow_run", None) else None  # type: ignore[union-attr]
     total = plan.dataset.num_rows
@@ -163,7 +164,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     )  # fmt: skip
     progress_id = cast(UUID, create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}"))
     chunk_task = _chunk_task(params)
-    window: deque[tuple[PrefectFuture[pipeline.ChunkReport], int, str]] = deque()
+    window: deque[tuple[PrefectFuture[steps.ChunkReport], int, str]] = deque()
     parts: list[ChunkPart] = []
     done_rows = 0
     reused_chunks = 0
@@ -172,13 +173,13 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
 
     def progress(final: bool = False) -> None:
         nonlocal last_progress
-        pipeline.notify_progress(done_rows, total)
+        steps.notify_progress(done_rows, total)
         now = time.monotonic()
         if total and (final or now - last_progress >= PROGRESS_INTERVAL_S):
             update_progress_artifact(progress_id, progress=100.0 * done_rows / total)
             last_progress = now
 
-    def record(seq: int, report: pipeline.ChunkReport, reused: bool) -> None:
+    def record(seq: int, report: steps.ChunkReport, reused: bool) -> None:
         nonlocal done_rows
         plan.pending_blocks.pop(seq, None)
         parts.append(ChunkPart(report.path, reused=reused))
@@ -200,7 +201,7 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     try:
         for seq, raw in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
             block = plan.prepare_block(raw)
-            key = pipeline.chunk_key(plan, block)
+            key = steps.chunk_key(plan, block)
             cached = None if cache_store is None or params.refresh_cache else _cached_report(cache_store, key)
             submit = chunk_task
             if cached is not None:
@@ -217,17 +218,17 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
             settle()
         progress(final=True)
     except BaseException:  # an interrupt, a configuration error: cancel the judge calls in flight, don't wait
-        pipeline.abort(plan)
+        steps.abort(plan)
         for future, _, _ in window:
             future.wait(timeout=ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited
-        pipeline.keep_judged(plan)
+        steps.keep_judged(plan)
         raise
     finally:
-        pipeline.release(plan)
+        steps.release(plan)
     if reused_chunks:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", reused_chunks)
-    summary = publish.publish_run(plan, pipeline.commit_run(plan, parts, flow_run_id), logger)
-    pipeline.finish_run(plan)
+    summary = publish.publish_run(plan, steps.commit_run(plan, parts, flow_run_id), logger)
+    steps.finish_run(plan)
     publish.raise_for_outcome(plan, summary)
     return summary
 

@@ -1,5 +1,5 @@
 """``python -m recall_tasks`` is the ``recall-bench`` command."""
 
-from recall_tasks.cli import app
+from recall_tasks.cli.app import app
 
 app()

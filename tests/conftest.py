@@ -39,7 +39,7 @@ def prefect_harness():
 def _no_local_server_left_behind():
     """Stop a local Prefect server that a test may have started in the session's state directory."""
     yield
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     server.stop()
     shutil.rmtree(_STATE_DIR, ignore_errors=True)

@@ -179,7 +179,7 @@ class S3Server:
         }
 
     def storage_options(self) -> dict[str, str]:
-        """Options for :meth:`recall_tasks.storage.StorageConfig.from_options` (``--storage-option``)."""
+        """Options for :meth:`recall_tasks.io.storage.StorageConfig.from_options` (``--storage-option``)."""
         return {
             "aws_access_key_id": self.access_key,
             "aws_secret_access_key": self.secret_key,

@@ -784,7 +784,7 @@ def test_pandas_style_passthrough_types_are_stored_readably(ctx: Ctx) -> None:
     columns: run twice into one output, then query and history still read it."""
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     data = table(rows())
     extra = {
@@ -979,7 +979,7 @@ CLI = [
 def test_cli_exits_2_with_one_line(ctx: Ctx, request: pytest.FixtureRequest, case: CliCase) -> None:
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     if case.s3:
         with_s3(ctx, request)
@@ -1007,7 +1007,7 @@ def test_cli_refuses_credentials_in_base_url_before_any_flow_run(ctx: Ctx) -> No
     from prefect.client.orchestration import get_client
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     url = f"http://judge-user:{CLI_SECRET}@127.0.0.1:{ctx.fake.port}/v1"
     args = ["run", *_cli_data(ctx), "--judge", "openai", "--base-url", url]
@@ -1030,7 +1030,7 @@ def test_cli_error_is_one_line_at_default_width(ctx: Ctx) -> None:
     """Without COLUMNS, a long path must not be wrapped over several lines (logs and alerts grep one line)."""
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     deep = ctx.tmp / ("a-rather-long-folder-name-" * 4) / "missing.parquet"
     result = CliRunner().invoke(app, ["run", str(deep), "--output", ctx.out])

@@ -18,12 +18,12 @@ import pytest
 from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
-from recall_tasks.cache import RowVerdictCache
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunFailed, StorageError
+from recall_tasks.io.cache import RowVerdictCache
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
-from recall_tasks.results import ResultStore
-from recall_tasks.storage import StorageConfig
 from tests import judge_script
 from tests.fake_openai import Reset, Status
 from tests.test_pipeline import KEY, expected, make_rows
@@ -341,7 +341,7 @@ def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkey
     the second commit conflict, and the loser sees the winner's commit instead of duplicating the run."""
     import deltalake
 
-    from recall_tasks.results import ChunkPart
+    from recall_tasks.io.results import ChunkPart
 
     store = ResultStore(str(tmp_path / "out"), StorageConfig.from_options())
     chunk = store.chunk_path("ab" * 16, "run-1")
@@ -365,7 +365,7 @@ def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkey
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    caplog.set_level("INFO", logger="recall_tasks.results")
+    caplog.set_level("INFO", logger="recall_tasks.io.results")
     threads = [threading.Thread(target=commit) for _ in range(2)]
     for t in threads:
         t.start()
@@ -613,7 +613,7 @@ def test_rows_left_in_error_by_transient_faults_are_judged_on_rerun(prefect_harn
 
 def test_reports_cached_before_not_judged_existed_are_not_reused():
     """A pickled report of an older version has no ``not_judged``: unknown, so never served whole."""
-    from recall_tasks.pipeline import ChunkReport
+    from recall_tasks.pipeline.steps import ChunkReport
 
     assert not ChunkReport(seq=0, rows=10, errors=0, scored=10, path="p").reusable
     assert not ChunkReport(seq=0, rows=10, errors=1, scored=9, path="p", not_judged=0).reusable

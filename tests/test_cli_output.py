@@ -21,7 +21,7 @@ from rich.console import Console
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from recall_tasks.cli import app
+from recall_tasks.cli.app import app
 from tests.test_pipeline import make_rows
 from tests.test_tracking import degrade, write
 
@@ -144,7 +144,7 @@ def test_run_prints_the_judge_first_and_accepts_markup_in_labels(out):
 
 
 def test_openai_judge_line_names_model_and_host_only():
-    from recall_tasks.output import judge_line
+    from recall_tasks.cli.output import judge_line
 
     line = judge_line("openai", "gpt-4o-mini", "http://user:pw@127.0.0.1:8089/v1")
     assert line == "judge: openai gpt-4o-mini at 127.0.0.1:8089"
@@ -219,7 +219,7 @@ def test_parquet_output_detected_env_default_output_missing_tables_and_incompara
 
 
 def test_history_tolerates_comparisons_without_a_reason_column():
-    from recall_tasks.output import history_cells, history_records
+    from recall_tasks.cli.output import history_cells, history_records
 
     started = dt.datetime(2026, 11, 30, 2, 0, tzinfo=dt.UTC)
     run = {
@@ -381,7 +381,7 @@ def test_query_prints_brackets_and_markup_as_is(out):
 
 
 def test_markdown_and_csv_keep_cells_whole():
-    from recall_tasks.output import print_rows
+    from recall_tasks.cli.output import print_rows
 
     value = "a|b\n<img src=x onerror=alert(1)>, [/]"
     md, sheet = io.StringIO(), io.StringIO()
@@ -392,7 +392,7 @@ def test_markdown_and_csv_keep_cells_whole():
 
 
 def test_terminal_tables_fold_values_and_keep_run_ids_whole():
-    from recall_tasks.output import print_rows
+    from recall_tasks.cli.output import print_rows
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=50, color_system=None)

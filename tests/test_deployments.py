@@ -31,10 +31,10 @@ import yaml
 from deltalake import DeltaTable
 from typer.testing import CliRunner
 
-from recall_tasks import events
 from recall_tasks.config import RunParams
+from recall_tasks.io.storage import StorageConfig, delta_storage_options
+from recall_tasks.pipeline import events
 from recall_tasks.secrets import looks_secret
-from recall_tasks.storage import StorageConfig, delta_storage_options
 from tests import prefect_server as _prefect
 from tests.prefect_server import REPO, PrefectServer, PrefectWorker, clean_env
 from tests.s3_server import S3Server, closed_port
@@ -59,7 +59,7 @@ CLI_PROGRAM = (
 )
 EMIT_PROGRAM = (
     "import json, sys\n"
-    "from recall_tasks.events import emit_index_built\n"
+    "from recall_tasks.pipeline.events import emit_index_built\n"
     "kw = json.loads(sys.argv[1])\n"
     "event = emit_index_built(kw.pop('index_version'), kw.pop('dataset_uri'), **kw)\n"
     "print(event.id if event else 'NONE')\n"

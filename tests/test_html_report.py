@@ -1,4 +1,4 @@
-"""Tests of recall_tasks.html_report: content of the rendered document, escaping, edge cases, write_report."""
+"""Tests of recall_tasks.reports.html: content of the rendered document, escaping, edge cases, write_report."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from recall_tasks.analysis.regression import COMPARISON_SCHEMA
 from recall_tasks.errors import ConfigError
-from recall_tasks.html_report import render_report, write_report
-from recall_tasks.regression import COMPARISON_SCHEMA
-from recall_tasks.results import RUN_SCHEMA, ResultStore
-from recall_tasks.scoring import RESULT_FIELDS
-from recall_tasks.storage import StorageConfig
+from recall_tasks.io.results import RUN_SCHEMA, ResultStore
+from recall_tasks.io.storage import StorageConfig
+from recall_tasks.pipeline.scoring import RESULT_FIELDS
+from recall_tasks.reports.html import render_report, write_report
 
 RESULT_SCHEMA = pa.schema([*RESULT_FIELDS, pa.field("input", pa.string()), pa.field("topic", pa.string())])
 T0 = dt.datetime(2024, 5, 1, 6, 0, tzinfo=dt.UTC)

@@ -18,7 +18,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import JudgeTransientError, RunFailed
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.openai_judge import OpenAIJudge
-from recall_tasks.scoring import CircuitBreaker
+from recall_tasks.pipeline.scoring import CircuitBreaker
 from tests import judge_script
 from tests.fake_openai import Content, Delay, Reset, Status
 from tests.s3_server import closed_port
@@ -109,7 +109,7 @@ def test_requests_count_the_retries_of_rows_that_failed(prefect_harness, judge_e
 def test_cli_timeout_and_retries_options_and_exit_4_on_an_outage(prefect_harness, judge_env, tmp_path):
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=69))
     port = judge_env.port

@@ -14,11 +14,11 @@ from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks import DatasetError, JudgeConfigError, StorageError
-from recall_tasks.artifacts import artifact_key
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunFailed
-from recall_tasks.results import ResultStore
-from recall_tasks.storage import StorageConfig, delta_storage_options
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import StorageConfig, delta_storage_options
+from recall_tasks.pipeline.artifacts import artifact_key
 from tests import judge_script
 from tests.fake_openai import Status
 
@@ -374,7 +374,7 @@ def test_no_secret_in_tables_logs_or_artifacts(
 def test_query_cli_returns_the_run(prefect_harness, tmp_path):
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(5))
     out = str(tmp_path / "out")

@@ -9,10 +9,10 @@ from deltalake import DeltaTable
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks import ContextualRecall, RecallCase, split_sentences
+from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.config import RunParams
 from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
 from recall_tasks.metrics.precision import chunk_use
-from recall_tasks.regression import compare_runs
 from tests import judge_script
 from tests.test_pipeline import KEY, make_rows
 

@@ -1,4 +1,4 @@
-"""Known-answer tests of recall_tasks.regression: pairing, statistics, verdicts, baseline selection, outputs."""
+"""Known-answer tests of the regression module: pairing, statistics, verdicts, baseline selection, outputs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from recall_tasks.errors import ConfigError
-from recall_tasks.regression import (
+from recall_tasks.analysis.regression import (
     COMPARISON_SCHEMA,
     MCNEMAR_EXACT_MAX,
     _binomial_tail_exact,
@@ -25,8 +24,9 @@ from recall_tasks.regression import (
     mcnemar_exact_p,
     paired_mean_ci,
 )
-from recall_tasks.results import RUN_SCHEMA
-from recall_tasks.scoring import VERDICT_TYPE
+from recall_tasks.errors import ConfigError
+from recall_tasks.io.results import RUN_SCHEMA
+from recall_tasks.pipeline.scoring import VERDICT_TYPE
 
 THRESHOLD = 0.5
 

@@ -14,7 +14,7 @@ from tests.prefect_server import REPO, clean_env
 
 def test_cli_and_server_commands_import_neither_prefect_nor_openai():
     code = (
-        "import sys, recall_tasks.cli, recall_tasks.server, recall_tasks\n"
+        "import sys, recall_tasks.cli.app, recall_tasks.cli.server, recall_tasks\n"
         "heavy = sorted(m for m in ('prefect', 'openai', 'fastapi', 'duckdb', 'deltalake') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
         "recall_tasks.LexicalJudge\n"

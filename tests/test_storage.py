@@ -1,4 +1,4 @@
-"""recall_tasks.storage and recall_tasks.secrets, against a real S3 server (SeaweedFS, see s3_server.py)."""
+"""recall_tasks.io.storage and recall_tasks.secrets, against a real S3 server (SeaweedFS, see s3_server.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from botocore.exceptions import ClientError
 from deltalake import DeltaTable, write_deltalake
 
 from recall_tasks.errors import ConfigError, StorageError
-from recall_tasks.secrets import redact, redact_mapping, register_secret
-from recall_tasks.storage import (
+from recall_tasks.io.storage import (
     StorageConfig,
     delta_storage_options,
     filesystem,
@@ -26,6 +25,7 @@ from recall_tasks.storage import (
     storage_errors,
     translate_storage_error,
 )
+from recall_tasks.secrets import redact, redact_mapping, register_secret
 from tests import s3_server as _s3
 
 # Register the fixtures for this module (the project's conftest may also import them).

@@ -12,9 +12,9 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 - pyt
 
 from flows.recall_flow import recall_benchmark
 from recall_tasks import split_sentences
-from recall_tasks.artifacts import artifact_key
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RegressionDetected
+from recall_tasks.pipeline.artifacts import artifact_key
 from tests.test_pipeline import make_rows
 
 
@@ -115,7 +115,7 @@ def test_no_baseline_skips_comparison(prefect_harness, tmp_path):
 def test_cli_history_and_comparisons_query(prefect_harness, tmp_path):
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app
+    from recall_tasks.cli.app import app
 
     out = str(tmp_path / "out")
     rows = make_rows(40, seed=3)

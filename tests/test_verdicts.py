@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from recall_tasks.cli import app
-from recall_tasks.datasets import ROW_IDENTITY, open_dataset
-from recall_tasks.results import ResultStore
-from recall_tasks.storage import StorageConfig
+from recall_tasks.cli.app import app
+from recall_tasks.io.datasets import ROW_IDENTITY, open_dataset
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import StorageConfig
 from tests import judge_script
 from tests.fake_openai import Status
 from tests.test_pipeline import KEY, make_rows
@@ -115,7 +115,7 @@ def test_row_ids_depend_on_question_and_reference_only(tmp_path):
     c = write(tmp_path / "c.parquet", [{**r, "reference": r["reference"] + " More."} for r in rows])
 
     def ids(path: str) -> list[str]:
-        from recall_tasks.datasets import iter_blocks
+        from recall_tasks.io.datasets import iter_blocks
 
         ds = open_dataset(path, StorageConfig.from_options(), "contextual_recall", {})
         return [i for block in iter_blocks(ds, 5) for i in block.row_ids]
@@ -314,7 +314,7 @@ def test_runs_of_two_datasets_committing_at_once_both_land(tmp_path, monkeypatch
 
     import deltalake
 
-    from recall_tasks.results import ChunkPart
+    from recall_tasks.io.results import ChunkPart
 
     store = ResultStore(str(tmp_path / "out"), StorageConfig.from_options())
     chunks = []
@@ -339,7 +339,7 @@ def test_runs_of_two_datasets_committing_at_once_both_land(tmp_path, monkeypatch
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(deltalake, "write_deltalake", both_from_one_snapshot)
-    caplog.set_level("INFO", logger="recall_tasks.results")
+    caplog.set_level("INFO", logger="recall_tasks.io.results")
     errors: list[BaseException] = []
 
     def attempt(n: int) -> None:

@@ -37,10 +37,10 @@ import httpx2
 import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError, JudgeTransientError
+from recall_tasks.judges import prompts
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
 from recall_tasks.judges.parsing import ParseError, parse_verdicts
 from recall_tasks.judges.ratelimit import RateLimiter
-from recall_tasks.metrics import prompts
 from recall_tasks.secrets import redact, register_secret
 
 log = logging.getLogger(__name__)

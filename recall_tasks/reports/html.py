@@ -6,7 +6,7 @@ file can be mailed, attached as an artifact or opened straight from object stora
 is escaped with :func:`html.escape`. Missing optional columns, null/NaN intervals, empty runs and runs with only
 errors render as dashes and short notes instead of failing.
 
-:func:`write_report` reads the tables of a :class:`~recall_tasks.results.ResultStore` (only the run's own result
+:func:`write_report` reads the tables of a :class:`~recall_tasks.io.results.ResultStore` (only the run's own result
 rows) and writes ``<output>/reports/<run_id>.html``.
 """
 
@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from recall_tasks.errors import ConfigError
-from recall_tasks.results import ResultStore
-from recall_tasks.storage import join_uri, translate_storage_error
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import join_uri, translate_storage_error
 
 __all__ = ["BINS", "render_report", "render_run_report", "write_report"]
 
@@ -449,7 +449,7 @@ def _with_chunks(rows: list[dict[str, Any]], chunks: dict[tuple[str, int], list[
 
 
 def _largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[dict[str, Any]]:
-    from recall_tasks.tracking import largest_drops
+    from recall_tasks.analysis.tracking import largest_drops
 
     if comparisons is None or comparisons.num_rows == 0:
         return []
@@ -462,7 +462,7 @@ def _largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None
 
 def _chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
     """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
-    from recall_tasks.datasets import open_dataset, read_contexts
+    from recall_tasks.io.datasets import open_dataset, read_contexts
 
     needed = {"source_file", "source_row", "content_hash"}
     if results.num_rows == 0 or not needed <= set(results.column_names):
@@ -529,7 +529,7 @@ def render_run_report(
     """The HTML report of ``run_id`` read from ``store`` (``recall-bench report --to`` writes it locally).
 
     ``results``: the run's ``bounded_results`` when the caller already read them (the flow shares one scan);
-    ``dataset``: the run's open :class:`~recall_tasks.datasets.Dataset` (the flow's), else the runs table's
+    ``dataset``: the run's open :class:`~recall_tasks.io.datasets.Dataset` (the flow's), else the runs table's
     ``dataset_uri`` is opened to show the worst rows' chunks, when its content still matches; ``drops``: the
     comparison's worst rows when the caller has them (the flow), else computed from the tables.
     """

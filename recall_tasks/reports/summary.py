@@ -1,6 +1,6 @@
 """Human-readable views of a run: the summary table and a markdown report of the worst rows.
 
-Dataset values in the markdown report are escaped (``recall_tasks.markdown``): they stay text in Prefect's UI.
+Dataset values in the markdown report are escaped (``recall_tasks.reports.markdown``): they stay text in Prefect's UI.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recall_tasks.markdown import md_code, md_text
+from recall_tasks.reports.markdown import md_code, md_text
 
 
 def _fmt(value: Any) -> str:
@@ -52,7 +52,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
 
 def run_results(plan: Any) -> pa.Table | None:
     """The committed run's rows for the reports: light columns for all, text for the worst (one scan)."""
-    from recall_tasks.html_report import bounded_results
+    from recall_tasks.reports.html import bounded_results
 
     ds = plan.store.read_table("results")
     return None if ds is None else bounded_results(ds, plan.run_id)

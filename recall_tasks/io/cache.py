@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
 from recall_tasks.judges.base import JudgeResponse
-from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
 
 log = logging.getLogger(__name__)
 

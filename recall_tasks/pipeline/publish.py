@@ -18,12 +18,12 @@ from typing import Any
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
-from recall_tasks import tracking
-from recall_tasks.artifacts import artifact_key, browser_link, summary_table
+from recall_tasks.analysis import tracking
+from recall_tasks.analysis.regression import Comparison
 from recall_tasks.errors import RegressionDetected, RunFailed
-from recall_tasks.html_report import write_report
-from recall_tasks.regression import Comparison
-from recall_tasks.report import markdown_report, run_results
+from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
+from recall_tasks.reports.html import write_report
+from recall_tasks.reports.summary import markdown_report, run_results
 
 
 def log_commit(plan: Any, summary: dict[str, Any], logger: Any) -> None:

@@ -65,7 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError, StorageError
-from recall_tasks.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
+from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 
 ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
 
@@ -460,7 +460,7 @@ def _passthrough_types(schema: pa.Schema, passthrough: list[str], uri: str) -> d
     Also refuses names that would collide in the results table: a name of a result column (compared ignoring
     case) is stored as ``data_<name>``, which must not be another pass-through column.
     """
-    from recall_tasks.scoring import passthrough_name  # scoring imports this module
+    from recall_tasks.pipeline.scoring import passthrough_name  # scoring imports this module
 
     types: dict[str, pa.DataType] = {}
     stored: dict[str, str] = {}

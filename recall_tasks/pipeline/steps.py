@@ -31,17 +31,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
-from recall_tasks.aggregates import summarize, summarize_segments
-from recall_tasks.cache import RowVerdictCache
-from recall_tasks.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
+from recall_tasks.analysis.aggregates import summarize, summarize_segments
+from recall_tasks.analysis.regression import find_baseline
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
+from recall_tasks.io.cache import RowVerdictCache
+from recall_tasks.io.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
+from recall_tasks.io.results import ChunkPart, ResultStore, today
+from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
+from recall_tasks.io.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
-from recall_tasks.regression import find_baseline
-from recall_tasks.results import ChunkPart, ResultStore, today
-from recall_tasks.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
-from recall_tasks.scoring import (
+from recall_tasks.pipeline.scoring import (
     CHUNK_FIELDS,
     NOT_JUDGED,
     Budget,
@@ -51,7 +52,6 @@ from recall_tasks.scoring import (
     score_block,
 )
 from recall_tasks.sentences import SPLITTER_VERSION
-from recall_tasks.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from recall_tasks.datasets import RowBlock
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
+from recall_tasks.io.datasets import RowBlock
 from recall_tasks.judges.base import JudgeResponse, attempt_observer
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.models import RecallCase, RecallResult

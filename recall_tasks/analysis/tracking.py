@@ -1,6 +1,6 @@
 """Regression tracking at the end of a run: find the baseline, compare, record, tell.
 
-The statistics live in :mod:`recall_tasks.regression`; this module reads the committed tables, writes the
+The statistics live in :mod:`recall_tasks.analysis.regression`; this module reads the committed tables, writes the
 comparison to the ``comparisons`` table (idempotent per comparison id) and builds the event payloads the
 flow emits (``recall.run.completed`` always, ``recall.regression.detected`` when the verdict is regressed).
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.regression import Comparison, WorstRow, compare_runs, find_baseline, lost_statements
+from recall_tasks.analysis.regression import Comparison, WorstRow, compare_runs, find_baseline, lost_statements
 
 RESULT_COLUMNS = ["row_id", "score", "success", "context_precision"]
 

@@ -20,8 +20,8 @@ Interval of the mean delta
     runs independently) keeps the pairing, which removes the between-row variance that dominates recall scores.
     Above :data:`BOOTSTRAP_MAX_N` (20,000) paired rows the bootstrap distribution of a mean is normal to well
     within its own Monte-Carlo noise, so the normal interval ``mean ± 1.96·sd/√n`` of the paired deltas is used
-    instead (the same cut-over as the run-level interval in :mod:`recall_tasks.aggregates`). Deltas that are all
-    exactly 0 give the interval (0, 0) by both methods.
+    instead (the same cut-over as the run-level interval in :mod:`~recall_tasks.analysis.aggregates`). Deltas
+    that are all exactly 0 give the interval (0, 0) by both methods.
 
 Pass/fail flips: McNemar's exact test
     Over paired rows with a ``success`` in both runs, ``b`` rows went pass → fail and ``c`` went fail → pass.
@@ -91,10 +91,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
-from recall_tasks.aggregates import BOOTSTRAP_MAX_N, mean_ci
-from recall_tasks.datasets import ROW_ID_COLUMN_IDENTITY
+from recall_tasks.analysis.aggregates import BOOTSTRAP_MAX_N, mean_ci
 from recall_tasks.errors import ConfigError
-from recall_tasks.markdown import md_code, md_text
+from recall_tasks.io.datasets import ROW_ID_COLUMN_IDENTITY
+from recall_tasks.reports.markdown import md_code, md_text
 
 __all__ = [
     "BOOTSTRAP_MAX_N",
@@ -212,7 +212,7 @@ def _binomial_tail_log(n: int, m: int) -> float:
 def paired_mean_ci(deltas: np.ndarray, *, resamples: int = 2000, seed: int = 0) -> tuple[float | None, float | None]:
     """95 % interval of the mean of paired row-level ``deltas``: resampling the deltas keeps the pairing.
 
-    Same estimator as the run-level interval (:func:`recall_tasks.aggregates.mean_ci`).
+    Same estimator as the run-level interval (:func:`recall_tasks.analysis.aggregates.mean_ci`).
     """
     return mean_ci(np.asarray(deltas, dtype=np.float64), seed=seed, resamples=resamples)
 

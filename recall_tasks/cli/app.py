@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from recall_tasks import events
+from recall_tasks.cli.output import OUTPUT_FORMATS, OutputFormat
 from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
-from recall_tasks.output import OUTPUT_FORMATS, OutputFormat
+from recall_tasks.io.storage import parse_storage_options
+from recall_tasks.pipeline import events
 from recall_tasks.secrets import looks_secret, redact
-from recall_tasks.storage import parse_storage_options
 
 EXIT_CODES = """Exit codes of run: 0 completed; 2 usage, configuration or dataset error (nothing written, no run
 recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed (rows committed with
@@ -149,8 +149,8 @@ def _validation_message(exc: ValidationError) -> str:
 
 def _print_summary(summary: dict[str, Any], output: str) -> None:
     """The run's summary table and where to look next; values are plain text (never markup), redacted."""
-    from recall_tasks.output import print_table
-    from recall_tasks.report import summary_rows
+    from recall_tasks.cli.output import print_table
+    from recall_tasks.reports.summary import summary_rows
 
     cells = [[row["field"], redact(row["value"])] for row in summary_rows(summary)]
     print_table(["field", "value"], cells, console, title=f"run {summary['run_id']}", show_header=False)
@@ -177,7 +177,7 @@ def _prefect_api() -> Iterator[None]:
     for the length of the run both in the environment (read by any ``Settings()`` built later) and as Prefect's
     current settings (the ones built when ``prefect`` was imported lack it); both are restored afterwards.
     """
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     url, local = server.api_url_for_run(on_boot=_announce_boot)
     if not local:
@@ -298,7 +298,7 @@ def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str,
                     err.print(f"[yellow]note:[/] {escape(redact(note))}")
             stack.enter_context(_prefect_api())
             from flows.recall_flow import recall_benchmark
-            from recall_tasks import pipeline
+            from recall_tasks.pipeline import steps
 
             stack.enter_context(_quiet_prefect_console(debug))
             progress = stack.enter_context(
@@ -317,10 +317,10 @@ def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str,
             def listener(done: int, total: int) -> None:
                 progress.update(bar, completed=done, total=total)
 
-            pipeline.add_progress_listener(listener)
-            pipeline.add_abort_listener(cached.append)
-            stack.callback(pipeline.remove_progress_listener, listener)
-            stack.callback(pipeline.remove_abort_listener, cached.append)
+            steps.add_progress_listener(listener)
+            steps.add_abort_listener(cached.append)
+            stack.callback(steps.remove_progress_listener, listener)
+            stack.callback(steps.remove_abort_listener, cached.append)
             return recall_benchmark(params)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
@@ -392,7 +392,7 @@ def run(
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
     from recall_tasks.config import RunParams
-    from recall_tasks.datasets import parse_column_overrides
+    from recall_tasks.io.datasets import parse_column_overrides
 
     try:
         params = RunParams.model_validate(
@@ -455,9 +455,9 @@ def run(
 
 def _preflight(params: Any) -> list[str]:
     """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
-    from recall_tasks import pipeline
+    from recall_tasks.pipeline import steps
 
-    return pipeline.preflight(params)
+    return steps.preflight(params)
 
 
 def verdict_line(comparison: dict[str, Any]) -> str:
@@ -556,15 +556,15 @@ _DEMO_WORST_ROWS = (
 
 
 def _judge_line(params: Any) -> str:
-    from recall_tasks.output import judge_line
+    from recall_tasks.cli.output import judge_line
 
     return redact(judge_line(params.judge, params.model, params.base_url))
 
 
 def _detect_format(output: str, storage_option: list[str] | None, storage: Any = None) -> str:
     """``--format`` when not given: what the tables already at ``output`` are (see results.detect_format)."""
-    from recall_tasks.results import detect_format
-    from recall_tasks.storage import StorageConfig
+    from recall_tasks.io.results import detect_format
+    from recall_tasks.io.storage import StorageConfig
 
     if storage is None:
         storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
@@ -573,8 +573,8 @@ def _detect_format(output: str, storage_option: list[str] | None, storage: Any =
 
 def _store(output: str, format: str | None, storage_option: list[str] | None) -> Any:
     """The result store at ``output``; ``format`` None: detected from the tables already there."""
-    from recall_tasks.results import ResultStore
-    from recall_tasks.storage import StorageConfig
+    from recall_tasks.io.results import ResultStore
+    from recall_tasks.io.storage import StorageConfig
 
     storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
     if format is None:
@@ -585,11 +585,11 @@ def _store(output: str, format: str | None, storage_option: list[str] | None) ->
 
 
 def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputFormat) -> None:
-    """Run ``sql`` on the read-only connection (see recall_tasks.sql) and print at most ``limit`` rows."""
+    """Run ``sql`` on the read-only connection (see recall_tasks.io.sql) and print at most ``limit`` rows."""
     import duckdb
 
-    from recall_tasks.output import cut_notice, print_rows
-    from recall_tasks.sql import TABLES, connect_readonly, explain_error
+    from recall_tasks.cli.output import cut_notice, print_rows
+    from recall_tasks.io.sql import TABLES, connect_readonly, explain_error
 
     tables = {name: ds for name in TABLES if (ds := store.read_table(name)) is not None}
     con = connect_readonly(tables)
@@ -649,7 +649,7 @@ def history(
     """
     import pyarrow.compute as pc
 
-    from recall_tasks.output import (
+    from recall_tasks.cli.output import (
         HISTORY_COLUMNS,
         HISTORY_FIELDS,
         cut_notice,
@@ -693,7 +693,7 @@ def report(
     ] = None,
 ) -> None:
     """Write a self-contained HTML report of a run (next to the tables, or --to a local path); print where."""
-    from recall_tasks.html_report import render_run_report, write_report
+    from recall_tasks.reports.html import render_run_report, write_report
 
     try:
         store = _store(output, format, storage_option)
@@ -721,7 +721,7 @@ app.add_typer(server_app, name="server")
 
 
 def _server_line(info: Any) -> str:
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     return f"UI {info.ui_url}, API {info.api_url} (pid {info.pid}, state {server.state_dir()})"
 
@@ -733,7 +733,7 @@ def server_start(
     ] = None,
 ) -> None:
     """Start the local Prefect server in the background (or report the one running)."""
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     try:
         info, started = server.start(port, on_boot=lambda i: err.print("starting the local Prefect server..."))
@@ -747,7 +747,7 @@ def server_start(
 @server_app.command("status")
 def server_status() -> None:
     """Whether the local Prefect server runs (exit 0) or not (exit 1), and its addresses."""
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     current = server.status()
     if os.environ.get("PREFECT_API_URL"):
@@ -762,7 +762,7 @@ def server_status() -> None:
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the local Prefect server (its database is kept for the next start)."""
-    from recall_tasks import server
+    from recall_tasks.cli import server
 
     info = server.stop()
     console.print(

@@ -22,9 +22,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recall_tasks._sync import run_sync
-from recall_tasks.datasets import DEFAULT_NAMES, RowBlock, content_hash
 from recall_tasks.errors import ConfigError, DatasetError
-from recall_tasks.storage import StorageConfig, filesystem, translate_storage_error
+from recall_tasks.io.datasets import DEFAULT_NAMES, RowBlock, content_hash
+from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
 
 Retriever = Callable[[list[str]], Any]
 _CONTEXT = pa.list_(pa.string())

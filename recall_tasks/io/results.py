@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from recall_tasks.cache import write_atomically
 from recall_tasks.errors import StorageError
-from recall_tasks.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
+from recall_tasks.io.cache import write_atomically
+from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,7 @@ class ResultStore:
 
     def append_comparison(self, comparison_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
         """Record a baseline comparison (overall + segment rows) unless it is already recorded."""
-        from recall_tasks.regression import COMPARISON_SCHEMA
+        from recall_tasks.analysis.regression import COMPARISON_SCHEMA
 
         table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
         try:

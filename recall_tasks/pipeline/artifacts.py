@@ -15,7 +15,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from recall_tasks.storage import join_uri, normalize_uri
+from recall_tasks.io.storage import join_uri, normalize_uri
 
 LINK_EXPIRY_S = 7 * 24 * 3600
 

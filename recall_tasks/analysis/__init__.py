@@ -1,0 +1,1 @@
+"""Run-level figures from result tables: aggregates, regression statistics and verdicts, baseline tracking."""

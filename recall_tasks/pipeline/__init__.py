@@ -1,0 +1,1 @@
+"""The benchmark run: planning, chunk scoring, commits, outcomes, and the Prefect glue (artifacts, events)."""
