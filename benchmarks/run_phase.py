@@ -23,8 +23,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="write a pyinstrument profile here (.txt: text, else HTML)")
     args = parser.parse_args()
 
-    from flows.recall_flow import recall_benchmark
     from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
 
     params = RunParams(
         dataset_uri=args.dataset, output_uri=args.output, judge=args.judge, base_url=args.base_url,

@@ -28,9 +28,9 @@ from prefect.exceptions import ParameterTypeError
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from pydantic import ValidationError
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunFailed, StorageError
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests import s3_server as _s3
 from tests.fake_openai import FakeOpenAI

@@ -17,13 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunFailed, StorageError
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests.fake_openai import Reset, Status
 from tests.test_pipeline import KEY, expected, make_rows

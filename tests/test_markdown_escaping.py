@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from markdown_it import MarkdownIt
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline.artifacts import artifact_key
+from recall_tasks.pipeline.flow import recall_benchmark
 from recall_tasks.reports.markdown import md_code, md_text
 from tests import judge_script
 from tests.test_pipeline import KEY

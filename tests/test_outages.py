@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
 from recall_tasks.errors import JudgeTransientError, RunFailed
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.openai_judge import OpenAIJudge
+from recall_tasks.pipeline.flow import recall_benchmark
 from recall_tasks.pipeline.scoring import CircuitBreaker
 from tests import judge_script
 from tests.fake_openai import Content, Delay, Reset, Status

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks import DatasetError, JudgeConfigError, StorageError
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunFailed
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig, delta_storage_options
 from recall_tasks.pipeline.artifacts import artifact_key
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests.fake_openai import Status
 

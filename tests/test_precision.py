@@ -7,12 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks import ContextualRecall, RecallCase, split_sentences
 from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.config import RunParams
 from recall_tasks.judges.base import JudgeResponse, JudgeVerdict
 from recall_tasks.metrics.precision import chunk_use
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests.test_pipeline import KEY, make_rows
 

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import sample_retriever
 from tests.test_pipeline import make_rows
 

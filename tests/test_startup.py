@@ -7,8 +7,8 @@ import sys
 
 from prefect import Flow
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks.config import RunParams
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests.prefect_server import REPO, clean_env
 
 

@@ -10,11 +10,11 @@ from prefect.events.clients import AssertingEventsClient
 from prefect.events.worker import EventsWorker
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 - pytest fixture
 
-from flows.recall_flow import recall_benchmark
 from recall_tasks import split_sentences
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RegressionDetected
 from recall_tasks.pipeline.artifacts import artifact_key
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests.test_pipeline import make_rows
 
 

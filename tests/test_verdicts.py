@@ -377,8 +377,8 @@ def test_a_relative_output_in_two_folders_shares_no_chunk_cache(prefect_harness,
 def test_a_newline_in_dataset_values_never_forges_a_log_line(prefect_harness, tmp_path, caplog):
     import logging
 
-    from flows.recall_flow import recall_benchmark
     from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
 
     folder = tmp_path / "evil\nERROR forged line"
     data = write(folder / "eval.parquet", make_rows(6, seed=8))

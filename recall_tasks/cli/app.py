@@ -297,8 +297,8 @@ def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str,
                     _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {escape(redact(note))}")
             stack.enter_context(_prefect_api())
-            from flows.recall_flow import recall_benchmark
             from recall_tasks.pipeline import steps
+            from recall_tasks.pipeline.flow import recall_benchmark
 
             stack.enter_context(_quiet_prefect_console(debug))
             progress = stack.enter_context(

@@ -1,7 +1,8 @@
-"""After the commit: compare, tell Prefect and write the reports. The run's Prefect-facing tail.
+"""After the commit: compare, write the reports, and say what to tell Prefect. No Prefect import here.
 
 One function per step the flow names (``publish_run``, ``raise_for_outcome``); the flow stays a table of contents.
-What it shows where:
+``publish_run`` returns a :class:`Publication` (the artifacts and events to send) that the Prefect adapter
+(``pipeline/flow.py``) sends, so this tail is unit-tested without a server. What it shows where:
 
 - logs: the committed counts, the status and its reason, the verdict (dataset values escaped, see ``_logging``);
 - artifacts, keyed per dataset and metric (``artifacts.artifact_key``): the summary table, the comparison's
@@ -13,10 +14,8 @@ A failed run is neither compared nor used as a baseline; its tables and reports 
 
 from __future__ import annotations
 
-from typing import Any
-
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-from prefect.events import emit_event
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
@@ -24,6 +23,34 @@ from recall_tasks.errors import RegressionDetected, RunFailed
 from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
 from recall_tasks.reports.html import write_report
 from recall_tasks.reports.summary import markdown_report, run_results
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A Prefect artifact to create: a table (``data`` rows), markdown (``data`` text) or a link (``data`` URL)."""
+
+    kind: Literal["table", "markdown", "link"]
+    key: str
+    data: Any
+    description: str = ""
+    link_text: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Prefect event to emit."""
+
+    name: str
+    resource: dict[str, str]
+    payload: dict[str, Any]
+
+
+@dataclass
+class Publication:
+    """What the run tells Prefect, in order."""
+
+    artifacts: list[Artifact] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
 
 def log_commit(plan: Any, summary: dict[str, Any], logger: Any) -> None:
@@ -54,38 +81,43 @@ def compare(plan: Any, summary: dict[str, Any], logger: Any) -> Comparison | Non
     return comparison
 
 
-def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> dict[str, Any]:
-    """Log, compare, emit the events, write the reports and the artifacts; the summary the flow returns."""
+def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[str, Any], Publication]:
+    """Log, compare, write the reports; the summary the flow returns and what to send to Prefect."""
     log_commit(plan, summary, logger)
+    out = Publication()
     rows = run_results(plan)  # one scan of the run for both reports
     keys = {
         k: artifact_key(k, plan.dataset.name, plan.params.metric) for k in ("summary", "report", "regression", "html")
     }
-    create_table_artifact(summary_table(summary), key=keys["summary"], description=f"run {plan.run_id}")
-    create_link_artifact(plan.store.results_uri, link_text="results table", key="recall-results")
+    out.artifacts.append(Artifact("table", keys["summary"], summary_table(summary), f"run {plan.run_id}"))
+    out.artifacts.append(Artifact("link", "recall-results", plan.store.results_uri, link_text="results table"))
     comparison = compare(plan, summary, logger)
     resource = {"prefect.resource.id": f"recall.dataset.{plan.dataset.name}", "recall.run_id": plan.run_id}
-    emit_event("recall.run.completed", resource=resource, payload=tracking.run_event_payload(summary))
+    out.events.append(Event("recall.run.completed", resource, tracking.run_event_payload(summary)))
     if comparison is not None:
-        create_markdown_artifact(
-            comparison.to_markdown(), key=keys["regression"],
-            description=f"run {plan.run_id} vs {comparison.baseline_run_id}",
+        out.artifacts.append(
+            Artifact(
+                "markdown", keys["regression"], comparison.to_markdown(),
+                f"run {plan.run_id} vs {comparison.baseline_run_id}",
+            )
         )  # fmt: skip
         summary = {**summary, "comparison": comparison.event_payload()}
         if comparison.verdict == "regressed":
-            emit_event("recall.regression.detected", resource=resource, payload=comparison.event_payload())
+            out.events.append(Event("recall.regression.detected", resource, comparison.event_payload()))
     drops = [w.model_dump() for w in comparison.worst_rows] if comparison is not None else []
     report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset, drops=drops)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:
         report_md += "\n\n" + comparison.to_markdown()
-    create_markdown_artifact(
-        f"{report_md}\n\n[HTML report]({link}) ({link_note})", key=keys["report"],
-        description=f"run {plan.run_id}: worst rows and verdict",
+    out.artifacts.append(
+        Artifact(
+            "markdown", keys["report"], f"{report_md}\n\n[HTML report]({link}) ({link_note})",
+            f"run {plan.run_id}: worst rows and verdict",
+        )
     )  # fmt: skip
-    create_link_artifact(link, link_text=f"HTML report ({link_note})", key=keys["html"])
-    return {**summary, "report_uri": report_uri}
+    out.artifacts.append(Artifact("link", keys["html"], link, link_text=f"HTML report ({link_note})"))
+    return {**summary, "report_uri": report_uri}, out
 
 
 def raise_for_outcome(plan: Any, summary: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ import datetime as dt
 import hashlib
 import json
 import logging
-import os
 import secrets as pysecrets
 import time
 from collections.abc import Callable
@@ -535,35 +534,3 @@ def release(plan: RunPlan) -> None:
 def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
-
-
-def chunk_cache_storage(params: Any) -> Any:
-    """Prefect result storage for the chunk cache: ``block:<slug>``, an fsspec URL, or a local path.
-
-    Prefect only accepts saved blocks as result storage, so a URL or path is saved as a block named after it,
-    WITHOUT credentials: s3fs (or gcsfs/adlfs) reads them from the worker's environment at run time.
-    """
-    spec = params.chunk_cache_storage
-    if spec.startswith("block:"):
-        from prefect.filesystems import WritableFileSystem
-
-        return WritableFileSystem.load(spec.removeprefix("block:"))
-    name = "recall-chunk-cache-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
-    block: Any
-    if "://" in spec and not spec.startswith("file://"):
-        from prefect.filesystems import RemoteFileSystem
-
-        settings: dict[str, Any] = {}
-        if spec.startswith(("s3://", "s3a://")):
-            storage = StorageConfig.from_options(params.storage_options)
-            if storage.endpoint_url:
-                settings["endpoint_url"] = storage.endpoint_url
-            if storage.region:
-                settings["client_kwargs"] = {"region_name": storage.region}
-        block = RemoteFileSystem(basepath=spec, settings=settings)
-    else:
-        from prefect.filesystems import LocalFileSystem
-
-        block = LocalFileSystem(basepath=os.path.abspath(spec.removeprefix("file://")))
-    block.save(name, overwrite=True)
-    return block
