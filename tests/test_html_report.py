@@ -10,11 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from recall_tasks.analysis.regression import COMPARISON_SCHEMA
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import RUN_SCHEMA, ResultStore
+from recall_tasks.io.schemas import COMPARISON_SCHEMA, RESULT_FIELDS
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline.scoring import RESULT_FIELDS
 from recall_tasks.reports.html import render_report, write_report
 
 RESULT_SCHEMA = pa.schema([*RESULT_FIELDS, pa.field("input", pa.string()), pa.field("topic", pa.string())])

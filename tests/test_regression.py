@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 
 from recall_tasks.analysis.regression import (
-    COMPARISON_SCHEMA,
     MCNEMAR_EXACT_MAX,
     _binomial_tail_exact,
     _binomial_tail_log,
@@ -26,7 +25,7 @@ from recall_tasks.analysis.regression import (
 )
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import RUN_SCHEMA
-from recall_tasks.pipeline.scoring import VERDICT_TYPE
+from recall_tasks.io.schemas import COMPARISON_SCHEMA, VERDICT_TYPE
 
 THRESHOLD = 0.5
 

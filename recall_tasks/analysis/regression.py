@@ -94,11 +94,11 @@ from pydantic import BaseModel, Field
 from recall_tasks.analysis.aggregates import BOOTSTRAP_MAX_N, mean_ci
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.datasets import ROW_ID_COLUMN_IDENTITY
+from recall_tasks.io.schemas import COMPARISON_SCHEMA
 from recall_tasks.reports.markdown import md_code, md_text
 
 __all__ = [
     "BOOTSTRAP_MAX_N",
-    "COMPARISON_SCHEMA",
     "Comparison",
     "MCNEMAR_EXACT_MAX",
     "SegmentDelta",
@@ -134,38 +134,6 @@ _IMPLIED_BY = {
 
 MIN_PAIRED_SHARE = 0.9
 """Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
-
-COMPARISON_SCHEMA = pa.schema(
-    [
-        pa.field("comparison_id", pa.string(), nullable=False),
-        pa.field("current_run_id", pa.string(), nullable=False),
-        pa.field("baseline_run_id", pa.string(), nullable=False),
-        pa.field("dataset", pa.string()),
-        pa.field("metric", pa.string()),
-        pa.field("segment_column", pa.string()),
-        pa.field("segment_value", pa.string()),
-        pa.field("verdict", pa.string(), nullable=False),
-        pa.field("like_for_like", pa.bool_()),
-        pa.field("reason", pa.string()),
-        pa.field("n_paired", pa.int64()),
-        pa.field("n_added", pa.int64()),
-        pa.field("n_removed", pa.int64()),
-        pa.field("n_unpaired_unscored", pa.int64()),
-        pa.field("mean_current", pa.float64()),
-        pa.field("mean_baseline", pa.float64()),
-        pa.field("mean_delta", pa.float64()),
-        pa.field("ci_low", pa.float64()),
-        pa.field("ci_high", pa.float64()),
-        pa.field("flips_pass_to_fail", pa.int64()),
-        pa.field("flips_fail_to_pass", pa.int64()),
-        pa.field("mcnemar_p", pa.float64()),
-        pa.field("context_precision_delta", pa.float64()),
-        pa.field("tolerance", pa.float64()),
-        pa.field("alpha", pa.float64()),
-        pa.field("compared_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-"""Schema of the ``comparisons`` table: one overall row (segment columns null) plus one per segment value."""
 
 
 # -- statistics -----------------------------------------------------------------------------------

@@ -460,7 +460,7 @@ def _passthrough_types(schema: pa.Schema, passthrough: list[str], uri: str) -> d
     Also refuses names that would collide in the results table: a name of a result column (compared ignoring
     case) is stored as ``data_<name>``, which must not be another pass-through column.
     """
-    from recall_tasks.pipeline.scoring import passthrough_name  # scoring imports this module
+    from recall_tasks.io.schemas import passthrough_name
 
     types: dict[str, pa.DataType] = {}
     stored: dict[str, str] = {}

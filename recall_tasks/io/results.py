@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from recall_tasks.errors import StorageError
 from recall_tasks.io.cache import write_atomically
+from recall_tasks.io.schemas import COMPARISON_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 
 log = logging.getLogger(__name__)
@@ -336,8 +337,6 @@ class ResultStore:
 
     def append_comparison(self, comparison_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
         """Record a baseline comparison (overall + segment rows) unless it is already recorded."""
-        from recall_tasks.analysis.regression import COMPARISON_SCHEMA
-
         table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
         try:
             if self.format == "delta":

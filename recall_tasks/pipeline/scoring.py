@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
 from recall_tasks.io.datasets import RowBlock
+from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import JudgeResponse, attempt_observer
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.models import RecallCase, RecallResult
@@ -282,58 +283,6 @@ async def score_rows(
         finally:
             attempt_observer.reset(token)
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
-
-
-VERDICT_TYPE = pa.struct(
-    [
-        ("statement", pa.string()),
-        ("verdict", pa.string()),
-        ("reason", pa.string()),
-        ("chunk_ids", pa.list_(pa.int32())),
-    ]
-)
-
-RESULT_FIELDS: list[pa.Field] = [
-    pa.field("run_id", pa.string(), nullable=False),
-    pa.field("row_id", pa.string(), nullable=False),
-    pa.field("content_hash", pa.string()),
-    pa.field("source_file", pa.string()),
-    pa.field("source_row", pa.int64()),
-    pa.field("metric", pa.string()),
-    pa.field("score", pa.float64()),
-    pa.field("success", pa.bool_()),
-    pa.field("threshold", pa.float64()),
-    pa.field("reason", pa.string()),
-    pa.field("verdicts", pa.list_(VERDICT_TYPE)),
-    pa.field("sentence_count", pa.int32()),
-    pa.field("attributed_count", pa.int32()),
-    pa.field("context_count", pa.int32()),
-    pa.field("context_precision", pa.float64()),
-    pa.field("chunks_used", pa.int32()),
-    pa.field("first_relevant_rank", pa.int32()),
-    pa.field("skipped", pa.bool_()),
-    pa.field("error", pa.string()),
-    pa.field("cached", pa.bool_()),
-    pa.field("judge_model", pa.string()),
-    pa.field("prompt_version", pa.string()),
-    pa.field("prompt_tokens", pa.int64()),
-    pa.field("completion_tokens", pa.int64()),
-    pa.field("requests", pa.int32()),
-    pa.field("cost_usd", pa.float64()),
-    pa.field("latency_ms", pa.float64()),
-    pa.field("flags", pa.list_(pa.string())),
-]
-CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
-RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
-_RESERVED_LOWER = {n.lower() for n in RESERVED}
-
-
-def passthrough_name(name: str) -> str:
-    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``).
-
-    Compared ignoring case: Delta Lake column names are case-insensitive (``Score`` is ``score``).
-    """
-    return f"data_{name}" if name.lower() in _RESERVED_LOWER else name
 
 
 def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:

@@ -37,19 +37,12 @@ from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
 from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
+from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.io.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
-from recall_tasks.pipeline.scoring import (
-    CHUNK_FIELDS,
-    NOT_JUDGED,
-    Budget,
-    CircuitBreaker,
-    metric_fingerprint,
-    passthrough_name,
-    score_block,
-)
+from recall_tasks.pipeline.scoring import NOT_JUDGED, Budget, CircuitBreaker, metric_fingerprint, score_block
 from recall_tasks.sentences import SPLITTER_VERSION
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,93 @@
+"""The result tables' schemas: per-row results (and chunk files), comparisons; pass-through column names.
+
+Storage facts, so they live in the storage layer: the scorer fills these columns, the result store writes them,
+the regression check and the reports read them. The ``runs`` table's schema is in :mod:`~recall_tasks.io.results`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+VERDICT_TYPE = pa.struct(
+    [
+        ("statement", pa.string()),
+        ("verdict", pa.string()),
+        ("reason", pa.string()),
+        ("chunk_ids", pa.list_(pa.int32())),
+    ]
+)
+
+RESULT_FIELDS: list[pa.Field] = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("row_id", pa.string(), nullable=False),
+    pa.field("content_hash", pa.string()),
+    pa.field("source_file", pa.string()),
+    pa.field("source_row", pa.int64()),
+    pa.field("metric", pa.string()),
+    pa.field("score", pa.float64()),
+    pa.field("success", pa.bool_()),
+    pa.field("threshold", pa.float64()),
+    pa.field("reason", pa.string()),
+    pa.field("verdicts", pa.list_(VERDICT_TYPE)),
+    pa.field("sentence_count", pa.int32()),
+    pa.field("attributed_count", pa.int32()),
+    pa.field("context_count", pa.int32()),
+    pa.field("context_precision", pa.float64()),
+    pa.field("chunks_used", pa.int32()),
+    pa.field("first_relevant_rank", pa.int32()),
+    pa.field("skipped", pa.bool_()),
+    pa.field("error", pa.string()),
+    pa.field("cached", pa.bool_()),
+    pa.field("judge_model", pa.string()),
+    pa.field("prompt_version", pa.string()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("completion_tokens", pa.int64()),
+    pa.field("requests", pa.int32()),
+    pa.field("cost_usd", pa.float64()),
+    pa.field("latency_ms", pa.float64()),
+    pa.field("flags", pa.list_(pa.string())),
+]
+CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
+RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
+_RESERVED_LOWER = {n.lower() for n in RESERVED}
+
+
+def passthrough_name(name: str) -> str:
+    """Pass-through columns keep their name unless it collides with a result column (then ``data_<name>``).
+
+    Compared ignoring case: Delta Lake column names are case-insensitive (``Score`` is ``score``).
+    """
+    return f"data_{name}" if name.lower() in _RESERVED_LOWER else name
+
+
+COMPARISON_SCHEMA = pa.schema(
+    [
+        pa.field("comparison_id", pa.string(), nullable=False),
+        pa.field("current_run_id", pa.string(), nullable=False),
+        pa.field("baseline_run_id", pa.string(), nullable=False),
+        pa.field("dataset", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("segment_column", pa.string()),
+        pa.field("segment_value", pa.string()),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("like_for_like", pa.bool_()),
+        pa.field("reason", pa.string()),
+        pa.field("n_paired", pa.int64()),
+        pa.field("n_added", pa.int64()),
+        pa.field("n_removed", pa.int64()),
+        pa.field("n_unpaired_unscored", pa.int64()),
+        pa.field("mean_current", pa.float64()),
+        pa.field("mean_baseline", pa.float64()),
+        pa.field("mean_delta", pa.float64()),
+        pa.field("ci_low", pa.float64()),
+        pa.field("ci_high", pa.float64()),
+        pa.field("flips_pass_to_fail", pa.int64()),
+        pa.field("flips_fail_to_pass", pa.int64()),
+        pa.field("mcnemar_p", pa.float64()),
+        pa.field("context_precision_delta", pa.float64()),
+        pa.field("tolerance", pa.float64()),
+        pa.field("alpha", pa.float64()),
+        pa.field("compared_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+"""Schema of the ``comparisons`` table: one overall row (segment columns null) plus one per segment value."""
