@@ -1,0 +1,182 @@
+"""The chunk loop without Prefect: a thread-pool executor stands in for the adapter's tasks."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from recall_tasks.config import RunParams
+from recall_tasks.errors import RunInterrupted
+from recall_tasks.io.datasets import iter_blocks
+from recall_tasks.pipeline import steps
+from recall_tasks.pipeline.steps import ChunkReport, RunPlan
+from recall_tasks.pipeline.window import score_chunks
+from tests.test_pipeline import make_rows, write_parquet
+
+
+class PoolHandle:
+    def __init__(self, future: Future[ChunkReport], from_cache: bool) -> None:
+        self.future, self.from_cache = future, from_cache
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.future.exception(timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def report(self) -> tuple[ChunkReport, bool]:
+        return self.future.result(), self.from_cache
+
+
+class PoolExecutor:
+    """Scores chunks on threads; ``records`` plays the chunk cache (key -> report)."""
+
+    def __init__(self, plan: RunPlan, records: dict[str, ChunkReport] | None = None, fail_seq: int | None = None):
+        self.plan = plan
+        self.pool = ThreadPoolExecutor(4)
+        self.records = records if records is not None else {}
+        self.fail_seq = fail_seq
+        self.submitted: list[tuple[int, bool]] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        self.progress_calls: list[tuple[int, int, bool]] = []
+        self.serve_from_cache: dict[str, ChunkReport] = {}  # what a task run would return as "Cached"
+
+    def cached(self, key: str) -> ChunkReport | None:
+        return self.records.get(key)
+
+    def _run(self, seq: int, key: str) -> ChunkReport:
+        try:
+            if seq == self.fail_seq:
+                raise ValueError(f"chunk {seq} broke")
+            report = steps.score_chunk(self.plan, seq, self.plan.pending_blocks[seq], key)
+            self.records[key] = report
+            return report
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def submit(self, seq: int, key: str, *, refresh: bool) -> PoolHandle:
+        self.submitted.append((seq, refresh))
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if not refresh and key in self.serve_from_cache:
+            with self.lock:
+                self.in_flight -= 1
+            done: Future[ChunkReport] = Future()
+            done.set_result(self.serve_from_cache[key])
+            return PoolHandle(done, from_cache=True)
+        return PoolHandle(self.pool.submit(self._run, seq, key), from_cache=False)
+
+    def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
+        self.progress_calls.append((done_rows, total_rows, final))
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> str:
+    return write_parquet(tmp_path / "data" / "d.parquet", make_rows(45))
+
+
+def plan_for(data: str, out: Path, **kw: object) -> RunPlan:
+    params = RunParams(dataset_uri=data, output_uri=str(out), judge="lexical", chunk_size=5, max_workers=2, **kw)
+    return steps.plan_run(params)
+
+
+def test_every_chunk_is_scored_once_with_at_most_max_workers_in_flight(data: str, tmp_path: Path) -> None:
+    plan = plan_for(data, tmp_path / "out")
+    executor = PoolExecutor(plan)
+    tally = score_chunks(plan, executor)
+    assert [seq for seq, _ in executor.submitted] == list(range(9))
+    assert not any(refresh for _, refresh in executor.submitted)
+    assert executor.max_in_flight <= 2
+    assert tally.done_rows == 45 and len(tally.parts) == 9 and tally.served_from_cache == 0
+    assert not any(p.reused for p in tally.parts)
+    assert plan.pending_blocks == {}  # every parked block released once settled
+    assert executor.progress_calls[-1] == (45, 45, True)
+    assert [c[0] for c in executor.progress_calls[:-1]] == sorted(c[0] for c in executor.progress_calls[:-1])
+    summary = steps.commit_run(plan, tally.parts)
+    assert summary["rows"] == 45 and summary["errors"] == 0
+
+
+def test_a_rerun_takes_successful_chunks_from_the_cache_without_submitting(data: str, tmp_path: Path) -> None:
+    first = plan_for(data, tmp_path / "out")
+    records: dict[str, ChunkReport] = {}
+    steps.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
+    steps.finish_run(first)
+
+    second = plan_for(data, tmp_path / "out")
+    failed_key = sorted(records)[0]
+    records[failed_key] = replace(records[failed_key], errors=1)  # a cached chunk with a failure
+    executor = PoolExecutor(second, records)
+    tally = score_chunks(second, executor)
+    assert tally.served_from_cache == 8
+    assert len(executor.submitted) == 1 and executor.submitted[0][1] is True  # judged again, record refreshed
+    assert sum(p.reused for p in tally.parts) == 8  # the served files belong to the first run
+    assert tally.done_rows == 45
+
+
+def test_a_chunk_the_cache_served_with_failures_is_scored_again(data: str, tmp_path: Path) -> None:
+    """A task run that comes back Cached with an errored row: the loop refreshes it instead of keeping it."""
+    first = plan_for(data, tmp_path / "out")
+    records: dict[str, ChunkReport] = {}
+    steps.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
+    steps.finish_run(first)
+
+    second = plan_for(data, tmp_path / "out")
+    executor = PoolExecutor(second, records={})  # the pre-check finds nothing ...
+    key = sorted(records)[0]
+    executor.serve_from_cache[key] = replace(records[key], errors=2)  # ... but the task run is served a bad record
+    tally = score_chunks(second, executor)
+    refreshed = [seq for seq, refresh in executor.submitted if refresh]
+    assert len(refreshed) == 1
+    assert tally.done_rows == 45 and not any(p.reused for p in tally.parts)
+
+
+def test_an_error_aborts_the_run_and_flushes_what_was_judged(data: str, tmp_path: Path) -> None:
+    plan = plan_for(data, tmp_path / "out")
+    told: list[int] = []
+    steps.add_abort_listener(told.append)
+    try:
+        with pytest.raises(ValueError, match="chunk 3 broke"):
+            score_chunks(plan, PoolExecutor(plan, fail_seq=3))
+    finally:
+        steps.remove_abort_listener(told.append)
+    assert plan.scope.cancelled  # judge calls in flight are cancelled, later chunks refuse to start
+    assert told and told[0] >= 5  # the rows judged before the error are in the row cache
+    with pytest.raises(RunInterrupted):
+        steps.score_chunk(plan, 99, next(iter_blocks(plan.dataset, 5)), "k")
+
+
+def test_the_publishing_tail_says_what_to_send_without_prefect(data: str, tmp_path: Path) -> None:
+    """publish_run returns the artifacts and events in order; the first run of a series has no comparison."""
+    import logging
+
+    from recall_tasks.pipeline import publish
+
+    logger = logging.getLogger("test-publish")
+    first = plan_for(data, tmp_path / "out", label="v1")
+    committed = steps.commit_run(first, score_chunks(first, PoolExecutor(first)).parts)
+    summary, out = publish.publish_run(first, committed, logger)
+    steps.finish_run(first)
+    assert [(a.kind, a.key) for a in out.artifacts] == [
+        ("table", "recall-summary-d-contextual-recall"),
+        ("link", "recall-results"),
+        ("markdown", "recall-report-d-contextual-recall"),
+        ("link", "recall-html-d-contextual-recall"),
+    ]
+    assert [e.name for e in out.events] == ["recall.run.completed"]
+    assert Path(summary["report_uri"]).is_file() and "comparison" not in summary
+
+    second = plan_for(data, tmp_path / "out", label="v2")
+    committed = steps.commit_run(second, score_chunks(second, PoolExecutor(second)).parts)
+    summary, out = publish.publish_run(second, committed, logger)
+    assert summary["comparison"]["verdict"] == "unchanged"
+    assert [a.kind for a in out.artifacts].count("markdown") == 2  # the comparison and the report
+    assert [e.name for e in out.events] == ["recall.run.completed"]
+    publish.raise_for_outcome(second, summary)  # completed and unchanged: no exception
