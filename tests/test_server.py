@@ -3,7 +3,7 @@
 Every command is a subprocess with its own state directory (``RECALL_BENCH_STATE_DIR``), a free port
 (``RECALL_BENCH_SERVER_PORT``), its own client ``PREFECT_HOME`` and no ``PREFECT_API_URL`` (unless a test sets
 it), so nothing touches the user's ``~/.local/state/recall-bench`` or another test's Prefect. The module boots
-two servers in all (one by ``server start``, one by a first ``run``); every server it starts is stopped at the end,
+one server in all (by a first ``run``; ``server start`` then finds it running); every server it starts is stopped at the end,
 by ``server stop`` and then by killing the recorded process group.
 """
 
@@ -103,43 +103,11 @@ def clean_output(done: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in text, text
 
 
-def test_server_start_status_stop(local: Local) -> None:
+def test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it(local: Local) -> None:
+    """One server boot for the whole life cycle: the boot is the slow part (~20 s on a 2-core machine)."""
     done = local.cli("server", "status")
     assert done.returncode == 1 and "stopped" in done.stdout
 
-    done = local.cli("server", "start")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"UI http://127.0.0.1:{local.port}" in done.stdout and "started" in done.stdout
-    record = local.record()
-    assert record is not None and record["port"] == local.port and alive(record["pid"])
-    with urllib.request.urlopen(f"{local.api_url}/health", timeout=10) as resp:
-        assert json.loads(resp.read()) is True
-    assert (local.state / "prefect").is_dir() and (local.state / "server.log").exists()
-    assert "telemetry" not in (local.state / "server.log").read_text().lower()
-
-    done = local.cli("server", "status")
-    assert done.returncode == 0 and "running" in done.stdout and f"pid {record['pid']}" in done.stdout
-    done = local.cli("server", "start")
-    assert done.returncode == 0 and "already running" in done.stdout and f"pid {record['pid']}" in done.stdout
-
-    # PREFECT_API_URL set: a run uses it as is and starts nothing in its own (empty) state directory
-    other = Local(local.root / "other")
-    demo = other.cli("demo", "--output", str(other.root / "out"), PREFECT_API_URL=local.api_url)
-    assert demo.returncode == 0, demo.stdout + demo.stderr
-    clean_output(demo)
-    assert other.record() is None and not (other.state / "server.log").exists()
-    assert "starting the local Prefect server" not in demo.stderr
-    assert flow_runs(local.api_url) == 1  # the demo's flow run is in the server it was pointed at
-
-    done = local.cli("server", "stop")
-    assert done.returncode == 0 and f"pid {record['pid']}" in done.stdout
-    assert not alive(record["pid"]) and local.record() is None
-    done = local.cli("server", "status")
-    assert done.returncode == 1 and "stopped" in done.stdout
-    assert local.cli("server", "stop").stdout.strip() == "local Prefect server: not running"
-
-
-def test_first_run_starts_the_server_and_the_next_reuses_it(local: Local) -> None:
     # a stale record (its process is gone) must not stop the first run from starting a server
     local.state.mkdir(parents=True)
     gone = subprocess.Popen(["true"])
@@ -151,7 +119,11 @@ def test_first_run_starts_the_server_and_the_next_reuses_it(local: Local) -> Non
     clean_output(first)
     assert "starting the local Prefect server" in first.stderr and f"http://127.0.0.1:{local.port}" in first.stderr
     record = local.record()
-    assert record is not None and record["pid"] != gone.pid and alive(record["pid"])
+    assert record is not None and record["pid"] != gone.pid and record["port"] == local.port and alive(record["pid"])
+    with urllib.request.urlopen(f"{local.api_url}/health", timeout=10) as resp:
+        assert json.loads(resp.read()) is True
+    assert (local.state / "prefect").is_dir() and (local.state / "server.log").exists()
+    assert "telemetry" not in (local.state / "server.log").read_text().lower()
 
     dataset = str(local.root / "out-demo-data" / "sample.parquet")  # where demo writes its dataset
     second = local.cli("run", dataset, "--output", str(local.root / "out2"), "--on-missing", "skip")
@@ -160,6 +132,28 @@ def test_first_run_starts_the_server_and_the_next_reuses_it(local: Local) -> Non
     assert "starting the local Prefect server" not in second.stderr
     assert local.record() == record and alive(record["pid"])  # the same server, not a second one
     assert flow_runs(local.api_url) == 2  # both runs are recorded in it
+
+    done = local.cli("server", "status")
+    assert done.returncode == 0 and "running" in done.stdout and f"pid {record['pid']}" in done.stdout
+    assert f"UI http://127.0.0.1:{local.port}" in done.stdout
+    done = local.cli("server", "start")
+    assert done.returncode == 0 and "already running" in done.stdout and f"pid {record['pid']}" in done.stdout
+
+    # PREFECT_API_URL set: a run uses it as is and starts nothing in its own (empty) state directory
+    other = Local(local.root / "other")
+    demo = other.cli("demo", "--output", str(other.root / "out"), PREFECT_API_URL=local.api_url)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    clean_output(demo)
+    assert other.record() is None and not (other.state / "server.log").exists()
+    assert "starting the local Prefect server" not in demo.stderr
+    assert flow_runs(local.api_url) == 3  # the demo's flow run is in the server it was pointed at
+
+    done = local.cli("server", "stop")
+    assert done.returncode == 0 and f"pid {record['pid']}" in done.stdout
+    assert not alive(record["pid"]) and local.record() is None
+    done = local.cli("server", "status")
+    assert done.returncode == 1 and "stopped" in done.stdout
+    assert local.cli("server", "stop").stdout.strip() == "local Prefect server: not running"
 
 
 def test_a_taken_port_is_a_clear_error(local: Local) -> None:
