@@ -25,20 +25,34 @@ class RunParams(BaseModel):
         min_length=1, description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
     )
     output_uri: str = Field("recall-output", description="Where the results/ and runs/ tables live")
-    metric: Literal["contextual_recall", "context_coverage"] = "contextual_recall"
-    judge: Literal["lexical", "openai"] = "lexical"
+    metric: Literal["contextual_recall", "context_coverage"] = Field(
+        "contextual_recall", description="contextual_recall | context_coverage"
+    )
+    judge: Literal["lexical", "openai"] = Field(
+        "lexical", description="lexical (offline approximation, no key) | openai (any OpenAI-compatible endpoint)"
+    )
     model: str = Field("gpt-4o-mini", description="Judge model (openai judge)")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint; default OPENAI_BASE_URL or OpenAI")
-    threshold: float = Field(0.5, ge=0)
-    scale: float = Field(1.0, gt=0)
-    strict_mode: bool = False
-    include_reason: bool = True
-    on_missing: Literal["error", "zero", "skip"] = "error"
-    max_concurrency: int = Field(64, ge=1, le=4096)
-    chunk_size: int = Field(500, ge=1, le=100_000)
+    threshold: float = Field(0.5, ge=0, description="Score at or above which a row passes")
+    scale: float = Field(1.0, gt=0, description="Score of a fully supported row (scores run 0..scale)")
+    strict_mode: bool = Field(False, description="Score is scale only if every sentence is supported, else 0")
+    include_reason: bool = Field(True, description="Ask the judge for a reason per verdict and a row summary")
+    on_missing: Literal["error", "zero", "skip"] = Field(
+        "error", description="A row without expected output or contexts: error | zero | skip"
+    )
+    max_concurrency: int = Field(64, ge=1, le=4096, description="Judge requests in flight at once")
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="Judge requests per minute at most (this process), e.g. the provider's RPM quota"
+    )
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="Judge tokens per minute at most (this process, estimated before each call)"
+    )
+    chunk_size: int = Field(500, ge=1, le=100_000, description="Rows per Prefect task (and per chunk-cache entry)")
     max_workers: int = Field(4, ge=1, le=64, description="Chunk tasks in flight")
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(4, ge=0, le=20)
+    timeout_s: float = Field(60.0, gt=0, description="Seconds a judge call may take per attempt before it is retried")
+    max_retries: int = Field(
+        4, ge=0, le=20, description="Retries of a judge call on 429, 5xx, timeouts and connection errors"
+    )
     label: str | None = Field(None, description="Free label, e.g. the index version")
     dataset_name: str | None = Field(
         None,
@@ -46,10 +60,10 @@ class RunParams(BaseModel):
         description="Name of the dataset's series (default: its normalised URI identifies it, its file or folder "
         "name labels it); needed when the location changes every night, e.g. dated folders",
     )
-    index_version: str | None = None
-    segment_by: list[str] = Field(default_factory=list)
+    index_version: str | None = Field(None, description="Version of the search index being scored (default: label)")
+    segment_by: list[str] = Field(default_factory=list, description="Columns to aggregate by")
     columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
-    format: Literal["delta", "parquet"] = "delta"
+    format: Literal["delta", "parquet"] = Field("delta", description="Table format of the output: delta | parquet")
     storage_options: dict[str, str] = Field(default_factory=dict, description="Non-secret storage settings")
     cache: bool = Field(True, description="Use the row verdict cache and Prefect's chunk cache (--no-cache: off)")
     refresh_cache: bool = Field(False, description="Re-judge everything, then refresh the caches")

@@ -3,8 +3,8 @@
 Every command is a subprocess with its own state directory (``RECALL_BENCH_STATE_DIR``), a free port
 (``RECALL_BENCH_SERVER_PORT``), its own client ``PREFECT_HOME`` and no ``PREFECT_API_URL`` (unless a test sets
 it), so nothing touches the user's ``~/.local/state/recall-bench`` or another test's Prefect. The module boots
-one server in all (by a first ``run``; ``server start`` then finds it running); every server it starts is stopped at the end,
-by ``server stop`` and then by killing the recorded process group.
+one server in all (by a first ``run``; ``server start`` then finds it running); every server it starts is
+stopped at the end, by ``server stop`` and then by killing the recorded process group.
 """
 
 from __future__ import annotations

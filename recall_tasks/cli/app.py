@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from recall_tasks.cli.output import OUTPUT_FORMATS, OutputFormat
+from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.io.storage import parse_storage_options
 from recall_tasks.pipeline import events
@@ -41,7 +42,7 @@ app = typer.Typer(
 console = Console()
 err = Console(stderr=True, soft_wrap=True)
 
-DEFAULT_OUTPUT = "recall-output"
+DEFAULT_OUTPUT = RunParams.model_fields["output_uri"].default
 """Every command's ``--output`` default, unless the ``RECALL_OUTPUT`` environment variable is set."""
 
 # Options shared by the commands that read or write an output: one default and one help text everywhere.
@@ -282,7 +283,7 @@ def _quiet_prefect_console(debug: bool) -> Iterator[None]:
             handler.removeFilter(_own_warnings_only)
 
 
-def _run(params: Any, debug: bool = False, preflight: bool = False) -> dict[str, Any]:
+def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dict[str, Any]:
     """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up.
 
     ``preflight``: the run's checks first (before Prefect starts), inside the same interrupt handling.
@@ -342,96 +343,95 @@ def _is_interrupt(exc: BaseException) -> bool:
     return type(exc).__name__ == "TerminationSignal"
 
 
+RUN_FIELDS = RunParams.model_fields
+
+
+def _field(name: str) -> Any:
+    """The default of a ``RunParams`` field: every default of ``run`` lives in the model, once."""
+    return RUN_FIELDS[name].default
+
+
+def _opt(name: str, *decls: str, **kw: Any) -> Any:
+    """A ``run`` option for a ``RunParams`` field: its help text is the field's description."""
+    return typer.Option(*decls, help=RUN_FIELDS[name].description, **kw)
+
+
+#: ``run`` options that are not a field of the same name and type (``tests/test_cli_params.py`` checks the rest).
+RUN_OPTION_FIELDS = {
+    "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
+    "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
+    "dataset_uri": "dataset_uri",
+}  # fmt: skip
+
+
 @app.command()
 def run(
-    dataset_uri: Annotated[str, typer.Argument(help="Parquet file, folder or glob (s3://, gs://, az://, path)")],
+    dataset_uri: Annotated[str, typer.Argument(help=RUN_FIELDS["dataset_uri"].description)],
     output: OutputOption = DEFAULT_OUTPUT,
-    metric: Annotated[str, typer.Option(help="contextual_recall | context_coverage")] = "contextual_recall",
-    judge: Annotated[str, typer.Option(help="openai | lexical")] = "lexical",
-    model: Annotated[str, typer.Option(help="Judge model")] = "gpt-4o-mini",
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint")] = None,
-    threshold: Annotated[float, typer.Option(help="Score at or above which a row passes")] = 0.5,
-    scale: Annotated[float, typer.Option(help="Score of a fully supported row (scores run 0..scale)")] = 1.0,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Score is scale only if every sentence is supported")
-    ] = False,
-    on_missing: Annotated[str, typer.Option(help="error | zero | skip")] = "error",
-    max_concurrency: Annotated[int, typer.Option(help="Judge requests in flight at once")] = 64,
-    chunk_size: Annotated[int, typer.Option(help="Rows per Prefect task (and per chunk-cache entry)")] = 500,
-    timeout_s: Annotated[
-        float, typer.Option("--timeout-s", help="Seconds a judge call may take per attempt before it is retried")
-    ] = 60.0,
-    max_retries: Annotated[
-        int, typer.Option("--max-retries", help="Retries of a judge call on 429, 5xx, timeouts, connection errors")
-    ] = 4,
-    label: Annotated[str | None, typer.Option(help="Label of the run, e.g. the index version")] = None,
-    dataset_name: Annotated[
-        str | None,
-        typer.Option(help="Series name of the dataset (default: its location); set it for dated folders"),
-    ] = None,
-    segment_by: Annotated[list[str] | None, typer.Option("--segment-by", help="Column to aggregate by")] = None,
-    column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping")] = None,
+    metric: Annotated[str, _opt("metric")] = _field("metric"),
+    judge: Annotated[str, _opt("judge")] = _field("judge"),
+    model: Annotated[str, _opt("model")] = _field("model"),
+    base_url: Annotated[str | None, _opt("base_url")] = _field("base_url"),
+    threshold: Annotated[float, _opt("threshold")] = _field("threshold"),
+    scale: Annotated[float, _opt("scale")] = _field("scale"),
+    strict: Annotated[bool, _opt("strict_mode", "--strict")] = _field("strict_mode"),
+    reason: Annotated[bool, _opt("include_reason", "--reason/--no-reason")] = _field("include_reason"),
+    on_missing: Annotated[str, _opt("on_missing")] = _field("on_missing"),
+    max_concurrency: Annotated[int, _opt("max_concurrency")] = _field("max_concurrency"),
+    rpm: Annotated[int | None, _opt("requests_per_minute", "--rpm")] = _field("requests_per_minute"),
+    tpm: Annotated[int | None, _opt("tokens_per_minute", "--tpm")] = _field("tokens_per_minute"),
+    chunk_size: Annotated[int, _opt("chunk_size")] = _field("chunk_size"),
+    max_workers: Annotated[int, _opt("max_workers")] = _field("max_workers"),
+    timeout_s: Annotated[float, _opt("timeout_s", "--timeout-s")] = _field("timeout_s"),
+    max_retries: Annotated[int, _opt("max_retries")] = _field("max_retries"),
+    label: Annotated[str | None, _opt("label")] = _field("label"),
+    dataset_name: Annotated[str | None, _opt("dataset_name")] = _field("dataset_name"),
+    segment_by: Annotated[list[str] | None, _opt("segment_by", "--segment-by")] = None,
+    column: Annotated[list[str] | None, typer.Option("--column", help="role=name column mapping (repeatable)")] = None,
     format: FormatOption = None,
     storage_option: StorageOption = None,
-    cache: Annotated[bool, typer.Option("--cache/--no-cache", help="Read and write the verdict caches")] = True,
-    refresh_cache: Annotated[bool, typer.Option("--refresh-cache", help="Re-judge, then refresh caches")] = False,
-    cache_uri: Annotated[str | None, typer.Option(help="Row cache location (default <output>/cache)")] = None,
-    chunk_cache_storage: Annotated[str | None, typer.Option(help="Prefect result storage for chunk cache")] = None,
-    max_cost_usd: Annotated[float | None, typer.Option(help="Stop judging once this much is spent")] = None,
-    max_requests: Annotated[int | None, typer.Option(help="Stop judging after this many requests")] = None,
-    max_error_rate: Annotated[
-        float, typer.Option(help="Share of assessed rows in error above which the run fails (exit 4)")
-    ] = 0.05,
-    index_version: Annotated[str | None, typer.Option(help="Version of the search index being scored")] = None,
-    baseline: Annotated[str, typer.Option(help="latest | RUN_ID | label:LABEL | none")] = "latest",
-    tolerance: Annotated[float, typer.Option(help="Mean drop counted as a regression")] = 0.02,
-    fail_on_regression: Annotated[bool, typer.Option("--fail-on-regression", help="Exit 3 on regression")] = False,
-    retriever: Annotated[str | None, typer.Option(help="module:function filling contexts at run time")] = None,
-    retrieval_uri: Annotated[str | None, typer.Option(help="Parquet of row_id + contexts from a new index")] = None,
+    cache: Annotated[bool, _opt("cache", "--cache/--no-cache")] = _field("cache"),
+    refresh_cache: Annotated[bool, _opt("refresh_cache", "--refresh-cache")] = _field("refresh_cache"),
+    cache_uri: Annotated[str | None, _opt("cache_uri")] = _field("cache_uri"),
+    chunk_cache_storage: Annotated[str | None, _opt("chunk_cache_storage")] = _field("chunk_cache_storage"),
+    chunk_cache_days: Annotated[float, _opt("chunk_cache_days")] = _field("chunk_cache_days"),
+    max_cost_usd: Annotated[float | None, _opt("max_cost_usd")] = _field("max_cost_usd"),
+    max_requests: Annotated[int | None, _opt("max_requests")] = _field("max_requests"),
+    max_error_rate: Annotated[float, _opt("max_error_rate")] = _field("max_error_rate"),
+    index_version: Annotated[str | None, _opt("index_version")] = _field("index_version"),
+    baseline: Annotated[str, typer.Option(help="latest | RUN_ID | label:LABEL | none (no comparison)")] = _field(
+        "baseline"
+    ),
+    tolerance: Annotated[float, _opt("tolerance")] = _field("tolerance"),
+    fail_on_regression: Annotated[bool, _opt("fail_on_regression", "--fail-on-regression")] = _field(
+        "fail_on_regression"
+    ),
+    retriever: Annotated[str | None, _opt("retriever")] = _field("retriever"),
+    retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from recall_tasks.config import RunParams
     from recall_tasks.io.datasets import parse_column_overrides
 
     try:
         params = RunParams.model_validate(
             {
-                "dataset_uri": dataset_uri,
-                "output_uri": output,
-                "metric": metric,
-                "judge": judge,
-                "model": model,
-                "base_url": base_url,
-                "threshold": threshold,
-                "scale": scale,
-                "strict_mode": strict,
-                "on_missing": on_missing,
-                "max_concurrency": max_concurrency,
-                "chunk_size": chunk_size,
-                "timeout_s": timeout_s,
-                "max_retries": max_retries,
-                "label": label,
-                "dataset_name": dataset_name,
-                "segment_by": segment_by or [],
+                "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
+                "base_url": base_url, "threshold": threshold, "scale": scale, "strict_mode": strict,
+                "include_reason": reason, "on_missing": on_missing, "max_concurrency": max_concurrency,
+                "requests_per_minute": rpm, "tokens_per_minute": tpm, "chunk_size": chunk_size,
+                "max_workers": max_workers, "timeout_s": timeout_s, "max_retries": max_retries, "label": label,
+                "dataset_name": dataset_name, "segment_by": segment_by or [],
                 "columns": parse_column_overrides(column or []),
                 "format": format or _detect_format(output, storage_option),
-                "storage_options": _split_storage_options(storage_option or []),
-                "cache": cache,
-                "refresh_cache": refresh_cache,
-                "cache_uri": cache_uri,
-                "chunk_cache_storage": chunk_cache_storage,
-                "max_cost_usd": max_cost_usd,
-                "max_requests": max_requests,
-                "max_error_rate": max_error_rate,
-                "index_version": index_version,
-                "baseline": None if baseline.lower() == "none" else baseline,
-                "tolerance": tolerance,
-                "fail_on_regression": fail_on_regression,
-                "retriever": retriever,
-                "retrieval_uri": retrieval_uri,
+                "storage_options": _split_storage_options(storage_option or []), "cache": cache,
+                "refresh_cache": refresh_cache, "cache_uri": cache_uri, "chunk_cache_storage": chunk_cache_storage,
+                "chunk_cache_days": chunk_cache_days, "max_cost_usd": max_cost_usd, "max_requests": max_requests,
+                "max_error_rate": max_error_rate, "index_version": index_version,
+                "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
+                "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
             }
-        )
+        )  # fmt: skip
         err.print(_judge_line(params), markup=False, highlight=False)
         summary = _run(params, debug, preflight=True)
     except RegressionDetected as exc:
@@ -453,7 +453,7 @@ def run(
     _print_outcome(summary, output)
 
 
-def _preflight(params: Any) -> list[str]:
+def _preflight(params: RunParams) -> list[str]:
     """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
     from recall_tasks.pipeline import steps
 
@@ -511,8 +511,6 @@ def demo(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from recall_tasks.config import RunParams
-
     rows = [
         json.loads(line)
         for line in resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
@@ -555,7 +553,7 @@ _DEMO_WORST_ROWS = (
 )
 
 
-def _judge_line(params: Any) -> str:
+def _judge_line(params: RunParams) -> str:
     from recall_tasks.cli.output import judge_line
 
     return redact(judge_line(params.judge, params.model, params.base_url))

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.analysis.regression import find_baseline
+from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
@@ -78,7 +79,7 @@ def remove_abort_listener(fn: AbortListener) -> None:
         _abort_listeners.remove(fn)
 
 
-def make_judge(params: Any) -> Judge:
+def make_judge(params: RunParams) -> Judge:
     """The judge a run asks for; keys come from the environment, never from parameters."""
     if params.judge == "lexical":
         from recall_tasks.judges.lexical import LexicalJudge
@@ -92,10 +93,12 @@ def make_judge(params: Any) -> Judge:
         max_concurrency=params.max_concurrency,
         timeout_s=params.timeout_s,
         max_retries=params.max_retries,
+        requests_per_minute=params.requests_per_minute,
+        tokens_per_minute=params.tokens_per_minute,
     )
 
 
-def make_metric(params: Any, judge: Judge) -> Metric:
+def make_metric(params: RunParams, judge: Judge) -> Metric:
     cls = ContextualRecall if params.metric == "contextual_recall" else ContextCoverage
     return cls(
         judge=judge,
@@ -116,7 +119,7 @@ def new_run_id() -> str:
 class RunPlan:
     """A validated run: everything ``score_chunk`` and ``commit_run`` need."""
 
-    params: Any
+    params: RunParams
     run_id: str
     run_key: str
     resumed: bool
@@ -145,13 +148,13 @@ class RunPlan:
         return block
 
 
-def _run_key(params: Any, dataset: Dataset) -> str:
+def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
     payload = json.dumps([params.model_dump(mode="json"), dataset.fingerprint], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def check_output_location(params: Any) -> None:
+def check_output_location(params: RunParams) -> None:
     """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results').
 
     Tables written among the dataset's files would be read as data by the next run (and a dataset folder
@@ -170,7 +173,7 @@ def check_output_location(params: Any) -> None:
             )
 
 
-def check_baseline_reference(params: Any, store: ResultStore, dataset: Dataset) -> None:
+def check_baseline_reference(params: RunParams, store: ResultStore, dataset: Dataset) -> None:
     """An explicit ``--baseline`` (run id or label) must name a usable run before anything is judged."""
     spec = (params.baseline or "").strip()
     if not spec or spec.lower() == "latest":
@@ -198,7 +201,7 @@ class Checked:
     notes: list[str] = field(default_factory=list)
 
 
-def check_run(params: Any) -> Checked:
+def check_run(params: RunParams) -> Checked:
     """Every check that can fail a run, in order of cost, before any judge call or write.
 
     Output location, dataset (files, schema, row ids), retriever, segment columns, output store, baseline
@@ -252,7 +255,7 @@ def check_run(params: Any) -> Checked:
 _preflighted: dict[str, Checked] = {}
 
 
-def preflight(params: Any) -> list[str]:
+def preflight(params: RunParams) -> list[str]:
     """The checks of :func:`check_run` (the CLI runs them before Prefect starts); returns the notes."""
     checked = check_run(params)
     _preflighted.clear()
@@ -260,7 +263,7 @@ def preflight(params: Any) -> list[str]:
     return checked.notes
 
 
-def plan_run(params: Any, run_id: str | None = None) -> RunPlan:
+def plan_run(params: RunParams, run_id: str | None = None) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise."""
     checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
