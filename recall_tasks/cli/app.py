@@ -169,6 +169,18 @@ def _announce_boot(info: Any) -> None:
     )
 
 
+def _check_reachable(url: str) -> None:
+    """A configured ``PREFECT_API_URL`` that answers nothing fails in one line, before the run writes anything."""
+    from recall_tasks.cli import server
+
+    reason = server.unreachable(url)
+    if reason:
+        raise server.ServerError(
+            f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached ({reason}); start that server, "
+            "or unset PREFECT_API_URL to use recall-bench's local server"
+        )
+
+
 @contextlib.contextmanager
 def _prefect_api() -> Iterator[None]:
     """Point this process at ``PREFECT_API_URL`` if configured, else at the local server (started if needed).
@@ -182,12 +194,7 @@ def _prefect_api() -> Iterator[None]:
 
     url, local = server.api_url_for_run(on_boot=_announce_boot)
     if not local:
-        reason = server.unreachable(url)
-        if reason:
-            raise server.ServerError(
-                f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached ({reason}); start that server, "
-                "or unset PREFECT_API_URL to use recall-bench's local server"
-            )
+        _check_reachable(url)
         yield
         return
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -290,15 +297,22 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dic
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from recall_tasks.pipeline import steps
+
     cached: list[int] = []
     with _interrupts() as state, contextlib.ExitStack() as stack:
         try:
+            steps.add_abort_listener(cached.append)
+            stack.callback(steps.remove_abort_listener, cached.append)
             if preflight:
                 for note in _preflight(params):
                     _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {escape(redact(note))}")
+                if os.environ.get("PREFECT_API_URL"):  # (a URL from a Prefect profile is checked after import)
+                    _check_reachable(os.environ["PREFECT_API_URL"])
+                steps.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
+                stack.callback(steps.abandon, params)  # a no-op once the flow took the plan
             stack.enter_context(_prefect_api())
-            from recall_tasks.pipeline import steps
             from recall_tasks.pipeline.flow import recall_benchmark
 
             stack.enter_context(_quiet_prefect_console(debug))
@@ -319,14 +333,13 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dic
                 progress.update(bar, completed=done, total=total)
 
             steps.add_progress_listener(listener)
-            steps.add_abort_listener(cached.append)
             stack.callback(steps.remove_progress_listener, listener)
-            stack.callback(steps.remove_abort_listener, cached.append)
             return recall_benchmark(params)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
                 raise
             sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
+            steps.abandon(params)  # interrupted before the flow took the plan: its rows count below
             err.print(
                 f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
                 highlight=False,

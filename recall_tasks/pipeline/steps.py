@@ -16,13 +16,16 @@ run's status:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
 import secrets as pysecrets
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +38,15 @@ from recall_tasks.analysis.regression import find_baseline
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.datasets import Dataset, RowBlock, open_dataset, parse_column_overrides, stored_type, type_name
+from recall_tasks.io.datasets import (
+    Dataset,
+    RowBlock,
+    iter_blocks,
+    open_dataset,
+    parse_column_overrides,
+    stored_type,
+    type_name,
+)
 from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
@@ -116,6 +127,14 @@ def new_run_id() -> str:
 
 
 @dataclass
+class HeadStart:
+    """The first chunk, scored in a thread from before Prefect starts until its task takes the result."""
+
+    key: str
+    future: Future[ChunkReport]
+
+
+@dataclass
 class RunPlan:
     """A validated run: everything ``score_chunk`` and ``commit_run`` need."""
 
@@ -137,6 +156,8 @@ class RunPlan:
     retrieval: RetrievalResults | None = None
     pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
+    head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
+    notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""
@@ -263,12 +284,84 @@ def preflight(params: RunParams) -> list[str]:
     return checked.notes
 
 
-def plan_run(params: RunParams, run_id: str | None = None) -> RunPlan:
+#: Plans ``plan_ahead`` built for the flow about to run in this process (the CLI's ad-hoc path).
+_planned: dict[str, RunPlan] = {}
+
+
+def plan_ahead(params: RunParams) -> RunPlan:
+    """The CLI's head start: plan the run and start judging its first chunk before Prefect is imported.
+
+    Importing Prefect and creating the flow run take ~1.5 s of an ad-hoc run's start-up; the first chunk's judge
+    calls wait on the network meanwhile instead of after it. The flow's :func:`plan_run` takes this plan, and
+    the first chunk's task takes the head start's result (:func:`score_chunk`): the chunk loop is unchanged,
+    each row is judged once. Not with a run-time retriever (its calls would run twice). If the flow never
+    takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
+    Deployment runs do not plan ahead.
+    """
+    plan = plan_run(params, log_notes=False)
+    _planned[params.model_dump_json()] = plan
+    if plan.retriever is None:
+        block = next(iter_blocks(plan.dataset, params.chunk_size), None)
+        if block is not None:
+            block = plan.prepare_block(block)
+            key = chunk_key(plan, block)
+            future: Future[ChunkReport] = Future()
+
+            def first_chunk() -> None:
+                try:
+                    future.set_result(score_chunk(plan, 0, block, key))
+                except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
+                    future.set_exception(exc)
+
+            plan.head_start = HeadStart(key, future)
+            threading.Thread(target=first_chunk, name="recall-bench-head-start", daemon=True).start()
+    return plan
+
+
+def abandon(params: RunParams) -> int:
+    """A plan made ahead that no flow took: cancel its judge calls, keep what was judged; rows cached."""
+    plan = _planned.pop(params.model_dump_json(), None)
+    if plan is None:
+        return 0
+    abort(plan)
+    if plan.head_start is not None:
+        with contextlib.suppress(BaseException):
+            plan.head_start.future.exception(timeout=ABORT_WAIT_S)
+    try:
+        return keep_judged(plan)
+    finally:
+        release(plan)
+
+
+def drop_head_start(plan: RunPlan) -> None:
+    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file."""
+    head, plan.head_start = plan.head_start, None
+    if head is None:
+        return
+    try:
+        report = head.future.result()
+    except BaseException:  # noqa: BLE001 - the cached report stands; an error here changes nothing
+        return
+    with contextlib.suppress(Exception):
+        plan.store.fs.rm(report.path)
+
+
+#: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.
+ABORT_WAIT_S = 2.0
+
+
+def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise."""
+    planned = _planned.pop(params.model_dump_json(), None)
+    if planned is not None and run_id in (None, planned.run_id):
+        for note in planned.notes:
+            log.warning("%s", note)
+        return planned
     checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
-    for note in checked.notes:
-        log.warning("%s", note)
+    if log_notes:
+        for note in checked.notes:
+            log.warning("%s", note)
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
@@ -287,7 +380,7 @@ def plan_run(params: RunParams, run_id: str | None = None) -> RunPlan:
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        retriever=checked.retriever, retrieval=checked.retrieval,
+        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes,
     )  # fmt: skip
 
 
@@ -378,7 +471,12 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     """Score one block (async judge calls on the shared loop) and write its result file.
 
     Raises :class:`RunInterrupted` if the run is aborted before or while the block is judged (no file written).
+    The chunk the head start is judging (same key) waits for it instead, once; a retry scores it afresh.
     """
+    head = plan.head_start
+    if head is not None and head.key == key and seq == 0:
+        plan.head_start = None
+        return head.future.result()
     try:
         table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
     except Cancelled:

@@ -16,6 +16,7 @@ each chunk as a cached Prefect task, a test can run them on a thread pool. What 
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,10 +24,7 @@ from typing import Protocol
 from recall_tasks.io.datasets import RowBlock, iter_blocks
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import steps
-from recall_tasks.pipeline.steps import ChunkReport, RunPlan
-
-#: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.
-ABORT_WAIT_S = 2.0
+from recall_tasks.pipeline.steps import ABORT_WAIT_S, ChunkReport, RunPlan
 
 #: While waiting for a chunk, the flow's thread wakes this often: Python runs a signal handler only when the
 #: main thread executes bytecode, and the kernel may deliver SIGINT/SIGTERM to a chunk thread while this one
@@ -124,6 +122,8 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
             key = steps.chunk_key(plan, block)
             cached = None if not params.cache or params.refresh_cache else executor.cached(key)
             if cached is not None and served_from_cache(plan, cached, block):
+                if seq == 0:
+                    steps.drop_head_start(plan)
                 tally.served_from_cache += 1
                 record(seq, cached, reused=is_reused(plan, cached))
                 continue
@@ -138,6 +138,9 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
         steps.abort(plan)
         for handle, _, _ in window:
             handle.wait(ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited
+        if plan.head_start is not None:
+            with contextlib.suppress(Exception):
+                plan.head_start.future.exception(timeout=ABORT_WAIT_S)
         steps.keep_judged(plan)
         raise
     finally:
