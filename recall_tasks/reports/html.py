@@ -297,7 +297,7 @@ def _trend(series: list[dict[str, Any]], run_id: str) -> str:
 
 
 def _config_key(run: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two runs' scores comparable, as far as the trend is concerned (see regression.py)."""
+    """What makes two runs' scores comparable, as far as the trend is concerned (see analysis/comparability.py)."""
     return tuple(run.get(k) for k in ("judge", "judge_model", "prompt_version", "threshold", "scale", "units"))
 
 
