@@ -7,15 +7,10 @@ they stay text in Prefect's UI. What the figures mean: docs/regression.md.
 from __future__ import annotations
 
 from recall_tasks.analysis.regression import Comparison
+from recall_tasks.reports.formatting import fmt_number
 from recall_tasks.reports.markdown import md_code, md_text
 
 __all__ = ["comparison_markdown"]
-
-
-def _fmt(value: float | None, digits: int = 4, signed: bool = False) -> str:
-    if value is None:
-        return "–"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
 def _fmt_p(p: float) -> str:
@@ -40,12 +35,12 @@ def comparison_markdown(c: Comparison) -> str:
         f"| paired rows | {c.n_paired} |",
         f"| added / removed rows | {c.n_added} / {c.n_removed} |",
         f"| in both, unscored in one | {c.n_unpaired_unscored} |",
-        f"| mean (baseline → current) | {_fmt(c.mean_baseline)} → {_fmt(c.mean_current)} |",
-        f"| mean delta | {_fmt(c.mean_delta, signed=True)} |",
-        f"| 95 % CI of delta | [{_fmt(c.ci_low, signed=True)}, {_fmt(c.ci_high, signed=True)}] |",
+        f"| mean (baseline → current) | {fmt_number(c.mean_baseline, '.4f')} → {fmt_number(c.mean_current, '.4f')} |",
+        f"| mean delta | {fmt_number(c.mean_delta, '+.4f')} |",
+        f"| 95 % CI of delta | [{fmt_number(c.ci_low, '+.4f')}, {fmt_number(c.ci_high, '+.4f')}] |",
         f"| pass → fail / fail → pass | {c.flips_pass_to_fail} / {c.flips_fail_to_pass} |",
         f"| McNemar exact p | {_fmt_p(c.mcnemar_p)} |",
-        f"| context precision delta (secondary) | {_fmt(c.context_precision_delta, signed=True)} |",
+        f"| context precision delta (secondary) | {fmt_number(c.context_precision_delta, '+.4f')} |",
         f"| tolerance / alpha | {c.tolerance:g} / {c.alpha:g} |",
     ]
     if c.segments:
@@ -60,17 +55,17 @@ def comparison_markdown(c: Comparison) -> str:
             value = md_text("(null)" if s.value is None else s.value, 200)
             out.append(
                 f"| {md_text(s.column)} | {value} | {s.n_paired} | "
-                f"{_fmt(s.mean_baseline)} | {_fmt(s.mean_current)} | "
-                f"{_fmt(s.mean_delta, signed=True)} | "
-                f"[{_fmt(s.ci_low, signed=True)}, {_fmt(s.ci_high, signed=True)}] | "
+                f"{fmt_number(s.mean_baseline, '.4f')} | {fmt_number(s.mean_current, '.4f')} | "
+                f"{fmt_number(s.mean_delta, '+.4f')} | "
+                f"[{fmt_number(s.ci_low, '+.4f')}, {fmt_number(s.ci_high, '+.4f')}] | "
                 f"{s.flips_pass_to_fail} / {s.flips_fail_to_pass} | {s.verdict} |"
             )
     if c.worst_rows:
         out += ["", "### Largest drops", ""]
         for w in c.worst_rows:
             out.append(
-                f"- {md_code(w.row_id, 200)}: {_fmt(w.score_baseline, 3)} → "
-                f"{_fmt(w.score_current, 3)} ({_fmt(w.delta, 3, signed=True)})"
+                f"- {md_code(w.row_id, 200)}: {fmt_number(w.score_baseline, '.3f')} → "
+                f"{fmt_number(w.score_current, '.3f')} ({fmt_number(w.delta, '+.3f')})"
             )
             out.extend(f"  - lost: {md_text(statement, 400)}" for statement in w.lost)
     return "\n".join(out) + "\n"
