@@ -17,6 +17,7 @@ from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline.artifacts import artifact_key
 from recall_tasks.pipeline.flow import recall_benchmark
+from recall_tasks.reports.comparison import comparison_markdown
 from recall_tasks.reports.markdown import md_code, md_text
 from tests import judge_script
 from tests.test_pipeline import KEY
@@ -114,7 +115,7 @@ def test_regression_markdown_escapes_row_ids_statements_and_segments():
         cur, base, current_run=run_row("cur `x`", dataset="faq<script>"), baseline_run=run_row("base <b>"),
         segment_columns=["segment"], worst=5,
     )  # fmt: skip
-    markdown = cmp.to_markdown()
+    markdown = comparison_markdown(cmp)
     html = render(markdown)
     assert_inert(markdown, html)
     assert html.count("<h1>") == 0 and html.count("<h2>") == 1 and html.count("<h3>") == 2  # its own headings

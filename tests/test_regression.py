@@ -12,20 +12,20 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from recall_tasks.analysis.regression import (
+from recall_tasks.analysis.baseline import find_baseline
+from recall_tasks.analysis.comparability import incomparable_reasons
+from recall_tasks.analysis.regression import compare_runs, lost_statements
+from recall_tasks.analysis.statistics import (
     MCNEMAR_EXACT_MAX,
     _binomial_tail_exact,
     _binomial_tail_log,
-    compare_runs,
-    find_baseline,
-    incomparable_reasons,
-    lost_statements,
     mcnemar_exact_p,
     paired_mean_ci,
 )
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import RUN_SCHEMA
 from recall_tasks.io.schemas import COMPARISON_SCHEMA, VERDICT_TYPE
+from recall_tasks.reports.comparison import comparison_markdown
 
 THRESHOLD = 0.5
 
@@ -370,7 +370,7 @@ def test_a_different_setting_makes_the_verdict_incomparable(field: str, value: A
     assert cmp.reason is not None and f"{field} differs" in cmp.reason and repr(value) in cmp.reason
     payload = cmp.event_payload()
     assert payload["verdict"] == "incomparable" and payload["reason"] == cmp.reason
-    assert "**Incomparable**" in cmp.to_markdown()
+    assert "**Incomparable**" in comparison_markdown(cmp)
     assert cmp.to_rows()[0]["reason"] == cmp.reason and cmp.to_rows()[0]["verdict"] == "incomparable"
     same = compare_runs(cur, base, current_run=run_row("cur", **v2), baseline_run=run_row("base", **v2))
     assert same.verdict == "regressed" and same.reason is None
@@ -559,7 +559,7 @@ def test_outputs() -> None:
     assert overall["flips_pass_to_fail"] == 100 and overall["n_added"] == 0
     assert overall["compared_at"].tzinfo is not None
 
-    md = cmp.to_markdown()
+    md = comparison_markdown(cmp)
     assert md.startswith("## REGRESSED")
     assert cmp.worst_rows[0].row_id in md and planted[0] in md
     assert "lost: row3 s0" in md
@@ -572,6 +572,19 @@ def test_outputs() -> None:
     assert decoded["flips"] == {"pass_to_fail": 100, "fail_to_pass": 0}
     assert decoded["current_run_id"] == "cur" and decoded["baseline_run_id"] == "base"
     assert decoded["ci"][1] < 0 and decoded["p"] < 1e-10
+
+
+def test_regression_still_exports_the_moved_names() -> None:
+    """Users' ``from recall_tasks.analysis.regression import ...`` keeps working after the split."""
+    from recall_tasks.analysis import baseline, comparability, regression, statistics
+
+    assert regression.find_baseline is baseline.find_baseline
+    assert regression.incomparable_reasons is comparability.incomparable_reasons
+    assert regression.MIN_PAIRED_SHARE == comparability.MIN_PAIRED_SHARE
+    assert regression.mcnemar_exact_p is statistics.mcnemar_exact_p
+    assert regression.paired_mean_ci is statistics.paired_mean_ci
+    assert regression.MCNEMAR_EXACT_MAX == statistics.MCNEMAR_EXACT_MAX
+    assert all(hasattr(regression, name) for name in regression.__all__)
 
 
 # -- scale ------------------------------------------------------------------------------------------

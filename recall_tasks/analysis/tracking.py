@@ -1,8 +1,9 @@
 """Regression tracking at the end of a run: find the baseline, compare, record, tell.
 
-The statistics live in :mod:`recall_tasks.analysis.regression`; this module reads the committed tables, writes the
-comparison to the ``comparisons`` table (idempotent per comparison id) and builds the event payloads the
-flow emits (``recall.run.completed`` always, ``recall.regression.detected`` when the verdict is regressed).
+The comparison lives in :mod:`recall_tasks.analysis.regression` (the rules: docs/regression.md); this module
+reads the committed tables, writes the comparison to the ``comparisons`` table (idempotent per comparison id)
+and builds the event payloads the flow emits (``recall.run.completed`` always, ``recall.regression.detected``
+when the verdict is regressed).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.analysis.regression import Comparison, WorstRow, compare_runs, find_baseline, lost_statements
+from recall_tasks.analysis.baseline import find_baseline
+from recall_tasks.analysis.regression import Comparison, WorstRow, compare_runs, lost_statements
 
 RESULT_COLUMNS = ["row_id", "score", "success", "context_precision"]
 

@@ -21,6 +21,7 @@ from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
 from recall_tasks.errors import RegressionDetected, RunFailed
 from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
+from recall_tasks.reports.comparison import comparison_markdown
 from recall_tasks.reports.html import write_report
 from recall_tasks.reports.summary import markdown_report, run_results
 
@@ -97,7 +98,7 @@ def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[s
     if comparison is not None:
         out.artifacts.append(
             Artifact(
-                "markdown", keys["regression"], comparison.to_markdown(),
+                "markdown", keys["regression"], comparison_markdown(comparison),
                 f"run {plan.run_id} vs {comparison.baseline_run_id}",
             )
         )  # fmt: skip
@@ -109,7 +110,7 @@ def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[s
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:
-        report_md += "\n\n" + comparison.to_markdown()
+        report_md += "\n\n" + comparison_markdown(comparison)
     out.artifacts.append(
         Artifact(
             "markdown", keys["report"], f"{report_md}\n\n[HTML report]({link}) ({link_note})",

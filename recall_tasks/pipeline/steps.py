@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
-from recall_tasks.analysis.regression import find_baseline
+from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
@@ -564,7 +564,7 @@ def keep_judged(plan: RunPlan) -> int:
 
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:
-    """The settings that decide whether two runs' scores are comparable (``regression.incomparable_reasons``)."""
+    """The settings that decide whether two runs' scores are comparable (``comparability.incomparable_reasons``)."""
     config = plan.metric.judge.config()
     return {
         "judge": plan.params.judge,

@@ -25,6 +25,7 @@ import pyarrow.dataset as pads
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import join_uri, translate_storage_error
+from recall_tasks.reports.formatting import DASH, fmt_number
 
 __all__ = ["BINS", "render_report", "render_run_report", "write_report"]
 
@@ -40,7 +41,6 @@ _RESULT_COLUMNS = (
     "run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason",
     "source_file", "source_row", "content_hash",
 )  # fmt: skip
-_DASH = "–"
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1000px;margin:24px auto;padding:0 16px}
@@ -62,7 +62,7 @@ ol.chunks{margin:4px 0 0;padding-left:22px;color:#444}ol.chunks li.used{color:#2
 
 def _e(value: object) -> str:
     """Escaped text of a data value (a dash for None)."""
-    return _DASH if value is None else html.escape(str(value))
+    return DASH if value is None else html.escape(str(value))
 
 
 def _num(value: object) -> float | None:
@@ -73,8 +73,7 @@ def _num(value: object) -> float | None:
 
 def _fmt(value: object, spec: str = ".3f") -> str:
     """A number formatted with ``spec``, or a dash when it is missing or not finite."""
-    v = _num(value)
-    return _DASH if v is None else format(v, spec)
+    return fmt_number(_num(value), spec)
 
 
 def _ci(low: object, high: object) -> str:
@@ -83,7 +82,7 @@ def _ci(low: object, high: object) -> str:
 
 
 def _when(value: object) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if isinstance(value, dt.datetime) else str(value or _DASH)
+    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if isinstance(value, dt.datetime) else str(value or DASH)
 
 
 def _clip(text: object, limit: int) -> str:
@@ -190,7 +189,7 @@ def _drops(drops: list[dict[str, Any]]) -> str:
     body = []
     for d in drops:
         lost = d.get("lost") or []
-        detail = '<ul class="miss">' + "".join(f"<li>{_clip(x, 400)}</li>" for x in lost) + "</ul>" if lost else _DASH
+        detail = '<ul class="miss">' + "".join(f"<li>{_clip(x, 400)}</li>" for x in lost) + "</ul>" if lost else DASH
         body.append(
             f"<tr><td><code>{_e(d.get('row_id'))}</code></td>"
             f'<td class="num">{_fmt(d.get("score_baseline"))} → {_fmt(d.get("score_current"))}</td>'
@@ -297,7 +296,7 @@ def _trend(series: list[dict[str, Any]], run_id: str) -> str:
 
 
 def _config_key(run: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two runs' scores comparable, as far as the trend is concerned (see regression.py)."""
+    """What makes two runs' scores comparable, as far as the trend is concerned (see analysis/comparability.py)."""
     return tuple(run.get(k) for k in ("judge", "judge_model", "prompt_version", "threshold", "scale", "units"))
 
 
@@ -324,7 +323,7 @@ def _segments(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str
         if deltas:
             d = deltas.get((r.get("segment_column"), r.get("segment_value")))
             delta = None if d is None else _num(d.get("mean_delta"))
-            text = _DASH if d is None else f"{_e(d.get('verdict'))} ({_fmt(delta, '+.3f')})"
+            text = DASH if d is None else f"{_e(d.get('verdict'))} ({_fmt(delta, '+.3f')})"
             color = VERDICT_COLORS.get(str(d.get("verdict"))) if d and d.get("verdict") != "unchanged" else None
             style = f' style="color:{color};font-weight:600"' if color else ""
             cells += f'<td class="num"{style}>{text}</td>'
@@ -372,7 +371,7 @@ def _row_detail(row: dict[str, Any]) -> str:
     elif "chunks" in row and verdicts:
         out += '<div class="muted">retrieved chunks: not available (the dataset changed since, or contexts came from a '
         out += "retriever)</div>"
-    return out or _DASH
+    return out or DASH
 
 
 def render_report(

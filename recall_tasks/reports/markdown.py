@@ -2,8 +2,8 @@
 
 Dataset text (statements, errors, row ids, URIs, labels) must never become markup: a ``<script>`` or an
 ``<img onerror=…>``, an image beacon ``![x](http://…)`` every viewer would fetch, a link, a heading, a pipe that
-adds table cells or a newline that adds table rows. Two helpers, used by every Markdown view (``report.py``,
-``Comparison.to_markdown``):
+adds table cells or a newline that adds table rows. Two helpers, used by every Markdown view (``summary.py``,
+``comparison.py``):
 
 - :func:`md_text`: text for a paragraph, list item or table cell, never at the start of a line. ``&``, ``<``,
   ``>`` become entities; the characters that make emphasis, code, links, images, headings, lists, tables,

@@ -1,0 +1,72 @@
+"""Whether two runs' scores may be compared at all: the settings that must match, the share of rows that must pair.
+
+Used by the baseline selection (``latest`` prefers a comparable run) and by the comparison (an incomparable pair
+gets the verdict ``incomparable`` with the reasons). The rule is in docs/regression.md, "Comparable or not".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recall_tasks.io.datasets import ROW_ID_COLUMN_IDENTITY
+
+__all__ = ["COMPARABLE_KEYS", "COMPARABLE_KEYS_V2", "MIN_PAIRED_SHARE", "incomparable_reasons", "paired_share_reason"]
+
+#: Run fields that must be equal for a verdict; the second group is recorded only since row identity v2.
+COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
+COMPARABLE_KEYS_V2 = ("dataset_id", "units", "judge", "schema_version", "splitter_version", "judge_config")
+
+_COMPARISON_ORDER = ("dataset", "dataset_id", "metric", "units", "judge", "judge_model", "prompt_version",
+                     "schema_version", "splitter_version", "judge_config", "threshold", "scale")  # fmt: skip
+# a difference in a key on the right is implied by one on the left: only the first is named
+_IMPLIED_BY = {
+    "dataset_id": {"dataset"},
+    "judge_model": {"judge"},
+    "prompt_version": {"judge", "judge_model"},
+    "schema_version": {"judge", "judge_model"},
+    "judge_config": {"judge", "judge_model", "prompt_version", "schema_version", "splitter_version", "metric"},
+}
+
+MIN_PAIRED_SHARE = 0.9
+"""Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
+
+
+def incomparable_reasons(current_run: dict[str, Any], baseline_run: dict[str, Any]) -> list[str]:
+    """What makes two runs' scores incomparable (empty when they are comparable); see docs/regression.md."""
+    reasons = []
+    differs = set()
+    for key in _COMPARISON_ORDER:
+        a, b = current_run.get(key), baseline_run.get(key)
+        if key in COMPARABLE_KEYS_V2 and b is None:
+            continue  # the baseline predates this field
+        if a != b:
+            differs.add(key)
+            if not differs & _IMPLIED_BY.get(key, set()):  # "judge differs" says it all: not also its model
+                reasons.append(f"{key} differs (current {a!r}, baseline {b!r})")
+    if current_run.get("row_identity") != baseline_run.get("row_identity"):
+        if baseline_run.get("row_identity") is None:
+            if current_run.get("row_identity") != ROW_ID_COLUMN_IDENTITY:
+                reasons.append(
+                    "the baseline was recorded before row identity v2 (its row ids hashed the retrieved contexts, "
+                    "so they cannot pair with this run's); compare with a run recorded since"
+                )
+        else:
+            reasons.append(
+                f"row_identity differs (current {current_run.get('row_identity')!r}, "
+                f"baseline {baseline_run.get('row_identity')!r})"
+            )
+    return reasons
+
+
+def paired_share_reason(n_matched: int, n_baseline: int, n_current: int) -> str | None:
+    """Why too few of the baseline's ``n_baseline`` rows pair by row id (below :data:`MIN_PAIRED_SHARE`), or None.
+
+    ``n_matched`` rows of the current run's ``n_current`` have a row id in the baseline.
+    """
+    if not n_baseline or n_matched >= MIN_PAIRED_SHARE * n_baseline:
+        return None
+    return (
+        f"only {n_matched} of the baseline's {n_baseline} rows ({n_matched / n_baseline:.0%}) "
+        f"pair with this run's by row id (at least {MIN_PAIRED_SHARE:.0%} needed); {n_current - n_matched}"
+        " rows are new in this run"
+    )
