@@ -180,3 +180,30 @@ def test_the_publishing_tail_says_what_to_send_without_prefect(data: str, tmp_pa
     assert [a.kind for a in out.artifacts].count("markdown") == 2  # the comparison and the report
     assert [e.name for e in out.events] == ["recall.run.completed"]
     publish.raise_for_outcome(second, summary)  # completed and unchanged: no exception
+
+
+def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_result(
+    data: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judged: list[str] = []
+    real = steps.score_block
+
+    async def counting(metric, block, *args, **kwargs):  # type: ignore[no-untyped-def]
+        judged.extend(block.row_ids)
+        return await real(metric, block, *args, **kwargs)
+
+    monkeypatch.setattr(steps, "score_block", counting)
+    params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=5)
+    steps.preflight(params)
+    ahead = steps.plan_ahead(params)
+    assert ahead.head_start is not None
+    first = ahead.head_start.future.result(timeout=30)  # judged before any flow exists
+    assert judged == [f"r{i:04d}" for i in range(5)]
+
+    plan = steps.plan_run(params)  # what the flow calls: it takes the plan made ahead
+    assert plan is ahead
+    tally = score_chunks(plan, PoolExecutor(plan))
+    assert plan.head_start is None  # taken by chunk 0's task
+    assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: chunk 0 was not judged again
+    assert tally.parts[0].path == first.path and tally.done_rows == 45
+    assert steps.abandon(params) == 0  # nothing left to abandon once the flow took the plan

@@ -309,7 +309,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
 
             def first_chunk() -> None:
                 try:
-                    future.set_result(score_chunk(plan, 0, block, key))
+                    future.set_result(_score_chunk(plan, 0, block, key))
                 except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
                     future.set_exception(exc)
 
@@ -477,6 +477,10 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     if head is not None and head.key == key and seq == 0:
         plan.head_start = None
         return head.future.result()
+    return _score_chunk(plan, seq, block, key)
+
+
+def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
         table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
     except Cancelled:
