@@ -51,7 +51,7 @@ PULL_STEP = {"prefect.deployments.steps.set_working_directory": {"directory": "{
 # A tiny program that is `recall-bench` as far as the new command goes: events.register on a Typer app.
 CLI_PROGRAM = (
     "import typer\n"
-    "from recall_tasks import events\n"
+    "from recall_tasks.pipeline import events\n"
     "app = typer.Typer()\n"
     "app.callback()(lambda: None)\n"
     "events.register(app)\n"
