@@ -567,7 +567,7 @@ class FakeOpenAI:
         # 4. responder
         try:
             out = responder(body) if responder is not None else DEFAULT_CONTENT
-        except Exception as exc:  # surfaced to the client as a 500, kept for the test
+        except Exception as exc:  # noqa: BLE001 - surfaced to the client as a 500, kept for the test
             with self._lock:
                 if gen == self._generation:
                     self.errors.append(exc)

@@ -19,6 +19,7 @@ module (or a conftest)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -81,15 +82,11 @@ def _stop_group(proc: subprocess.Popen[bytes] | None, grace: float = STOP_GRACE_
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(10)
-    try:  # children that outlived their leader (flow-run processes of a worker)
+    with contextlib.suppress(ProcessLookupError):  # children that outlived their leader (a worker's flow runs)
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class PrefectServer:

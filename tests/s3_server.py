@@ -131,7 +131,7 @@ class S3Server:
             try:
                 client.list_buckets()
                 return
-            except Exception as exc:  # not up yet
+            except Exception as exc:  # noqa: BLE001 - not up yet
                 last = exc
                 time.sleep(0.1)
         self.stop()
@@ -232,6 +232,6 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture
-def s3_bucket(s3_server: S3Server) -> Iterator[str]:
+def s3_bucket(s3_server: S3Server) -> str:
     """A fresh, empty bucket with a unique name (left in place: the server's directory goes at the end)."""
-    yield s3_server.make_bucket()
+    return s3_server.make_bucket()

@@ -422,9 +422,9 @@ def test_thresholds_are_configurable_and_validated() -> None:
     )
     assert labels(strict.judge_sync(request)) == ["no"]
     assert strict.config()["support_threshold"] == 1.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="support_threshold must be in"):
         LexicalJudge(support_threshold=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="coverage_threshold must be in"):
         LexicalJudge(coverage_threshold=1.5)
 
 

@@ -151,7 +151,7 @@ def test_chunk_cannot_escape_its_fence(fake_openai):
 
 
 @pytest.mark.parametrize(
-    "case, field",
+    ("case", "field"),
     [
         (RecallCase(input="q", expected_output="", context=["c"]), "expected_output"),
         (RecallCase(input="q", expected_output=None, context=["c"]), "expected_output"),
@@ -234,7 +234,7 @@ def test_transient_faults_past_the_budget_raise_typed_errors(fake_openai):
 
 
 @pytest.mark.parametrize(
-    "fault, match",
+    ("fault", "match"),
     [
         (Status(401, code="invalid_api_key"), "rejected the API key"),
         (Status(429, code="insufficient_quota"), "quota exhausted"),

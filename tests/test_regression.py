@@ -147,7 +147,7 @@ def test_mcnemar_log_space_agrees_with_exact() -> None:
     p = mcnemar_exact_p(n // 2 + 50, n - (n // 2 + 50))
     assert 0.4 < p < 0.6
     assert mcnemar_exact_p(600_000, 400_000) == 0.0  # underflows: far beyond any alpha
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="discordant counts must be >= 0"):
         mcnemar_exact_p(-1, 2)
 
 

@@ -87,7 +87,7 @@ def test_concurrent_delta_writers_lose_nothing(s3_server: _s3.S3Server, s3_bucke
                 write_deltalake(
                     uri, pa.table({"writer": [w] * 5, "n": [n] * 5}), mode="append", storage_options=options
                 )
-            except BaseException as exc:  # reported below
+            except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
@@ -154,12 +154,11 @@ def test_missing_bucket(s3_server: _s3.S3Server) -> None:
     config = _config(s3_server)
     uri = "s3://rb-no-such-bucket/x.parquet"
     fs, path = filesystem(uri, config)
-    with pytest.raises(StorageError, match="^bucket does not exist: s3://rb-no-such-bucket "):
-        with storage_errors(uri, config, fs):
-            pq.read_table(path, filesystem=fs)
-    with pytest.raises(StorageError, match="^bucket does not exist: s3://rb-no-such-bucket "):
-        with storage_errors(uri, config, fs):
-            pq.write_table(TABLE, path, filesystem=fs)
+    missing = "^bucket does not exist: s3://rb-no-such-bucket "
+    with pytest.raises(StorageError, match=missing), storage_errors(uri, config, fs):
+        pq.read_table(path, filesystem=fs)
+    with pytest.raises(StorageError, match=missing), storage_errors(uri, config, fs):
+        pq.write_table(TABLE, path, filesystem=fs)
     delta_uri = "s3://rb-no-such-bucket/t"
     with pytest.raises(StorageError, match="^bucket does not exist"), storage_errors(delta_uri, config):
         write_deltalake(delta_uri, TABLE, storage_options=delta_storage_options(delta_uri, config))

@@ -93,7 +93,7 @@ def _is_string(t: pa.DataType) -> bool:
     """Text: a string flavour, or dictionary-encoded strings (pandas categoricals; cast to string when read)."""
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
 
 
 class _Unstorable(ValueError):

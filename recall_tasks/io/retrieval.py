@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +42,7 @@ def load_retriever(spec: str) -> Retriever:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--retriever {spec!r}: {module_name} has no callable {attr!r}")
-    return fn
+    return cast(Retriever, fn)
 
 
 def retrieve(fn: Retriever, questions: list[str]) -> list[list[str]]:

@@ -335,7 +335,7 @@ def _bucket_missing(fs: Any, protocol: str, path: str) -> bool:
         return False
     try:
         return not fs.exists(path.split("/")[0])
-    except Exception:  # the check is best effort: keep the original "object not found"
+    except Exception:  # noqa: BLE001 - the check is best effort: keep the original "object not found"
         return False
 
 

@@ -21,6 +21,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -28,7 +29,7 @@ import os
 import socket
 import ssl
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -76,6 +77,42 @@ class _LoopState:
     semaphore: asyncio.Semaphore
     rpm: RateLimiter | None
     tpm: RateLimiter | None
+    closer: AsyncGenerator[None, None] | None = None
+
+
+def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
+    """A judge was garbage-collected: close its clients on the loops still running (the shared background loop of
+    the sync API); a closed loop's clients were closed by :func:`_close_with_loop` at its shutdown."""
+    for loop, state in list(states.items()):
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+                loop.call_soon_threadsafe(_schedule_close, loop, state)
+
+
+_closing: set[asyncio.Task[None]] = set()  # close tasks of dropped judges, held until done
+
+
+def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopState) -> None:
+    state.closer = None
+    task = loop.create_task(state.client.close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _close_with_loop(judge: weakref.ref[OpenAIJudge], loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None]:
+    """Closes the loop's client when the loop shuts down, for callers that never ``aclose()``.
+
+    ``asyncio.run`` (and any loop closed with ``shutdown_asyncgens``) closes the async generators still
+    suspended on it: this one's ``finally`` then closes the HTTP sessions, so a plain ``asyncio.run`` script
+    leaves nothing unclosed. The state holds the generator (the loop only holds it weakly).
+    """
+    try:
+        yield
+    finally:
+        owner = judge()
+        state = owner._states.pop(loop, None) if owner is not None else None
+        if state is not None:
+            await state.client.close()
 
 
 async def _count_attempt(request: httpx2.Request) -> None:
@@ -218,6 +255,7 @@ class OpenAIJudge:
         #: ``host[:port]`` named in error texts and the breaker's reason (never credentials or paths)
         self.endpoint = endpoint_host(self._azure["azure_endpoint"] if self._azure else self.base_url)
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        weakref.finalize(self, _close_states, self._states)  # a judge dropped without aclose() closes its clients
 
     @classmethod
     def azure(
@@ -313,6 +351,8 @@ class OpenAIJudge:
                 tpm=RateLimiter(self.tokens_per_minute) if self.tokens_per_minute else None,
             )
             self._states[loop] = state
+            state.closer = _close_with_loop(weakref.ref(self), loop)
+            asyncio.ensure_future(state.closer.__anext__())  # runs to its yield on the loop's next turn
         return state
 
     def preflight(self) -> str | None:

@@ -67,7 +67,7 @@ def _transient(task: Any, task_run: Any, state: Any) -> bool:
 
 def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """Prefect's chunk cache key: the chunk's content address (rows, pass-through values, judge config)."""
-    return _CACHE_PREFIX + parameters["key"]
+    return _CACHE_PREFIX + str(parameters["key"])
 
 
 #: The chunk task's name and retry rule, shared by its cached and uncached forms.

@@ -78,10 +78,7 @@ def _normalize(text: str) -> str:
 def _parse_numeral(s: str) -> float | None:
     """``1,500,000`` → 1500000; ``3.14`` → 3.14; ``1,5`` → 1.5; ``1.500.000`` → 1500000; ``3.11.2`` → None."""
     if "," in s and "." in s:
-        if s.rfind(",") > s.rfind("."):
-            s = s.replace(".", "").replace(",", ".")
-        else:
-            s = s.replace(",", "")
+        s = s.replace(".", "").replace(",", ".") if s.rfind(",") > s.rfind(".") else s.replace(",", "")
     elif "," in s:
         groups = s.split(",")
         if all(len(g) == 3 for g in groups[1:]):
