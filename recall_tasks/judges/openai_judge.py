@@ -82,35 +82,38 @@ class _LoopState:
 
 def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
     """A judge was garbage-collected: close its clients on the loops still running (the shared background loop of
-    the sync API); a closed loop's clients were closed by :func:`_close_with_loop` at its shutdown."""
-    for loop, state in list(states.items()):
+    the sync API). A loop shutting down (``asyncio.run``) closes them through :func:`_close_with_loop`."""
+    for loop in list(states):
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-                loop.call_soon_threadsafe(_schedule_close, loop, state)
+                loop.call_soon_threadsafe(_schedule_close, states, loop)
 
 
 _closing: set[asyncio.Task[None]] = set()  # close tasks of dropped judges, held until done
 
 
-def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopState) -> None:
-    state.closer = None
-    task = loop.create_task(state.client.close())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+def _schedule_close(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: Any) -> None:
+    state = states.get(loop)
+    if state is not None:
+        task = loop.create_task(state.client.close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
 
-async def _close_with_loop(judge: weakref.ref[OpenAIJudge], loop: asyncio.AbstractEventLoop) -> AsyncGenerator[None]:
+async def _close_with_loop(
+    states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: asyncio.AbstractEventLoop
+) -> AsyncGenerator[None]:
     """Closes the loop's client when the loop shuts down, for callers that never ``aclose()``.
 
     ``asyncio.run`` (and any loop closed with ``shutdown_asyncgens``) closes the async generators still
-    suspended on it: this one's ``finally`` then closes the HTTP sessions, so a plain ``asyncio.run`` script
-    leaves nothing unclosed. The state holds the generator (the loop only holds it weakly).
+    suspended on it: this one's ``finally`` then closes the HTTP sessions (again, harmlessly, if a dropped
+    judge's close already ran), so a plain ``asyncio.run`` script leaves nothing unclosed. The state holds
+    the generator (the loop only holds it weakly).
     """
     try:
         yield
     finally:
-        owner = judge()
-        state = owner._states.pop(loop, None) if owner is not None else None
+        state = states.pop(loop, None)
         if state is not None:
             await state.client.close()
 
@@ -351,7 +354,7 @@ class OpenAIJudge:
                 tpm=RateLimiter(self.tokens_per_minute) if self.tokens_per_minute else None,
             )
             self._states[loop] = state
-            state.closer = _close_with_loop(weakref.ref(self), loop)
+            state.closer = _close_with_loop(self._states, loop)
             asyncio.ensure_future(state.closer.__anext__())  # runs to its yield on the loop's next turn
         return state
 
