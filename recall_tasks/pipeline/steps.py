@@ -109,16 +109,47 @@ def make_judge(params: RunParams) -> Judge:
     )
 
 
+def make_extractor(params: RunParams, judge: Judge) -> Any:
+    """The claim extractor of ``--units claims``: the judge itself, or an OpenAI judge on ``--extractor-model``."""
+    if not params.extractor_model or params.extractor_model == judge.model:
+        return judge
+    from recall_tasks.judges.openai_judge import OpenAIJudge
+
+    return OpenAIJudge(
+        model=params.extractor_model, base_url=params.base_url, max_concurrency=params.max_concurrency,
+        timeout_s=params.timeout_s, max_retries=params.max_retries,
+        requests_per_minute=params.requests_per_minute, tokens_per_minute=params.tokens_per_minute,
+    )  # fmt: skip
+
+
 def make_metric(params: RunParams, judge: Judge) -> Metric:
-    cls = ContextualRecall if params.metric == "contextual_recall" else ContextCoverage
-    return cls(
-        judge=judge,
-        threshold=params.threshold,
-        scale=params.scale,
-        include_reason=params.include_reason,
-        strict_mode=params.strict_mode,
-        on_missing=params.on_missing,
-    )
+    common: dict[str, Any] = {
+        "judge": judge, "threshold": params.threshold, "scale": params.scale,
+        "include_reason": params.include_reason, "strict_mode": params.strict_mode, "on_missing": params.on_missing,
+    }  # fmt: skip
+    if params.metric != "contextual_recall":
+        return ContextCoverage(**common)
+    if params.units == "claims":
+        return ContextualRecall(**common, units="claims", claim_extractor=make_extractor(params, judge))
+    return ContextualRecall(**common)
+
+
+def check_units(params: RunParams) -> None:
+    """``--units claims`` needs contextual recall and an LLM extractor; refused before any call (ConfigError)."""
+    if params.units == "sentences":
+        if params.extractor_model:
+            raise ConfigError("--extractor-model applies to --units claims only")
+        return
+    if params.metric != "contextual_recall":
+        raise ConfigError(
+            "--units claims applies to contextual_recall only: context coverage decides the retrieved context "
+            "items, which are not split into units"
+        )
+    if params.judge == "lexical":
+        raise ConfigError(
+            "--units claims needs an LLM to extract the claims and the lexical judge has none: use --judge openai "
+            "(optionally --extractor-model M), or --units sentences"
+        )
 
 
 def new_run_id() -> str:
@@ -229,6 +260,7 @@ def check_run(params: RunParams) -> Checked:
     reference, judge configuration and endpoint (one cheap request). Raises one :class:`ConfigError`.
     """
     check_output_location(params)
+    check_units(params)
     storage = StorageConfig.from_options(params.storage_options)
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
@@ -366,6 +398,8 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
         cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
+        if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
+            metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
@@ -568,7 +602,7 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
     config = plan.metric.judge.config()
     return {
         "judge": plan.params.judge,
-        "units": "sentences",
+        "units": getattr(plan.metric, "units", "sentences"),
         "schema_version": config.get("schema_version"),
         "splitter_version": SPLITTER_VERSION,
         "judge_config": metric_fingerprint(plan.metric),
