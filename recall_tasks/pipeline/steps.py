@@ -51,6 +51,7 @@ from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.io.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
+from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
@@ -189,9 +190,12 @@ class RunPlan:
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
     head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
+    trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
-        """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""
+        """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
+        if self.trace is not None:
+            return self.trace.apply(block)
         if self.retrieval is not None:
             return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
         if self.retriever is not None:
@@ -251,6 +255,20 @@ class Checked:
     retriever: Retriever | None
     retrieval: RetrievalResults | None
     notes: list[str] = field(default_factory=list)
+    trace: TraceContext | None = None
+
+
+def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:
+    """``--context-from`` / ``--context-extractor``: one source of contexts at most; the extractor loaded."""
+    if not (params.context_from or params.context_extractor):
+        if "messages" in parse_column_overrides(params.columns):
+            raise ConfigError("--column messages=NAME needs --context-from or --context-extractor")
+        return None
+    given = [o for o, v in (("--context-from", params.context_from), ("--context-extractor", params.context_extractor),
+             ("--retriever", params.retriever), ("--retrieval-uri", params.retrieval_uri)) if v]  # fmt: skip
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} both supply the retrieval context: give one")
+    return TraceContext.from_options(params.context_from, params.context_extractor, dataset.columns["messages"])
 
 
 def check_run(params: RunParams) -> Checked:
@@ -264,7 +282,9 @@ def check_run(params: RunParams) -> Checked:
     storage = StorageConfig.from_options(params.storage_options)
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
-    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, context_supplied=supplied)
+    traces = bool(params.context_from or params.context_extractor)
+    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, supplied, traces=traces)
+    trace = check_context_source(params, dataset)
     if params.dataset_name:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     retriever = load_retriever(params.retriever) if params.retriever else None
@@ -299,7 +319,7 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
-    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes)
+    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 
 #: What :func:`preflight` checked, handed to :func:`plan_run` of the same parameters in the same process (the
@@ -414,7 +434,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes,
+        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
 
 
