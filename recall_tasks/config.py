@@ -88,6 +88,26 @@ class RunParams(BaseModel):
     retrieval_uri: str | None = Field(
         None, description="Parquet of row_id + retrieval_context from a new index, joined to the dataset by row_id"
     )
+    units: Literal["sentences", "claims"] = Field(
+        "sentences",
+        description="Units of the reference answer: sentences (split in code) | claims (atomic claims an LLM "
+        "extracts once per distinct reference, cached; contextual_recall with --judge openai)",
+    )
+    extractor_model: str | None = Field(
+        None, description="Model extracting the claims (--units claims); default --model"
+    )
+    context_from: str | None = Field(
+        None,
+        pattern=r"^tool-results(:[^,:]+(,[^,:]+)*)?$",
+        description="Take the retrieval context from an agent trace (the messages column): tool-results "
+        "(every tool result) or tool-results:NAME,... (those tools' results); rows without messages keep their "
+        "retrieval_context",
+    )
+    context_extractor: str | None = Field(
+        None,
+        description="module:function(input, messages) -> list of context strings, for agent rows (rows with "
+        "messages); other rows keep their retrieval_context",
+    )
 
     @field_validator("storage_options")
     @classmethod
@@ -145,6 +165,9 @@ class RunParams(BaseModel):
         "base_url",
         "cache_uri",
         "chunk_cache_storage",
+        "extractor_model",
+        "context_from",
+        "context_extractor",
         mode="before",
     )
     @classmethod

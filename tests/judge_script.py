@@ -58,3 +58,63 @@ def responder(body: dict[str, Any]) -> str:
         for i, (v, ids) in enumerate(truth(task, statements, evidence), 1)
     ]
     return json.dumps({"verdicts": verdicts, "summary": ""})
+
+
+# --------------------------------------------------------------------------------------- claim extraction
+
+_REFERENCE = re.compile(r"^Reference answer: (\".*\")$", re.M)
+_AND = re.compile(r",? and ")
+
+
+def is_extraction(body: dict[str, Any]) -> bool:
+    """A claim-extraction request (its JSON schema, or its system prompt when the format fell back)."""
+    rf = body.get("response_format") or {}
+    if (rf.get("json_schema") or {}).get("name") == "recall_claims":
+        return True
+    return extract_user_text(body, roles=("system",)).startswith("You split a reference answer")
+
+
+def reference_of(body: dict[str, Any]) -> str:
+    """The reference answer an extraction request quotes."""
+    m = _REFERENCE.search(extract_user_text(body, roles=("user",)))
+    assert m is not None, "no reference answer in the extraction request"
+    return str(json.loads(m.group(1)))
+
+
+def is_retry(body: dict[str, Any]) -> bool:
+    return len(body.get("messages") or []) > 2
+
+
+def split_claims(reference: str) -> list[str]:
+    """A deterministic "extractor": each sentence cut at ' and ' / ', and ', the subject carried over.
+
+    "Einstein was born in 1879 and developed relativity." -> ["Einstein was born in 1879.",
+    "Einstein developed relativity."] (a clause starting lower-case gets the sentence's first word).
+    """
+    from recall_tasks import split_sentences
+
+    claims = []
+    for sentence in split_sentences(reference):
+        body = sentence.rstrip(".!?")
+        subject = body.split(" ", 1)[0]
+        for k, clause in enumerate(_AND.split(body)):
+            clause = clause.strip()
+            if k and clause[:1].islower():
+                clause = f"{subject} {clause}"
+            claims.append(clause + ".")
+    return claims
+
+
+def claims_responder(extract: Any = None, judge: Any = None) -> Any:
+    """A responder answering extractions with ``extract(reference, retry) -> list[str] | str`` (default: the
+    deterministic :func:`split_claims`; a ``str`` is sent as the raw content) and judge requests with ``judge``
+    (default: :func:`responder`)."""
+
+    def answer(body: dict[str, Any]) -> str:
+        if is_extraction(body):
+            ref = reference_of(body)
+            out = extract(ref, is_retry(body)) if extract is not None else split_claims(ref)
+            return out if isinstance(out, str) else json.dumps({"claims": out})
+        return (judge or responder)(body)
+
+    return answer

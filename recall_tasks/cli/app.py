@@ -421,6 +421,10 @@ def run(
     ),
     retriever: Annotated[str | None, _opt("retriever")] = _field("retriever"),
     retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
+    units: Annotated[str, _opt("units")] = _field("units"),
+    extractor_model: Annotated[str | None, _opt("extractor_model")] = _field("extractor_model"),
+    context_from: Annotated[str | None, _opt("context_from")] = _field("context_from"),
+    context_extractor: Annotated[str | None, _opt("context_extractor")] = _field("context_extractor"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -443,6 +447,8 @@ def run(
                 "max_error_rate": max_error_rate, "index_version": index_version,
                 "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
                 "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
+                "units": units, "extractor_model": extractor_model, "context_from": context_from,
+                "context_extractor": context_extractor,
             }
         )  # fmt: skip
         err.print(_judge_line(params), markup=False, highlight=False)

@@ -18,11 +18,13 @@ same entries at once only duplicate them, which lookups tolerate.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -53,11 +55,18 @@ def write_atomically(fs: Any, path: str, table: pa.Table, row_group_size: int | 
         pq.write_table(table, path, **options)
 
 
-class RowVerdictCache:
-    """Content-addressed verdicts in Parquet segments; thread-safe; implements ``scoring.RowCache``."""
+class SegmentCache:
+    """Content-addressed string payloads in Parquet segments (the layout above); thread-safe.
+
+    Subclasses say what a payload is (:meth:`_encode`, :meth:`_decode`): verdicts, claims.
+    """
+
+    #: a sub-folder of the cache holding another store's segments (the claims cache), left out of the index
+    SUBSTORE = "claims"
 
     def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 2000) -> None:
         self.uri = uri
+        self.storage = storage
         self.read = read
         self.flush_rows = flush_rows
         self.fs, self.root = filesystem(uri, storage)
@@ -80,7 +89,8 @@ class RowVerdictCache:
             raise translate_storage_error(exc, uri) from None
 
     def _load_index(self) -> None:
-        files = sorted(p for p in self.fs.find(self.root) if p.endswith(".parquet"))
+        sub = f"{self.root.rstrip('/')}/{self.SUBSTORE}/"
+        files = sorted(p for p in self.fs.find(self.root) if p.endswith(".parquet") and not p.startswith(sub))
         for path in files:
             try:
                 with self.fs.open(path, "rb") as fh:
@@ -105,8 +115,8 @@ class RowVerdictCache:
     def size(self) -> int:
         return len(self._index)
 
-    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
-        """Cached responses for ``keys`` (those present), reading only the row groups that hold them."""
+    def get_many(self, keys: list[str]) -> dict[str, Any]:
+        """Cached payloads for ``keys`` (those present), reading only the row groups that hold them."""
         if not self.read:
             return {}
         groups_by_segment: dict[int, set[int]] = defaultdict(set)
@@ -117,7 +127,7 @@ class RowVerdictCache:
                 seg, group = self._index[k]
                 groups_by_segment[seg].add(group)
             paths = {seg: self._segments[seg] for seg in groups_by_segment}
-        found: dict[str, JudgeResponse] = {k: JudgeResponse.model_validate_json(v) for k, v in pending.items()}
+        found: dict[str, Any] = {k: self._decode(v) for k, v in pending.items()}
         value_set = pa.array(wanted, pa.string())
         for seg, group_set in groups_by_segment.items():
             groups = sorted(group_set)
@@ -130,23 +140,31 @@ class RowVerdictCache:
             self.row_groups_read += len(groups)
             table = table.filter(pc.is_in(table.column("key"), value_set=value_set))
             for key, payload in zip(table.column("key").to_pylist(), table.column("response").to_pylist(), strict=True):
-                found[key] = JudgeResponse.model_validate_json(payload)
+                found[key] = self._decode(payload)
         self.hits += len(found)
         self.misses += len(keys) - len(found)
         return found
 
-    def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
+    def put_many(self, entries: Mapping[str, Any], *, flush: bool = True) -> bool:
         """Add entries (in memory, cheap); returns whether ``flush_rows`` is reached, flushing unless told not to.
 
         The async scorer passes ``flush=False`` and flushes in a worker thread when asked: no file I/O on the loop.
         """
         with self._lock:
             for key, response in entries.items():
-                self._pending[key] = response.model_dump_json()
+                self._pending[key] = self._encode(response)
             ready = len(self._pending) >= self.flush_rows
         if ready and flush:
             self.flush()
         return ready
+
+    @staticmethod
+    def _decode(payload: str) -> Any:
+        return json.loads(payload)
+
+    @staticmethod
+    def _encode(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
 
     def flush(self) -> None:
         """Write pending entries as one segment."""
@@ -199,3 +217,65 @@ class RowVerdictCache:
                 self.fs.rm(p)
         except Exception as exc:  # noqa: BLE001 - compaction is an optimisation; the segments stay valid
             log.warning("cache compaction failed: %s", exc)
+
+
+class RowVerdictCache(SegmentCache):
+    """Content-addressed verdicts (``JudgeResponse``); implements ``scoring.RowCache``.
+
+    :attr:`claims` is the claims cache of the same output (a :class:`ClaimCache` in ``<cache>/claims``, opened on
+    first use); :meth:`flush` and :meth:`close` flush and compact it too.
+    """
+
+    def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 2000) -> None:
+        super().__init__(uri, storage, read=read, flush_rows=flush_rows)
+        self._claims: ClaimCache | None = None
+
+    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
+        return super().get_many(keys)
+
+    def put_many(self, entries: Mapping[str, JudgeResponse], *, flush: bool = True) -> bool:
+        return super().put_many(entries, flush=flush)
+
+    @staticmethod
+    def _decode(payload: str) -> Any:
+        return JudgeResponse.model_validate_json(payload)
+
+    @staticmethod
+    def _encode(value: Any) -> str:
+        return str(value.model_dump_json())
+
+    @property
+    def claims(self) -> ClaimCache:
+        """The output's claims cache, next to the verdicts (``<cache>/claims``), opened on first use."""
+        with self._lock:
+            if self._claims is None:
+                self._claims = ClaimCache(f"{self.uri.rstrip('/')}/{self.SUBSTORE}", self.storage, read=self.read)
+            return self._claims
+
+    def flush(self) -> None:
+        """Write pending entries as one segment (and the claims cache's, if open)."""
+        if self._claims is not None:
+            self._claims.flush()
+        super().flush()
+
+    def close(self) -> None:
+        if self._claims is not None:
+            self._claims.close()
+        super().close()
+
+
+class ClaimCache(SegmentCache):
+    """Extracted claims by ``metrics.claims.claims_key`` (extractor model, prompt version, reference), no expiry.
+
+    The same segment storage as the verdicts (same layout, flushes, compaction); the payload is the JSON of
+    ``{"claims": [...] | null, "flags": [...]}`` (null: the extraction was unusable and the row fell back to
+    sentences). Implements ``metrics.claims.ClaimStore``.
+    """
+
+    SUBSTORE = "\x00none"  # nothing below it
+
+    def get_many(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        return super().get_many(keys)
+
+    def put_many(self, entries: Mapping[str, dict[str, Any]], *, flush: bool = True) -> bool:
+        return super().put_many(entries, flush=flush)

@@ -67,7 +67,7 @@ import pyarrow.parquet as pq
 from recall_tasks.errors import DatasetError, StorageError
 from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 
-ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
+ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id", "messages")
 
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "input": ("input", "user_input", "question", "query"),
@@ -75,6 +75,7 @@ DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "retrieval_context": ("retrieval_context", "retrieved_contexts", "context", "contexts"),
     "actual_output": ("actual_output", "response", "output", "answer"),
     "row_id": ("row_id",),
+    "messages": ("messages",),  # an agent trace; a role only with --context-from/--context-extractor (io/traces.py)
 }
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -319,11 +320,18 @@ def _check_same_schema(schema0: pa.Schema, uri0: str, schema: pa.Schema, uri: st
 
 
 def _resolve_columns(
-    schema: pa.Schema, overrides: Mapping[str, str], metric: str, uri: str, context_supplied: bool = False
+    schema: pa.Schema,
+    overrides: Mapping[str, str],
+    metric: str,
+    uri: str,
+    context_supplied: bool = False,
+    traces: bool = False,
 ) -> dict[str, str]:
     names = set(schema.names)
     columns: dict[str, str] = {}
     for role in ROLES:
+        if role == "messages" and not traces:
+            continue  # without a trace option a messages column is an ordinary pass-through column
         if role in overrides:
             if overrides[role] not in names:
                 raise DatasetError(
@@ -347,9 +355,21 @@ def _resolve_columns(
                 uri=uri,
                 column=role,
             )
+    if traces and "messages" not in columns:
+        raise DatasetError(
+            f"no messages column for --context-from/--context-extractor: expected messages or --column "
+            f"messages=NAME; the file has {', '.join(schema.names)}",
+            uri=uri, column="messages",
+        )  # fmt: skip
     for role, col in columns.items():
         t = schema.field(col).type
-        if role == "retrieval_context":
+        if role == "messages":
+            if not (_is_string(t) or (any(f(t) for f in _LIST_TYPES) and pa.types.is_struct(t.value_type))):
+                raise DatasetError(
+                    f"messages: expected list<struct> (chat messages) or string (their JSON), found {type_name(t)}",
+                    uri=uri, column=col,
+                )  # fmt: skip
+        elif role == "retrieval_context":
             if not _is_string_list(t):
                 raise DatasetError(f"{role}: expected list<string>, found {type_name(t)}", uri=uri, column=col)
         elif role == "row_id":
@@ -366,10 +386,12 @@ def open_dataset(
     metric: str = "contextual_recall",
     overrides: Mapping[str, str] | None = None,
     context_supplied: bool = False,
+    traces: bool = False,
 ) -> Dataset:
     """List and validate every file of the dataset; raise one clear error, or return the dataset.
 
     ``context_supplied``: contexts come from a retriever or retrieval results, so the dataset needs none.
+    ``traces``: contexts come from the ``messages`` column (agent traces, ``io/traces.py``), which is then required.
 
     Reads only footers (and the ``row_id`` column when there is one). See the module docstring for what is
     refused and what is handled per row.
@@ -396,7 +418,7 @@ def open_dataset(
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, file_uri, fs=fs) from None
         _check_unique_names(schema, file_uri)
-        file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri, context_supplied)
+        file_columns = _resolve_columns(schema, overrides or {}, metric, file_uri, context_supplied or traces, traces)
         if schema0 is not None:
             _check_same_schema(schema0, files[0].uri, schema, file_uri, file_columns.values())
         if columns is None:
@@ -634,6 +656,8 @@ def _block(
             arrays[role] = pa.nulls(part.num_rows, typ)
         else:
             arrays[role] = part.column(col).cast(typ)
+    if "messages" in role_cols:  # as stored: list<struct> or JSON text (read by io/traces.py)
+        arrays["messages"] = part.column(role_cols["messages"])
     content = list(
         zip(
             *(arrays[r].to_pylist() for r in ("input", "expected_output", "retrieval_context", "actual_output")),

@@ -30,19 +30,24 @@ Retriever = Callable[[list[str]], Any]
 _CONTEXT = pa.list_(pa.string())
 
 
-def load_retriever(spec: str) -> Retriever:
-    """Import ``module:function``; a clear error when it cannot be found or called."""
+def load_callable(spec: str, option: str) -> Callable[..., Any]:
+    """Import ``module:function`` given to ``option``; a clear error when it cannot be found or called."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ConfigError(f"--retriever {spec!r}: expected module:function")
+        raise ConfigError(f"{option} {spec!r}: expected module:function")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"--retriever {spec!r}: cannot import {module_name!r} ({exc})") from None
+        raise ConfigError(f"{option} {spec!r}: cannot import {module_name!r} ({exc})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"--retriever {spec!r}: {module_name} has no callable {attr!r}")
-    return cast(Retriever, fn)
+        raise ConfigError(f"{option} {spec!r}: {module_name} has no callable {attr!r}")
+    return cast(Callable[..., Any], fn)
+
+
+def load_retriever(spec: str) -> Retriever:
+    """Import the ``--retriever`` ``module:function``."""
+    return load_callable(spec, "--retriever")
 
 
 def retrieve(fn: Retriever, questions: list[str]) -> list[list[str]]:

@@ -40,7 +40,8 @@ import openai
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError, JudgeTransientError
 from recall_tasks.judges import prompts
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
-from recall_tasks.judges.parsing import ParseError, parse_verdicts
+from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
+from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.secrets import redact, register_secret
 
@@ -60,6 +61,8 @@ PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
 }
 
 _FORMATS = ("json_schema", "json_object", "none")
+_VERDICTS = ("recall_verdicts", prompts.RESPONSE_SCHEMA)
+_CLAIMS = ("recall_claims", prompts.CLAIMS_SCHEMA)
 _attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
 
 
@@ -435,20 +438,75 @@ class OpenAIJudge:
             flags=flags,
         )
 
-    def _request_kwargs(self, msgs: list[dict[str, str]], budget: int) -> dict[str, Any]:
+    # -- claim extraction (the claims units of contextual recall) -------------------------------
+
+    @property
+    def claims_prompt_version(self) -> str:
+        return prompts.CLAIMS_PROMPT_VERSION
+
+    def claims_config(self) -> dict[str, Any]:
+        """What changes extracted claims: part of the metric's fingerprint. No key, no endpoint."""
+        return {
+            "extractor": "openai",
+            "model": self._model,
+            "prompt_version": prompts.CLAIMS_PROMPT_VERSION,
+            "temperature": self.temperature,
+        }
+
+    async def extract_claims(self, reference: str, retry: ClaimsRetry | None = None) -> ClaimsReply:
+        """One request: the reference's atomic claims (``{"claims": [...]}``); an unreadable reply sets ``problem``."""
+        state = self._state()
+        if retry is None:
+            msgs = prompts.claims_messages(reference)
+        else:
+            msgs = prompts.claims_messages(reference, previous=retry.previous, problem=retry.problem, limit=retry.limit)
+        budget = 128 + len(reference) // 2
+        usage = [0, 0]
+        counter = [0]
+        token = _attempts.set(counter)
+        try:
+            async with state.semaphore:
+                content = await self._complete(state, msgs, budget, usage, _CLAIMS)
+        except BaseException as exc:
+            exc.requests = counter[0]  # type: ignore[attr-defined]
+            raise
+        finally:
+            _attempts.reset(token)
+        try:
+            claims, problem = parse_claims(content), None
+        except ParseError as exc:
+            claims, problem = [], str(exc)
+        price = price_for(self._model, self.prices)
+        return ClaimsReply(
+            claims=claims, problem=problem, raw=content[:4000], model=self._model,
+            prompt_version=prompts.CLAIMS_PROMPT_VERSION, prompt_tokens=usage[0], completion_tokens=usage[1],
+            cost_usd=None if price is None else (usage[0] * price[0] + usage[1] * price[1]) / 1e6,
+            requests=counter[0],
+        )  # fmt: skip
+
+    def _request_kwargs(
+        self, msgs: list[dict[str, str]], budget: int, schema: tuple[str, dict[str, Any]] = _VERDICTS
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self._model, "messages": msgs, self.max_tokens_param: budget}
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         if self._format == "json_schema":
             kwargs["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "recall_verdicts", "strict": True, "schema": prompts.RESPONSE_SCHEMA},
+                "json_schema": {"name": schema[0], "strict": True, "schema": schema[1]},
             }
         elif self._format == "json_object":
             kwargs["response_format"] = {"type": "json_object"}
         return kwargs
 
-    async def _complete(self, state: _LoopState, msgs: list[dict[str, str]], budget: int, usage: list[int]) -> str:
+    async def _complete(
+        self,
+        state: _LoopState,
+        msgs: list[dict[str, str]],
+        budget: int,
+        usage: list[int],
+        schema: tuple[str, dict[str, Any]] = _VERDICTS,
+    ) -> str:
         """One logical completion: format fallback, one retry on truncation; returns the content."""
         truncated_once = False
         while True:
@@ -459,7 +517,7 @@ class OpenAIJudge:
             try:
                 # client.post skips the SDK's recursive params transform (~1 ms per call); same retries and errors
                 raw = await state.client.post(
-                    "/chat/completions", body=self._request_kwargs(msgs, budget), cast_to=httpx2.Response
+                    "/chat/completions", body=self._request_kwargs(msgs, budget, schema), cast_to=httpx2.Response
                 )
             except openai.BadRequestError as exc:
                 if self._format != "none" and "response_format" in _error_text(exc):

@@ -148,3 +148,34 @@ def parse_verdicts(text: str, count: int, evidence_count: int) -> tuple[list[Jud
     if len(flags) > MAX_FLAGS:
         flags = [*flags[: MAX_FLAGS - 1], f"and {len(flags) - MAX_FLAGS + 1} more flags"]
     return verdicts, summary, flags
+
+
+#: A claim longer than this is cut (a claim is one fact; a reply is stored with every row).
+MAX_CLAIM_CHARS = 1_000
+
+
+def parse_claims(text: str) -> list[str]:
+    """``{"claims": [string, ...]}`` (or a bare list) -> stripped, non-empty claims, exact duplicates dropped.
+
+    Raises :class:`ParseError` when the reply is not JSON of that shape (an item that is not a string included).
+    """
+    data = load_json(text) if not text.lstrip().startswith("[") else _load_list(text)
+    if isinstance(data, dict):
+        data = data.get("claims")
+    if not isinstance(data, list):
+        raise ParseError('reply must be {"claims": [string, ...]}')
+    out: list[str] = []
+    for item in data:
+        if not isinstance(item, str):
+            raise ParseError(f"every claim must be a string, got {type(item).__name__}")
+        claim = " ".join(item.split())[:MAX_CLAIM_CHARS]
+        if claim and claim not in out:
+            out.append(claim)
+    return out
+
+
+def _load_list(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"reply is not valid JSON ({exc.msg} at char {exc.pos})") from None

@@ -19,6 +19,16 @@ from recall_tasks.judges.base import JudgeRequest
 
 PROMPT_VERSION = "v1"
 SCHEMA_VERSION = "verdicts-v1"
+#: The claim extraction's prompt (``claims-<v>.system.txt``, ``claims-repair-<v>.txt``), schema and the checks its
+#: claims pass (``metrics/claims.py``); part of the claims cache key. Bump it when any of them changes.
+CLAIMS_PROMPT_VERSION = "claims-v1"
+
+CLAIMS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["claims"],
+    "properties": {"claims": {"type": "array", "items": {"type": "string"}}},
+}
 
 RESPONSE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -57,6 +67,26 @@ def system_prompt(task: str, version: str = PROMPT_VERSION) -> str:
 def repair_prompt(error: str, count: int, version: str = PROMPT_VERSION) -> str:
     """The follow-up message asking the judge to fix an unusable reply."""
     return _template(f"repair-{version}.txt").format(error=error[:300], count=count)
+
+
+def claims_messages(
+    reference: str, version: str = CLAIMS_PROMPT_VERSION, previous: str | None = None, problem: str = "", limit: int = 0
+) -> list[dict[str, str]]:
+    """Chat messages of one claim extraction: static system message, the reference quoted as a JSON string.
+
+    With ``previous`` (the retry): the previous reply and what was wrong with it follow.
+    """
+    msgs = [
+        {"role": "system", "content": _template(f"{version}.system.txt")},
+        {"role": "user", "content": f"Reference answer: {json.dumps(reference, ensure_ascii=False)}"},
+    ]
+    if previous is not None:
+        repair = _template(version.replace("claims-", "claims-repair-") + ".txt")
+        msgs += [
+            {"role": "assistant", "content": previous[:4000]},
+            {"role": "user", "content": repair.format(problem=problem[:300], limit=limit)},
+        ]
+    return msgs
 
 
 def _fence(text: str) -> str:

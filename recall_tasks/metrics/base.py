@@ -17,6 +17,7 @@ from typing import ClassVar
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import MissingInputError
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse, Task
+from recall_tasks.metrics.claims import Guard, Units
 from recall_tasks.metrics.precision import chunk_use
 from recall_tasks.models import OnMissing, RecallCase, RecallResult, ResultMetadata, Verdict
 
@@ -25,11 +26,16 @@ ContextExtractor = Callable[[RecallCase], Sequence[str] | Awaitable[Sequence[str
 
 @dataclass(frozen=True)
 class Prepared:
-    """A case ready for the judge: the request, and counts the result reports."""
+    """A case ready for the judge: the request, and counts the result reports.
+
+    ``units``: the claims (or their fallback) when the units are not code-split sentences, with what
+    extracting them cost and their flags; the result adds both.
+    """
 
     request: JudgeRequest
     sentence_count: int
     context_count: int
+    units: Units | None = None
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,18 @@ class Metric:
             return list(case.retrieval_context)
         return self.context
 
-    def prepare(self, case: RecallCase, context: list[str] | None) -> Prepared | Missing:
-        """Validate and split; never calls the judge."""
+    async def resolve_units(
+        self, cases: list[RecallCase], contexts: list[list[str] | None], guard: Guard | None = None
+    ) -> list[Units | BaseException | None]:
+        """The units of each case when they are not code-split sentences (claims), else None.
+
+        Called once per batch so that extractions run concurrently; a case whose extraction failed gets the
+        exception (a row error). Sentences need no call: the default is None for every case.
+        """
+        return [None] * len(cases)
+
+    def prepare(self, case: RecallCase, context: list[str] | None, units: Units | None = None) -> Prepared | Missing:
+        """Validate and split (or take ``units``); never calls the judge."""
         raise NotImplementedError
 
     def finalize(self, prepared: Prepared, response: JudgeResponse, latency_ms: float) -> RecallResult:
@@ -114,6 +130,21 @@ class Metric:
         use = None
         if self.task == "contextual_recall":
             use = chunk_use((v.chunk_ids for v in verdicts if v.verdict == "yes"), prepared.context_count)
+        requests, prompt_tokens, completion_tokens = (
+            response.requests,
+            response.prompt_tokens,
+            response.completion_tokens,
+        )
+        cost, flags = response.cost_usd, response.flags
+        if prepared.units is not None:
+            u = prepared.units
+            requests, prompt_tokens, completion_tokens = (
+                requests + u.requests,
+                prompt_tokens + u.prompt_tokens,
+                completion_tokens + u.completion_tokens,
+            )
+            cost = None if cost is None and u.cost_usd is None else (cost or 0.0) + (u.cost_usd or 0.0)
+            flags = [*u.flags, *flags]
         metadata = ResultMetadata(
             context_precision=use.context_precision if use else None,
             chunks_used=use.chunks_used if use else None,
@@ -123,13 +154,13 @@ class Metric:
             attributed_count=attributed,
             context_count=prepared.context_count,
             latency_ms=latency_ms,
-            prompt_tokens=response.prompt_tokens,
-            completion_tokens=response.completion_tokens,
-            cost_usd=response.cost_usd,
-            requests=response.requests,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost_usd=cost,
+            requests=requests,
             judge_model=response.model,
             prompt_version=response.prompt_version,
-            flags=response.flags,
+            flags=flags,
         )
         return RecallResult(
             score=score,
@@ -157,14 +188,17 @@ class Metric:
         if self.on_missing == "skip":
             return self.not_assessed(f"not assessed: {missing.field} is missing or empty", context_count=context_count)
         zero = self.not_assessed(f"score 0: {missing.field} is missing or empty", context_count=context_count)
-        return zero.model_copy(update={"score": 0.0, "success": 0.0 >= self.threshold, "skipped": False})
+        return zero.model_copy(update={"score": 0.0, "success": self.threshold <= 0.0, "skipped": False})
 
     # -- public API ------------------------------------------------------------------------------
 
     async def a_measure(self, case: RecallCase) -> RecallResult:
-        """Measure one case: at most one judge call, none when an input is missing."""
+        """Measure one case: one judge call (plus the claims' extraction), none when an input is missing."""
         context = await self.resolve_context(case)
-        prepared = self.prepare(case, context)
+        units = (await self.resolve_units([case], [context]))[0]
+        if isinstance(units, BaseException):
+            raise units
+        prepared = self.prepare(case, context, units)
         if isinstance(prepared, Missing):
             return self.missing_result(prepared, len(context or []))
         started = time.perf_counter()

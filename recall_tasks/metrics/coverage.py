@@ -6,6 +6,7 @@ from typing import ClassVar
 
 from recall_tasks.judges.base import JudgeRequest, Task
 from recall_tasks.metrics.base import Metric, Missing, Prepared
+from recall_tasks.metrics.claims import Units
 from recall_tasks.models import RecallCase
 from recall_tasks.sentences import split_sentences
 
@@ -23,7 +24,7 @@ class ContextCoverage(Metric):
     evidence_unit: ClassVar[str] = "answer sentence"
     supported_word: ClassVar[str] = "used"
 
-    def prepare(self, case: RecallCase, context: list[str] | None) -> Prepared | Missing:
+    def prepare(self, case: RecallCase, context: list[str] | None, units: Units | None = None) -> Prepared | Missing:
         if not context or not any(c and c.strip() for c in context):
             return Missing("retrieval_context")
         sentences = split_sentences(case.actual_output or "")

@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,7 +26,9 @@ from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
 from recall_tasks.io.datasets import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import JudgeResponse, attempt_observer
+from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
+from recall_tasks.metrics.claims import Guard, NotJudged
 from recall_tasks.models import RecallCase, RecallResult
 from recall_tasks.sentences import SPLITTER_VERSION
 
@@ -48,6 +51,10 @@ def metric_fingerprint(metric: Metric) -> str:
         "splitter": SPLITTER_VERSION,
         "judge": metric.judge.config(),
     }
+    claim_units = getattr(metric, "claim_units", None)
+    if claim_units is not None:  # only then: the sentence mode's fingerprint (and its caches) stay what they were
+        config["units"] = "claims"
+        config["extractor"] = claim_units.extractor.claims_config()
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -206,12 +213,27 @@ async def score_rows(
     outcomes: list[RowOutcome | None] = [None] * len(rows)
     pending: list[tuple[int, Prepared, str]] = []
     fingerprint = metric_fingerprint(metric)
-    for i, row in enumerate(rows):
+    cases = [_case(row) for row in rows]
+    contexts = [await metric.resolve_context(case) for case in cases]
+    token = attempt_observer.set(breaker)  # claim extractions (if any) report their attempts too
+    try:
+        units = await metric.resolve_units(cases, contexts, _guard(budget, breaker))
+    finally:
+        attempt_observer.reset(token)
+    for i, case in enumerate(cases):
         if i % 32 == 31:  # this loop shares its thread with every judge call in flight: let replies in
             await asyncio.sleep(0)
-        case = _case(row)
-        context = await metric.resolve_context(case)
-        prepared = metric.prepare(case, context)
+        context = contexts[i]
+        unit = units[i]
+        if isinstance(unit, BaseException):
+            if isinstance(unit, NotJudged):
+                result = metric.not_assessed(NOT_JUDGED + unit.reason, context_count=len(context or []))
+                outcomes[i] = RowOutcome(result, None)
+            else:
+                what = f"claim extraction failed: {type(unit).__name__}: {unit}"
+                outcomes[i] = RowOutcome(None, what, requests=max(getattr(unit, "requests", 1), 1))
+            continue
+        prepared = metric.prepare(case, context, unit)
         if isinstance(prepared, Missing):
             try:
                 outcomes[i] = RowOutcome(metric.missing_result(prepared, len(context or [])), None)
@@ -283,6 +305,39 @@ async def score_rows(
         finally:
             attempt_observer.reset(token)
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
+
+
+def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
+    """One extra call (a claim extraction) under the run's budget and circuit breaker, as a judge call is."""
+
+    async def guarded(call: Callable[[], Awaitable[ClaimsReply]]) -> ClaimsReply:
+        if breaker is not None and breaker.tripped_reason is not None:
+            raise NotJudged(breaker.tripped_reason)
+        if budget is not None and not budget.acquire():
+            raise NotJudged(budget.exhausted_reason or "budget")
+        task = asyncio.current_task()
+        if breaker is not None and task is not None:
+            breaker.enter(task)
+        requests, cost = 1, None
+        try:
+            reply = await call()
+            requests, cost = reply.requests, reply.cost_usd
+            return reply
+        except JudgeError as exc:
+            requests = max(exc.requests, 1)
+            raise
+        except asyncio.CancelledError:
+            if breaker is None or task is None or not breaker.leave(task):
+                raise
+            task.uncancel()
+            raise NotJudged(breaker.tripped_reason or "circuit breaker") from None
+        finally:
+            if breaker is not None and task is not None:
+                breaker.leave(task)
+            if budget is not None:
+                budget.release(requests, cost)
+
+    return guarded
 
 
 def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:

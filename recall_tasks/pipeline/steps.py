@@ -51,6 +51,7 @@ from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.io.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
+from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
@@ -109,16 +110,47 @@ def make_judge(params: RunParams) -> Judge:
     )
 
 
+def make_extractor(params: RunParams, judge: Judge) -> Any:
+    """The claim extractor of ``--units claims``: the judge itself, or an OpenAI judge on ``--extractor-model``."""
+    if not params.extractor_model or params.extractor_model == judge.model:
+        return judge
+    from recall_tasks.judges.openai_judge import OpenAIJudge
+
+    return OpenAIJudge(
+        model=params.extractor_model, base_url=params.base_url, max_concurrency=params.max_concurrency,
+        timeout_s=params.timeout_s, max_retries=params.max_retries,
+        requests_per_minute=params.requests_per_minute, tokens_per_minute=params.tokens_per_minute,
+    )  # fmt: skip
+
+
 def make_metric(params: RunParams, judge: Judge) -> Metric:
-    cls = ContextualRecall if params.metric == "contextual_recall" else ContextCoverage
-    return cls(
-        judge=judge,
-        threshold=params.threshold,
-        scale=params.scale,
-        include_reason=params.include_reason,
-        strict_mode=params.strict_mode,
-        on_missing=params.on_missing,
-    )
+    common: dict[str, Any] = {
+        "judge": judge, "threshold": params.threshold, "scale": params.scale,
+        "include_reason": params.include_reason, "strict_mode": params.strict_mode, "on_missing": params.on_missing,
+    }  # fmt: skip
+    if params.metric != "contextual_recall":
+        return ContextCoverage(**common)
+    if params.units == "claims":
+        return ContextualRecall(**common, units="claims", claim_extractor=make_extractor(params, judge))
+    return ContextualRecall(**common)
+
+
+def check_units(params: RunParams) -> None:
+    """``--units claims`` needs contextual recall and an LLM extractor; refused before any call (ConfigError)."""
+    if params.units == "sentences":
+        if params.extractor_model:
+            raise ConfigError("--extractor-model applies to --units claims only")
+        return
+    if params.metric != "contextual_recall":
+        raise ConfigError(
+            "--units claims applies to contextual_recall only: context coverage decides the retrieved context "
+            "items, which are not split into units"
+        )
+    if params.judge == "lexical":
+        raise ConfigError(
+            "--units claims needs an LLM to extract the claims and the lexical judge has none: use --judge openai "
+            "(optionally --extractor-model M), or --units sentences"
+        )
 
 
 def new_run_id() -> str:
@@ -158,9 +190,12 @@ class RunPlan:
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
     head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
+    trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
-        """Fill the block's contexts from the run-time retriever or the retrieval results, if configured."""
+        """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
+        if self.trace is not None:
+            return self.trace.apply(block)
         if self.retrieval is not None:
             return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
         if self.retriever is not None:
@@ -220,6 +255,20 @@ class Checked:
     retriever: Retriever | None
     retrieval: RetrievalResults | None
     notes: list[str] = field(default_factory=list)
+    trace: TraceContext | None = None
+
+
+def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:
+    """``--context-from`` / ``--context-extractor``: one source of contexts at most; the extractor loaded."""
+    if not (params.context_from or params.context_extractor):
+        if "messages" in parse_column_overrides(params.columns):
+            raise ConfigError("--column messages=NAME needs --context-from or --context-extractor")
+        return None
+    given = [o for o, v in (("--context-from", params.context_from), ("--context-extractor", params.context_extractor),
+             ("--retriever", params.retriever), ("--retrieval-uri", params.retrieval_uri)) if v]  # fmt: skip
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} both supply the retrieval context: give one")
+    return TraceContext.from_options(params.context_from, params.context_extractor, dataset.columns["messages"])
 
 
 def check_run(params: RunParams) -> Checked:
@@ -229,10 +278,13 @@ def check_run(params: RunParams) -> Checked:
     reference, judge configuration and endpoint (one cheap request). Raises one :class:`ConfigError`.
     """
     check_output_location(params)
+    check_units(params)
     storage = StorageConfig.from_options(params.storage_options)
     overrides = parse_column_overrides(params.columns)
     supplied = bool(params.retriever or params.retrieval_uri)
-    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, context_supplied=supplied)
+    traces = bool(params.context_from or params.context_extractor)
+    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, supplied, traces=traces)
+    trace = check_context_source(params, dataset)
     if params.dataset_name:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     retriever = load_retriever(params.retriever) if params.retriever else None
@@ -267,7 +319,7 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
-    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes)
+    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 
 #: What :func:`preflight` checked, handed to :func:`plan_run` of the same parameters in the same process (the
@@ -366,6 +418,8 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
         cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
+        if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
+            metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
@@ -380,7 +434,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes,
+        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
 
 
@@ -572,7 +626,7 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
     config = plan.metric.judge.config()
     return {
         "judge": plan.params.judge,
-        "units": "sentences",
+        "units": getattr(plan.metric, "units", "sentences"),
         "schema_version": config.get("schema_version"),
         "splitter_version": SPLITTER_VERSION,
         "judge_config": metric_fingerprint(plan.metric),
