@@ -79,3 +79,29 @@ def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps
     results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
     by_id = {r["row_id"]: r for r in results}
     assert all(by_id[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
+
+
+def test_head_start_responses_arriving_while_prefect_imports_are_parsed(prefect_harness, fake_openai, tmp_path):
+    """Judge replies land while the main thread imports Prefect (100 ms latency, one 300-row chunk at concurrency
+    32: ~300 replies a second for ~1 s, overlapping the import). Before httpx was imported ahead of the head start, the openai SDK
+    met a half-imported httpx on a reply in 5 runs of 6 (``partially initialized module 'httpx'``)."""
+    from deltalake import DeltaTable
+
+    from tests import judge_script
+    from tests.test_caching import ROOT, cli_env, write
+    from tests.test_pipeline import expected, make_rows
+
+    fake_openai.set_responder(judge_script.responder)
+    fake_openai.latency_s = 0.1
+    rows = make_rows(300, seed=9)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
+           "--base-url", fake_openai.base_url, "--chunk-size", "300", "--max-concurrency", "32"]  # fmt: skip
+    done = subprocess.run(cmd, env=cli_env(fake_openai), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(fake_openai.chat_requests) == len(rows)  # the head start's chunk was not judged a second time
+    results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
+    assert len(results) == 300 and all(r["error"] is None for r in results)
+    by_id = {r["row_id"]: r for r in results}
+    assert all(by_id[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
