@@ -52,7 +52,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
 
 def run_results(plan: Any) -> pa.Table | None:
     """The committed run's rows for the reports: light columns for all, text for the worst (one scan)."""
-    from recall_tasks.reports.html import bounded_results
+    from recall_tasks.reports.run_data import bounded_results
 
     ds = plan.store.read_table("results")
     return None if ds is None else bounded_results(ds, plan.run_id)
