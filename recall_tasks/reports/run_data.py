@@ -1,8 +1,9 @@
 """What the reports show of a run, read from the store and selected from the tables; no HTML here.
 
-The run's result rows bounded for a 1M-row run (:func:`bounded_results`), headline figures computed from the rows,
-the trend series, the run's latest comparison and segment rows, and the extras read back for the worst rows
-(largest drops, retrieved chunks). :mod:`recall_tasks.reports.html` renders them.
+The run's result rows bounded for a 1M-row run (:func:`bounded_results`) in the reports' one "worst first"
+order (:func:`worst_first`, also the Markdown report's), headline figures computed from the rows, the trend
+series, the run's latest comparison and segment rows, and the extras read back for the worst rows (largest
+drops, retrieved chunks). :mod:`recall_tasks.reports.html` renders them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def computed_figures(table: pa.Table, scores: np.ndarray) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def worst_first(table: pa.Table) -> pa.Array:
+    """Row indices of ``table`` (``error`` and ``score`` columns), errors first, then lowest score, nulls last.
+
+    The one "worst rows" order of the reports: which rows :func:`bounded_results` reads the text of, and the
+    Markdown report's worst rows (``summary.worst_rows``). Stable: ties keep the table's order.
+    """
+    return pc.sort_indices(
+        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
+        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+    )
+
+
 def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
 
@@ -74,10 +87,7 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     table = results_ds.to_table(columns=light, filter=in_run)
     if not heavy or table.num_rows == 0:
         return table
-    order = pc.sort_indices(
-        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
-        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
-    )
+    order = worst_first(table)
     worst_ids = table.column("row_id").take(order[:keep])
     detail = results_ds.to_table(
         columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids),
