@@ -1,32 +1,54 @@
-"""``recall-bench``: run a benchmark, run the bundled demo, query the result tables."""
+"""``recall-bench``: the Typer app and the commands that run the benchmark flow, ``run`` and ``demo``.
+
+The other commands are plain functions in modules by concern, registered at the bottom in ``--help`` order:
+``tables`` (query, history), ``report``, ``server_cmd`` (the ``server`` group), then ``emit-index-built``
+(``pipeline/events.py``). What every command shares (consoles, options, one-line errors, the result store) is in
+``common``; a run's process handling (Prefect API, signals, quiet console logging) in ``runtime``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import signal
-import threading
-import time
-import traceback
-from collections.abc import Iterable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from recall_tasks.cli.output import OUTPUT_FORMATS, OutputFormat
+from recall_tasks.cli import report, server_cmd, tables
+from recall_tasks.cli.common import (
+    DEBUG_HELP,
+    DEFAULT_OUTPUT,
+    FormatOption,
+    OutputOption,
+    StorageOption,
+    _detect_format,
+    _fail,
+    _fail_unexpected,
+    _split_storage_options,
+    _store,
+    console,
+    err,
+)
+from recall_tasks.cli.runtime import (
+    _check_reachable,
+    _interrupts,
+    _is_interrupt,
+    _prefect_api,
+    _printed_notes,
+    _quiet_prefect_console,
+)
+from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
-from recall_tasks.io.storage import parse_storage_options
+from recall_tasks.errors import RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.pipeline import events
-from recall_tasks.secrets import looks_secret, redact
+from recall_tasks.secrets import redact
 
 EXIT_CODES = """Exit codes of run: 0 completed; 2 usage, configuration or dataset error (nothing written, no run
 recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed (rows committed with
@@ -39,30 +61,6 @@ app = typer.Typer(
     help="Contextual recall of retrieval systems.",
     epilog=EXIT_CODES,
 )
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
-
-DEFAULT_OUTPUT = RunParams.model_fields["output_uri"].default
-"""Every command's ``--output`` default, unless the ``RECALL_OUTPUT`` environment variable is set."""
-
-# Options shared by the commands that read or write an output: one default and one help text everywhere.
-OutputOption = Annotated[
-    str,
-    typer.Option(
-        "--output", "-o", envvar="RECALL_OUTPUT", help="Where the tables live: a path or s3://, gs://, az:// URI"
-    ),
-]
-FormatOption = Annotated[
-    str | None,
-    typer.Option("--format", help="delta | parquet; default: what is at --output already, else delta"),
-]
-StorageOption = Annotated[
-    list[str] | None,
-    typer.Option("--storage-option", help="key=value for the object store (repeatable); secrets go to AWS_* vars"),
-]
-OutputFormatOption = Annotated[
-    str, typer.Option("--output-format", help="table | csv | json (JSON lines, one object per row) | markdown")
-]
 
 
 def _version(value: bool) -> None:
@@ -80,63 +78,6 @@ def main(
     ] = False,
 ) -> None:
     """Contextual recall of retrieval systems."""
-
-
-def _output_format(value: str) -> OutputFormat:
-    if value not in OUTPUT_FORMATS:
-        _fail(ConfigError(f"--output-format must be one of {', '.join(OUTPUT_FORMATS)}, got {value!r}"))
-    return value  # type: ignore[return-value]
-
-
-def _print_notice(message: str | None) -> None:
-    if message:
-        err.print(message, markup=False, highlight=False)
-
-
-_SECRET_ENV = {
-    "aws_access_key_id": "AWS_ACCESS_KEY_ID",
-    "access_key_id": "AWS_ACCESS_KEY_ID",
-    "key": "AWS_ACCESS_KEY_ID",
-    "aws_secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "secret": "AWS_SECRET_ACCESS_KEY",
-    "aws_session_token": "AWS_SESSION_TOKEN",
-    "token": "AWS_SESSION_TOKEN",
-}
-
-
-def _split_storage_options(pairs: list[str]) -> dict[str, str]:
-    """Non-secret options become run parameters; credentials go to this process's AWS_* variables only."""
-    plain: dict[str, str] = {}
-    for key, value in parse_storage_options(pairs).items():
-        if looks_secret(key):
-            env = _SECRET_ENV.get(key.lower())
-            if env is None:
-                raise typer.BadParameter(f"--storage-option {key}: unknown credential option; use AWS_* variables")
-            os.environ[env] = value
-        else:
-            plain[key] = value
-    return plain
-
-
-def _fail(exc: BaseException, debug: bool = False) -> NoReturn:
-    """One line, ``error: …``, exit 2; ``--debug`` prints the (redacted) traceback before it."""
-    if debug and exc.__traceback__ is not None:
-        err.print(escape(redact("".join(traceback.format_exception(exc)))), soft_wrap=True, highlight=False)
-    err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
-    raise typer.Exit(code=2)
-
-
-def _fail_unexpected(exc: Exception, debug: bool) -> NoReturn:
-    """An exception recall-bench did not raise on purpose (a bug, a library's error): still one line."""
-    text = " ".join(str(exc).split())[:500] or "(no message)"
-    hint = "" if debug else " (rerun with --debug for the traceback)"
-    message = RuntimeError(f"{type(exc).__name__}: {text}{hint}")
-    message.__traceback__ = exc.__traceback__
-    _fail(message, debug)
-
-
-DEBUG_HELP = "Show Prefect's logs and full tracebacks"
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -159,135 +100,6 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
     console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
     if summary.get("report_uri"):
         console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
-
-
-def _announce_boot(info: Any) -> None:
-    err.print(
-        f"starting the local Prefect server (first run only, takes a few seconds): UI {info.ui_url}\n"
-        "  it keeps running for the next runs; `recall-bench server stop` stops it, "
-        "PREFECT_API_URL points runs at another server"
-    )
-
-
-def _check_reachable(url: str) -> None:
-    """A configured ``PREFECT_API_URL`` that answers nothing fails in one line, before the run writes anything."""
-    from recall_tasks.cli import server
-
-    reason = server.unreachable(url)
-    if reason:
-        raise server.ServerError(
-            f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached ({reason}); start that server, "
-            "or unset PREFECT_API_URL to use recall-bench's local server"
-        )
-
-
-@contextlib.contextmanager
-def _prefect_api() -> Iterator[None]:
-    """Point this process at ``PREFECT_API_URL`` if configured, else at the local server (started if needed).
-
-    Never Prefect's temporary in-process server (see ``recall_tasks/server.py``). A configured URL that refuses
-    connections fails here in one line, not after the Prefect client's retries. The local server's URL is set
-    for the length of the run both in the environment (read by any ``Settings()`` built later) and as Prefect's
-    current settings (the ones built when ``prefect`` was imported lack it); both are restored afterwards.
-    """
-    from recall_tasks.cli import server
-
-    url, local = server.api_url_for_run(on_boot=_announce_boot)
-    if not local:
-        _check_reachable(url)
-        yield
-        return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]", highlight=False)
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
-
-
-class _Terminated(BaseException):
-    """SIGTERM outside Prefect's own handler, raised in the main thread as KeyboardInterrupt is for SIGINT."""
-
-
-#: A repeated signal while an interrupted run cleans up is ignored, unless the clean-up takes longer than this.
-FORCE_EXIT_AFTER_S = 10.0
-
-
-@contextlib.contextmanager
-def _interrupts() -> Iterator[dict[str, Any]]:
-    """SIGINT and SIGTERM for the length of a run: the first one raises in the main thread, repeats are ignored.
-
-    The first SIGINT raises KeyboardInterrupt, the first SIGTERM :class:`_Terminated` (while the flow runs,
-    Prefect's engine holds SIGTERM and raises its TerminationSignal, then re-sends the signal to this handler).
-    The flow's chunk loop turns either into an abort (judge calls cancelled, row cache flushed); a second
-    Ctrl-C during that clean-up would interrupt it half-way (what logged "client has been closed" errors), so
-    it is ignored unless the clean-up hangs past ``FORCE_EXIT_AFTER_S``.
-    """
-    state: dict[str, Any] = {"signal": None, "at": 0.0}
-
-    def handler(signum: int, frame: Any) -> None:
-        if state["signal"] is not None:
-            if time.monotonic() - state["at"] > FORCE_EXIT_AFTER_S:
-                err.print("interrupted again: exiting without finishing the clean-up")
-                os._exit(128 + int(state["signal"]))
-            return
-        state["signal"], state["at"] = signum, time.monotonic()
-        from recall_tasks._sync import cancel_all_scopes
-
-        cancel_all_scopes()  # judge calls stop now, not when the exception reaches the flow's chunk loop
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise _Terminated
-
-    if threading.current_thread() is not threading.main_thread():  # signals can only be handled there
-        yield state
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield state
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-#: Notes the CLI printed before the flow; the flow logs them again for deployment runs: not twice on the console.
-_printed_notes: set[str] = set()
-
-
-def _own_warnings_only(record: logging.LogRecord) -> bool:
-    if not record.name.startswith("recall_tasks") or record.levelno < logging.WARNING:
-        return False
-    return record.getMessage() not in _printed_notes
-
-
-@contextlib.contextmanager
-def _quiet_prefect_console(debug: bool) -> Iterator[None]:
-    """Console logging shows only recall-bench's own warnings for the run (``--debug``: everything).
-
-    Flow-run and task-run logs still go to the Prefect API (the UI shows them); the CLI prints its own summary,
-    progress and one-line errors. Without this, a run printed Prefect's state lines and, on any failure, its
-    tracebacks. Only console (stream) handlers are filtered, and only while the run lasts.
-    """
-    handlers: list[logging.Handler] = []
-    if not debug:
-        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
-            for handler in getattr(logger, "handlers", []):
-                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                    if _own_warnings_only not in handler.filters:
-                        handler.addFilter(_own_warnings_only)
-                        handlers.append(handler)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(_own_warnings_only)
 
 
 def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dict[str, Any]:
@@ -345,15 +157,6 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dic
                 highlight=False,
             )
             raise typer.Exit(code=128 + int(sig)) from None
-
-
-def _is_interrupt(exc: BaseException) -> bool:
-    """KeyboardInterrupt, our SIGTERM, Prefect's TerminationSignal, or a chunk's RunInterrupted."""
-    from recall_tasks.errors import RunInterrupted
-
-    if isinstance(exc, KeyboardInterrupt | _Terminated | RunInterrupted):
-        return True
-    return type(exc).__name__ == "TerminationSignal"
 
 
 RUN_FIELDS = RunParams.model_fields
@@ -578,213 +381,9 @@ def _judge_line(params: RunParams) -> str:
     return redact(judge_line(params.judge, params.model, params.base_url))
 
 
-def _detect_format(output: str, storage_option: list[str] | None, storage: Any = None) -> str:
-    """``--format`` when not given: what the tables already at ``output`` are (see results.detect_format)."""
-    from recall_tasks.io.results import detect_format
-    from recall_tasks.io.storage import StorageConfig
-
-    if storage is None:
-        storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
-    return detect_format(output, storage)
-
-
-def _store(output: str, format: str | None, storage_option: list[str] | None) -> Any:
-    """The result store at ``output``; ``format`` None: detected from the tables already there."""
-    from recall_tasks.io.results import ResultStore
-    from recall_tasks.io.storage import StorageConfig
-
-    storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
-    if format is None:
-        format = _detect_format(output, storage_option, storage)
-    elif format not in ("delta", "parquet"):
-        raise ConfigError(f"--format must be delta or parquet, got {format!r}")
-    return ResultStore(output, storage, format)  # type: ignore[arg-type]
-
-
-def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputFormat) -> None:
-    """Run ``sql`` on the read-only connection (see recall_tasks.io.sql) and print at most ``limit`` rows."""
-    import duckdb
-
-    from recall_tasks.cli.output import cut_notice, print_rows
-    from recall_tasks.io.sql import TABLES, connect_readonly, explain_error
-
-    tables = {name: ds for name in TABLES if (ds := store.read_table(name)) is not None}
-    con = connect_readonly(tables)
-    total: int | None = None
-    try:
-        rel = con.sql(sql)
-        if rel is None:
-            return
-        rows: Iterable[Any]
-        if limit <= 0:
-            rows = rel.iter_rows(batch_size=4096)  # streamed: `--limit 0` exports of 1M rows hold one batch
-        else:
-            head = rel.limit(limit + 1).fetchall()
-            if len(head) > limit:
-                head, total = head[:limit], rel.aggregate("count(*)").fetchall()[0][0]
-            rows = head
-        shown = print_rows(rel.columns, rows, fmt, console)
-    except duckdb.Error as exc:
-        raise explain_error(exc, set(tables), output) from None
-    finally:
-        con.close()
-    _print_notice(cut_notice(shown, total if total is not None else shown))
-
-
-LimitOption = Annotated[int, typer.Option(help="Print at most this many rows; 0 for all")]
-
-
-@app.command()
-def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the tables `results`, `runs` and `comparisons`")],
-    output: OutputOption = DEFAULT_OUTPUT,
-    format: FormatOption = None,
-    storage_option: StorageOption = None,
-    limit: LimitOption = 50,
-    output_format: OutputFormatOption = "table",
-) -> None:
-    """Run read-only DuckDB SQL over the result tables and print the answer (files and settings are locked)."""
-    fmt = _output_format(output_format)
-    try:
-        _print_query(_store(output, format, storage_option), output, sql, limit, fmt)
-    except RecallBenchError as exc:
-        _fail(exc)
-
-
-@app.command()
-def history(
-    output: OutputOption = DEFAULT_OUTPUT,
-    dataset: Annotated[str | None, typer.Option(help="Only this dataset")] = None,
-    format: FormatOption = None,
-    storage_option: StorageOption = None,
-    limit: Annotated[int, typer.Option(help="Print the latest runs only, at most this many; 0 for all")] = 30,
-    output_format: OutputFormatOption = "table",
-) -> None:
-    """The series of runs: mean with its 95 % CI, pass rate, judge, and the verdict against each run's baseline.
-
-    csv and json print the raw fields (ISO timestamps, unrounded numbers, verdict and baseline run id apart).
-    """
-    import pyarrow.compute as pc
-
-    from recall_tasks.cli.output import (
-        HISTORY_COLUMNS,
-        HISTORY_FIELDS,
-        cut_notice,
-        history_cells,
-        history_records,
-        print_rows,
-    )
-
-    fmt = _output_format(output_format)
-    try:
-        store = _store(output, format, storage_option)
-        runs_ds = store.read_table("runs")
-        comparisons_ds = store.read_table("comparisons")
-        if runs_ds is None:
-            raise ConfigError(f"no runs recorded under {output}")
-        runs = runs_ds.to_table()
-        if dataset:
-            runs = runs.filter(pc.equal(runs.column("dataset"), dataset))
-            if runs.num_rows == 0:
-                raise ConfigError(f"no runs of dataset {dataset!r} recorded under {output}")
-        comparisons = comparisons_ds.to_table() if comparisons_ds is not None else None
-    except RecallBenchError as exc:
-        _fail(exc)
-    records = history_records(runs, comparisons)
-    shown = records[-limit:] if limit > 0 else records
-    if fmt in ("csv", "json"):
-        print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console)
-    else:
-        print_rows(HISTORY_COLUMNS, (history_cells(r) for r in shown), fmt, console, keep_whole=["run_id"])
-    _print_notice(cut_notice(len(shown), len(records)))
-
-
-@app.command()
-def report(
-    run_id: Annotated[str, typer.Argument(help="The run to report on")],
-    output: OutputOption = DEFAULT_OUTPUT,
-    format: FormatOption = None,
-    storage_option: StorageOption = None,
-    to: Annotated[
-        Path | None, typer.Option("--to", help="Write the HTML to this local file (or folder) instead of --output")
-    ] = None,
-) -> None:
-    """Write a self-contained HTML report of a run (next to the tables, or --to a local path); print where."""
-    from recall_tasks.reports.html import render_run_report, write_report
-
-    try:
-        store = _store(output, format, storage_option)
-        if to is None:
-            where = write_report(store, run_id)
-        else:
-            document = render_run_report(store, run_id)
-            target = to / f"{run_id}.html" if to.is_dir() else to
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(document, encoding="utf-8")
-            except OSError as exc:
-                raise ConfigError(f"--to {to}: cannot write the report: {exc.strerror or exc}") from None
-            where = str(target)
-    except RecallBenchError as exc:
-        _fail(exc)
-    console.print(Text(where), soft_wrap=True)
-
-
-server_app = typer.Typer(
-    no_args_is_help=True,
-    help="The local Prefect server that run and demo use when PREFECT_API_URL is not set.",
-)
-app.add_typer(server_app, name="server")
-
-
-def _server_line(info: Any) -> str:
-    from recall_tasks.cli import server
-
-    return f"UI {info.ui_url}, API {info.api_url} (pid {info.pid}, state {server.state_dir()})"
-
-
-@server_app.command("start")
-def server_start(
-    port: Annotated[
-        int | None, typer.Option(help="Port on 127.0.0.1 (default $RECALL_BENCH_SERVER_PORT or 4250)")
-    ] = None,
-) -> None:
-    """Start the local Prefect server in the background (or report the one running)."""
-    from recall_tasks.cli import server
-
-    try:
-        info, started = server.start(port, on_boot=lambda i: err.print("starting the local Prefect server..."))
-    except RecallBenchError as exc:
-        _fail(exc)
-    console.print(
-        f"local Prefect server {'started' if started else 'already running'}: {_server_line(info)}", soft_wrap=True
-    )
-
-
-@server_app.command("status")
-def server_status() -> None:
-    """Whether the local Prefect server runs (exit 0) or not (exit 1), and its addresses."""
-    from recall_tasks.cli import server
-
-    current = server.status()
-    if os.environ.get("PREFECT_API_URL"):
-        err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
-    if current.info is None:
-        stale = " (removed the record of a server that is gone)" if current.stale_removed else ""
-        console.print(f"local Prefect server: stopped{stale}", soft_wrap=True)
-        raise typer.Exit(code=1)
-    console.print(f"local Prefect server: {current.state}, {_server_line(current.info)}", soft_wrap=True)
-
-
-@server_app.command("stop")
-def server_stop() -> None:
-    """Stop the local Prefect server (its database is kept for the next start)."""
-    from recall_tasks.cli import server
-
-    info = server.stop()
-    console.print(
-        "local Prefect server: not running" if info is None else f"stopped the local Prefect server (pid {info.pid})"
-    )
-
-
+# The commands defined elsewhere, after run and demo: --help lists them in this order.
+app.command()(tables.query)
+app.command()(tables.history)
+app.command()(report.report)
+app.add_typer(server_cmd.server_app, name="server")
 events.register(app)

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from recall_tasks.errors import StorageError
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import COMPARISON_SCHEMA
+from recall_tasks.io.schemas import COMPARISON_SCHEMA, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 
 log = logging.getLogger(__name__)
@@ -41,58 +41,6 @@ Format = Literal["delta", "parquet"]
 
 #: Delta commits retried after a conflict with another run's commit (fresh snapshot, schema merged again).
 COMMIT_ATTEMPTS = 4
-
-RUN_FIELDS: list[pa.Field] = [
-    pa.field("run_id", pa.string(), nullable=False),
-    pa.field("flow_run_id", pa.string()),
-    pa.field("started_at", pa.timestamp("us", tz="UTC")),
-    pa.field("finished_at", pa.timestamp("us", tz="UTC")),
-    pa.field("dataset", pa.string()),
-    pa.field("run_date", pa.string()),
-    pa.field("dataset_uri", pa.string()),
-    pa.field("dataset_fingerprint", pa.string()),
-    pa.field("label", pa.string()),
-    pa.field("index_version", pa.string()),
-    pa.field("metric", pa.string()),
-    pa.field("judge_model", pa.string()),
-    pa.field("prompt_version", pa.string()),
-    pa.field("threshold", pa.float64()),
-    pa.field("scale", pa.float64()),
-    pa.field("segment_column", pa.string()),
-    pa.field("segment_value", pa.string()),
-    pa.field("rows", pa.int64()),
-    pa.field("scored", pa.int64()),
-    pa.field("errors", pa.int64()),
-    pa.field("skipped", pa.int64()),
-    pa.field("cached", pa.int64()),
-    pa.field("mean_score", pa.float64()),
-    pa.field("median_score", pa.float64()),
-    pa.field("p10_score", pa.float64()),
-    pa.field("ci_low", pa.float64()),
-    pa.field("ci_high", pa.float64()),
-    pa.field("pass_rate", pa.float64()),
-    pa.field("prompt_tokens", pa.int64()),
-    pa.field("completion_tokens", pa.int64()),
-    pa.field("requests", pa.int64()),
-    pa.field("cost_usd", pa.float64()),
-    pa.field("mean_context_precision", pa.float64()),
-    pa.field("chunk_use_rate", pa.float64()),
-    pa.field("wall_seconds", pa.float64()),
-    pa.field("status", pa.string()),
-    pa.field("status_reason", pa.string()),
-    pa.field("error_rate", pa.float64()),
-    pa.field("max_error_rate", pa.float64()),
-    pa.field("top_error", pa.string()),
-    pa.field("top_error_count", pa.int64()),
-    pa.field("judge", pa.string()),
-    pa.field("units", pa.string()),
-    pa.field("schema_version", pa.string()),
-    pa.field("splitter_version", pa.string()),
-    pa.field("judge_config", pa.string()),
-    pa.field("row_identity", pa.string()),
-    pa.field("dataset_id", pa.string()),
-]
-RUN_SCHEMA = pa.schema(RUN_FIELDS)
 
 #: Delta data files of ~32 MiB: the writer buffers about one file per partition, which bounds commit memory.
 TARGET_FILE_BYTES = 32 * 1024 * 1024

@@ -1,7 +1,7 @@
-"""The result tables' schemas: per-row results (and chunk files), comparisons; pass-through column names.
+"""The result tables' schemas: per-row results (and chunk files), runs, comparisons; pass-through column names.
 
-Storage facts, so they live in the storage layer: the scorer fills these columns, the result store writes them,
-the regression check and the reports read them. The ``runs`` table's schema is in :mod:`~recall_tasks.io.results`.
+Storage facts, so they live in the storage layer: the scorer fills these columns, the result store
+(:mod:`~recall_tasks.io.results`) writes them, the regression check and the reports read them.
 """
 
 from __future__ import annotations
@@ -91,3 +91,56 @@ COMPARISON_SCHEMA = pa.schema(
     ]
 )
 """Schema of the ``comparisons`` table: one overall row (segment columns null) plus one per segment value."""
+
+RUN_FIELDS: list[pa.Field] = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("flow_run_id", pa.string()),
+    pa.field("started_at", pa.timestamp("us", tz="UTC")),
+    pa.field("finished_at", pa.timestamp("us", tz="UTC")),
+    pa.field("dataset", pa.string()),
+    pa.field("run_date", pa.string()),
+    pa.field("dataset_uri", pa.string()),
+    pa.field("dataset_fingerprint", pa.string()),
+    pa.field("label", pa.string()),
+    pa.field("index_version", pa.string()),
+    pa.field("metric", pa.string()),
+    pa.field("judge_model", pa.string()),
+    pa.field("prompt_version", pa.string()),
+    pa.field("threshold", pa.float64()),
+    pa.field("scale", pa.float64()),
+    pa.field("segment_column", pa.string()),
+    pa.field("segment_value", pa.string()),
+    pa.field("rows", pa.int64()),
+    pa.field("scored", pa.int64()),
+    pa.field("errors", pa.int64()),
+    pa.field("skipped", pa.int64()),
+    pa.field("cached", pa.int64()),
+    pa.field("mean_score", pa.float64()),
+    pa.field("median_score", pa.float64()),
+    pa.field("p10_score", pa.float64()),
+    pa.field("ci_low", pa.float64()),
+    pa.field("ci_high", pa.float64()),
+    pa.field("pass_rate", pa.float64()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("completion_tokens", pa.int64()),
+    pa.field("requests", pa.int64()),
+    pa.field("cost_usd", pa.float64()),
+    pa.field("mean_context_precision", pa.float64()),
+    pa.field("chunk_use_rate", pa.float64()),
+    pa.field("wall_seconds", pa.float64()),
+    pa.field("status", pa.string()),
+    pa.field("status_reason", pa.string()),
+    pa.field("error_rate", pa.float64()),
+    pa.field("max_error_rate", pa.float64()),
+    pa.field("top_error", pa.string()),
+    pa.field("top_error_count", pa.int64()),
+    pa.field("judge", pa.string()),
+    pa.field("units", pa.string()),
+    pa.field("schema_version", pa.string()),
+    pa.field("splitter_version", pa.string()),
+    pa.field("judge_config", pa.string()),
+    pa.field("row_identity", pa.string()),
+    pa.field("dataset_id", pa.string()),
+]
+RUN_SCHEMA = pa.schema(RUN_FIELDS)
+"""Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value."""

@@ -123,10 +123,8 @@ class Metric:
         ]
         attributed = sum(v.verdict == "yes" for v in verdicts)
         total = len(verdicts)
-        if self.strict_mode:
-            score = self.scale if attributed == total else 0.0
-        else:
-            score = attributed / total * self.scale
+        all_or_nothing = self.scale if attributed == total else 0.0
+        score = all_or_nothing if self.strict_mode else attributed / total * self.scale
         use = None
         if self.task == "contextual_recall":
             use = chunk_use((v.chunk_ids for v in verdicts if v.verdict == "yes"), prepared.context_count)

@@ -1,17 +1,11 @@
 """The steps of a benchmark run as plain functions; ``flows/recall_flow.py`` only orchestrates them.
 
 ``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
-judge configuration and reachability, the baseline reference) before any judge call or write; ``preflight``
-runs the same checks for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its
-results. ``commit_run`` aggregates the staged results, commits them and the run rows at once, and decides the
-run's status:
-
-- ``failed`` when more than ``max_error_rate`` of the assessed rows (rows minus those not assessed under
-  ``on_missing=skip``) ended with an error, or when judging was stopped by an outage: the tables are still
-  committed (nothing lost, the errored rows visible), a failed run is never a baseline, and the flow then
-  raises :class:`RunFailed` (CLI exit 4);
-- ``budget_exhausted`` when ``--max-requests`` / ``--max-cost-usd`` stopped judging;
-- ``completed`` otherwise; a regressed run is a completed run (the verdict is separate, see ``tracking``).
+judge configuration and reachability, the baseline reference: :func:`check_run`, the checks themselves in
+:mod:`~recall_tasks.pipeline.checks`) before any judge call or write; ``preflight`` runs the same checks for
+the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results. ``commit_run``
+aggregates the staged results, commits them and the run rows at once, with the run's status decided by
+:func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``, ``budget_exhausted`` or ``completed``).
 """
 
 from __future__ import annotations
@@ -34,27 +28,28 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
-from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
+from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.datasets import (
-    Dataset,
-    RowBlock,
-    iter_blocks,
-    open_dataset,
-    parse_column_overrides,
-    stored_type,
-    type_name,
-)
+from recall_tasks.io.datasets import Dataset, RowBlock, iter_blocks, open_dataset, parse_column_overrides
 from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
-from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
-from recall_tasks.io.storage import StorageConfig, join_uri, location_of, normalize_uri, overlap
+from recall_tasks.io.schemas import CHUNK_FIELDS
+from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
+from recall_tasks.pipeline.checks import (
+    Checked,
+    check_baseline_reference,
+    check_context_source,
+    check_output_location,
+    check_results_schema,
+    check_segments,
+)
+from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
+from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.scoring import NOT_JUDGED, Budget, CircuitBreaker, metric_fingerprint, score_block
 from recall_tasks.sentences import SPLITTER_VERSION
 
@@ -210,67 +205,6 @@ def _run_key(params: RunParams, dataset: Dataset) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def check_output_location(params: RunParams) -> None:
-    """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results').
-
-    Tables written among the dataset's files would be read as data by the next run (and a dataset folder
-    inside the output can be overwritten by it).
-    """
-    out = normalize_uri(params.output_uri)
-    for what, uri in (("dataset", params.dataset_uri), ("retrieval results", params.retrieval_uri)):
-        if not uri:
-            continue
-        relation = overlap(out, location_of(uri))
-        if relation is not None:
-            said = {"equal": "is", "inside": "is inside", "contains": "contains"}[relation]
-            raise ConfigError(
-                f"--output {params.output_uri} {said} the {what} location {uri}: results would be written among "
-                f"the {what}'s files; choose an output folder of its own"
-            )
-
-
-def check_baseline_reference(params: RunParams, store: ResultStore, dataset: Dataset) -> None:
-    """An explicit ``--baseline`` (run id or label) must name a usable run before anything is judged."""
-    spec = (params.baseline or "").strip()
-    if not spec or spec.lower() == "latest":
-        return
-    runs = store.read_table("runs")
-    if runs is None:
-        raise ConfigError(
-            f"--baseline {spec}: no runs are recorded under {params.output_uri} yet; "
-            "use --baseline latest (the default) or none"
-        )
-    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec, dataset_id=dataset.identity)
-
-
-@dataclass
-class Checked:
-    """What the checks before a run produced (and what they noted without stopping it)."""
-
-    storage: StorageConfig
-    dataset: Dataset
-    store: ResultStore
-    metric: Metric
-    segments: list[str]
-    retriever: Retriever | None
-    retrieval: RetrievalResults | None
-    notes: list[str] = field(default_factory=list)
-    trace: TraceContext | None = None
-
-
-def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:
-    """``--context-from`` / ``--context-extractor``: one source of contexts at most; the extractor loaded."""
-    if not (params.context_from or params.context_extractor):
-        if "messages" in parse_column_overrides(params.columns):
-            raise ConfigError("--column messages=NAME needs --context-from or --context-extractor")
-        return None
-    given = [o for o, v in (("--context-from", params.context_from), ("--context-extractor", params.context_extractor),
-             ("--retriever", params.retriever), ("--retrieval-uri", params.retrieval_uri)) if v]  # fmt: skip
-    if len(given) > 1:
-        raise ConfigError(f"{' and '.join(given)} both supply the retrieval context: give one")
-    return TraceContext.from_options(params.context_from, params.context_extractor, dataset.columns["messages"])
-
-
 def check_run(params: RunParams) -> Checked:
     """Every check that can fail a run, in order of cost, before any judge call or write.
 
@@ -289,28 +223,13 @@ def check_run(params: RunParams) -> Checked:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     retriever = load_retriever(params.retriever) if params.retriever else None
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
-    segments = []
-    for col in params.segment_by:
-        if col not in dataset.passthrough:
-            available = ", ".join(dataset.passthrough) or "none"
-            raise DatasetError(
-                f"--segment-by {col}: not a pass-through column; available: {available}",
-                uri=params.dataset_uri, column=col,
-            )  # fmt: skip
-        typ = dataset.passthrough_types[col]
-        if pa.types.is_nested(typ):
-            raise DatasetError(
-                f"--segment-by {col}: a {type_name(typ)} column cannot segment a run; segment by a text, number, "
-                "boolean or date column",
-                uri=dataset.files[0].uri, column=col,
-            )  # fmt: skip
-        segments.append(passthrough_name(col))
+    segments = check_segments(params, dataset)
     try:
         store = ResultStore(params.output_uri, storage, params.format)
     except (ValueError, ImportError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
-    _check_results_schema(dataset, store)
+    check_results_schema(dataset, store)
     check_baseline_reference(params, store, dataset)
     judge = make_judge(params)
     notes = []
@@ -442,46 +361,6 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
-
-
-def _check_results_schema(dataset: Dataset, store: ResultStore) -> None:
-    """A pass-through column must have the type the existing ``results`` table has under its name.
-
-    Checked before judging: Delta's schema merge would refuse the commit after every row was paid for. Names
-    are compared ignoring case (Delta's rule); timestamps compare by unit and by having a time zone or not
-    (Delta stores instants in UTC).
-    """
-    existing = store.read_table("results")
-    if existing is None:
-        return
-    by_lower = {f.name.lower(): f for f in existing.schema}
-    for col in dataset.passthrough:
-        name, typ = passthrough_name(col), dataset.passthrough_types[col]
-        old = by_lower.get(name.lower())
-        if old is None:
-            continue
-        if old.name != name:
-            raise DatasetError(
-                f"pass-through column stored as {name!r}, but the results table {store.results_uri} has "
-                f"{old.name!r}, which differs only in case: rename the column or write to another --output",
-                uri=dataset.files[0].uri, column=col,
-            )  # fmt: skip
-        if _comparable(old.type) != _comparable(typ):
-            raise DatasetError(
-                f"pass-through column is {type_name(typ)}, but the results table {store.results_uri} has "
-                f"{old.name!r} as {type_name(old.type)}: cast the column, rename it, or write to another --output",
-                uri=dataset.files[0].uri, column=col,
-            )  # fmt: skip
-
-
-def _comparable(t: pa.DataType) -> str:
-    try:
-        t = stored_type(t)
-    except ValueError:
-        pass
-    if pa.types.is_timestamp(t) and t.tz:
-        t = pa.timestamp(t.unit, tz="UTC")
-    return type_name(t)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -639,42 +518,6 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
         "row_identity": plan.dataset.row_identity,
         "dataset_id": plan.dataset.identity,
     }
-
-
-def dominant_error(table: pa.Table) -> tuple[str | None, int]:
-    """The most frequent error text of a run's rows and how many rows have it."""
-    errors = table.column("error").drop_null()
-    if len(errors) == 0:
-        return None, 0
-    top = pc.value_counts(errors).to_pylist()
-    best = max(top, key=lambda item: item["counts"])
-    return str(best["values"]), int(best["counts"])
-
-
-def run_outcome(plan: RunPlan, table: pa.Table, stats: dict[str, Any]) -> dict[str, Any]:
-    """Status, reason, error rate and dominant error of a run (see the module docstring for the rules)."""
-    assessed = stats["rows"] - stats["skipped"]
-    rate = stats["errors"] / assessed if assessed else 0.0
-    top, top_count = dominant_error(table)
-    limit = plan.params.max_error_rate
-    budget_reason = plan.budget.exhausted_reason if plan.budget else None
-    breaker = getattr(plan, "breaker", None)
-    breaker_reason = getattr(breaker, "tripped_reason", None)
-    status, reason = "completed", None
-    if breaker_reason:
-        status, reason = "failed", breaker_reason
-    elif rate > limit:
-        status = "failed"
-        reason = (
-            f"{stats['errors']} of {assessed} assessed rows ended with an error ({rate:.1%}, above "
-            f"--max-error-rate {limit:g})"
-        )
-    elif budget_reason:
-        status, reason = "budget_exhausted", budget_reason
-    return {
-        "status": status, "status_reason": reason, "error_rate": rate, "max_error_rate": limit,
-        "top_error": top, "top_error_count": top_count,
-    }  # fmt: skip
 
 
 def release_judge(judge: Judge) -> None:

@@ -8,370 +8,27 @@ errors render as dashes and short notes instead of failing.
 
 :func:`write_report` reads the tables of a :class:`~recall_tasks.io.results.ResultStore` (only the run's own result
 rows) and writes ``<output>/reports/<run_id>.html``.
+
+What is shown is read and selected in :mod:`~recall_tasks.reports.run_data`; the sections' HTML and SVG are drawn in
+:mod:`~recall_tasks.reports.html_sections`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import html
-import math
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import join_uri, translate_storage_error
-from recall_tasks.reports.formatting import DASH, fmt_number
+from recall_tasks.reports import html_sections as sections
+from recall_tasks.reports import run_data
+from recall_tasks.reports.html_sections import BINS
 
 __all__ = ["BINS", "render_report", "render_run_report", "write_report"]
-
-BINS = 10
-"""Number of histogram bins over ``[0, scale]``."""
-
-VERDICT_COLORS = {
-    "regressed": "#c62828", "improved": "#2e7d32", "unchanged": "#546e7a", "no_overlap": "#8d6e00",
-    "incomparable": "#6a1b9a",
-}  # fmt: skip
-SERIES_COLORS = ("#5c8dd6", "#e65100", "#2e7d32", "#6a1b9a", "#00838f", "#8d6e00")
-_RESULT_COLUMNS = (
-    "run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason",
-    "source_file", "source_row", "content_hash",
-)  # fmt: skip
-
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;color:#222;max-width:1000px;margin:24px auto;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-.meta{color:#555}.meta b{color:#222}code{background:#f3f3f3;padding:0 3px;border-radius:3px}.warn{color:#8d6e00}
-.figures{display:flex;flex-wrap:wrap;gap:10px;margin:14px 0}.fig .k{color:#666;font-size:12px}
-.fig{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:100px}.fig .v{font-size:20px;font-weight:600}
-.badge{display:inline-block;color:#fff;border-radius:4px;padding:2px 10px;font-weight:700;letter-spacing:.04em}
-table{border-collapse:collapse;width:100%}th{background:#f6f6f6}.err{color:#c62828}.muted{color:#777}
-th,td{border-bottom:1px solid #eee;padding:4px 8px;text-align:left;vertical-align:top}ul.miss{margin:0}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}svg text{font-size:11px;fill:#444}
-.bar{fill:#5c8dd6}.line{fill:none;stroke:#5c8dd6;stroke-width:1.5}.whisker{stroke:#888;stroke-width:1.2}
-.point{fill:#5c8dd6}.point.current{fill:#e65100;stroke:#222}.grid{stroke:#eee}.axis{stroke:#999}
-text.current{font-weight:700;fill:#e65100}text.axis-label{fill:#666;font-style:italic}
-.legend{margin-right:14px;white-space:nowrap}.swatch{display:inline-block;width:10px;height:10px;margin-right:4px}
-ol.chunks{margin:4px 0 0;padding-left:22px;color:#444}ol.chunks li.used{color:#2e7d32}
-"""
-
-
-def _e(value: object) -> str:
-    """Escaped text of a data value (a dash for None)."""
-    return DASH if value is None else html.escape(str(value))
-
-
-def _num(value: object) -> float | None:
-    """A finite float, or None (None, NaN, infinities and non-numbers)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(cast(float, value)) if ok else None
-
-
-def _fmt(value: object, spec: str = ".3f") -> str:
-    """A number formatted with ``spec``, or a dash when it is missing or not finite."""
-    return fmt_number(_num(value), spec)
-
-
-def _ci(low: object, high: object) -> str:
-    lo, hi = _num(low), _num(high)
-    return "CI n/a" if lo is None or hi is None else f"95 % CI [{lo:.3f}, {hi:.3f}]"
-
-
-def _when(value: object) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if isinstance(value, dt.datetime) else str(value or DASH)
-
-
-def _clip(text: object, limit: int) -> str:
-    """Escaped text cut to ``limit`` characters (cut before escaping, so no entity is broken)."""
-    return _e(text if len(s := str(text)) <= limit else s[: limit - 1] + "…")
-
-
-def _ts(value: object) -> float:
-    return value.timestamp() if isinstance(value, dt.datetime) else -math.inf
-
-
-def _scores(table: pa.Table) -> np.ndarray:
-    """Scores as float64 (null -> NaN); empty when the column is missing."""
-    if "score" not in table.column_names or table.num_rows == 0:
-        return np.full(table.num_rows, np.nan)
-    return np.asarray(pc.cast(table.column("score"), pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
-
-
-def _flags(table: pa.Table, name: str, valid: bool = False) -> np.ndarray:
-    """Per row: the boolean column ``name`` is true (or, with ``valid``, not null); all False when it is missing."""
-    if name not in table.column_names:
-        return np.zeros(table.num_rows, dtype=bool)
-    col = pc.is_valid(table.column(name)) if valid else pc.fill_null(pc.cast(table.column(name), pa.bool_()), False)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _computed_figures(table: pa.Table, scores: np.ndarray) -> dict[str, Any]:
-    """Headline figures from the result rows, used where the runs row has none (None for a missing column)."""
-    valid, names = scores[np.isfinite(scores)], table.column_names
-    count = {k: int(_flags(table, k, k == "error").sum()) for k in ("error", "skipped", "cached") if k in names}
-    success = None
-    if "success" in table.column_names and table.column("success").null_count < table.num_rows:
-        success = pc.mean(pc.cast(pc.drop_null(table.column("success")), pa.float64())).as_py()
-    return {
-        "rows": table.num_rows, "scored": int(valid.size), "errors": count.get("error"),
-        "skipped": count.get("skipped"), "cached": count.get("cached"),
-        "mean_score": float(valid.mean()) if valid.size else None, "pass_rate": success,
-    }  # fmt: skip
-
-
-def _worst_rows(table: pa.Table, scores: np.ndarray, limit: int) -> list[dict[str, Any]]:
-    """Errors first, then scored rows lowest first, then other unscored rows (stable within each group)."""
-    if table.num_rows == 0 or limit <= 0:
-        return []
-    scored = np.isfinite(scores)
-    rank = np.where(_flags(table, "error", valid=True), 0, np.where(scored, 1, 2))
-    order = np.lexsort((np.where(scored, scores, np.inf), rank))[:limit]
-    columns = [c for c in _RESULT_COLUMNS if c in table.column_names and c != "run_id"]
-    return cast(list[dict[str, Any]], table.select(columns).take(pa.array(order)).to_pylist())
-
-
-def _header(run: dict[str, Any], figures: dict[str, Any]) -> str:
-    dataset = run.get("dataset") or "unknown dataset"
-    meta = [
-        f"run <code>{_e(run['run_id'])}</code>",
-        f"label <b>{_e(run.get('label'))}</b>",
-        f"index version <b>{_e(run.get('index_version'))}</b>",
-        f"metric <b>{_e(run.get('metric'))}</b>",
-        f"judge <b>{_e(run.get('judge_model'))}</b> (prompt {_e(run.get('prompt_version'))})",
-        f"started {_e(_when(run.get('started_at')))}",
-        f"finished {_e(_when(run.get('finished_at')))}",
-    ]
-    cards = [
-        (_fmt(figures["mean_score"]), f"mean score, {_ci(run.get('ci_low'), run.get('ci_high'))}"),
-        (_fmt(figures["pass_rate"], ".1%"), f"pass rate at threshold {_fmt(run.get('threshold'), 'g')}"),
-        *[(_e(figures[k]), k) for k in ("rows", "scored", "errors", "skipped", "cached")],
-    ]
-    out = [f"<h1>Contextual recall – {_e(dataset)}</h1>", f'<p class="meta">{" · ".join(meta)}</p>']
-    if run.get("status") not in (None, "ok", "success", "completed"):
-        out.append(f'<p class="warn">status {_e(run.get("status"))}: {_e(run.get("status_reason"))}</p>')
-    cells = "".join(f'<div class="fig"><div class="v">{v}</div><div class="k">{k}</div></div>' for v, k in cards)
-    out.append(f'<div class="figures">{cells}</div>')
-    return "\n".join(out)
-
-
-def _verdict(cmp: dict[str, Any] | None) -> str:
-    if cmp is None:
-        return '<h2>Regression check</h2>\n<p class="muted">First run of its series: no baseline to compare with.</p>'
-    verdict = str(cmp.get("verdict") or "unknown")
-    color = VERDICT_COLORS.get(verdict, "#546e7a")
-    delta = _num(cmp.get("mean_delta"))
-    out = [
-        "<h2>Regression check</h2>",
-        f'<p><span class="badge" style="background:{color}">{_e(verdict.upper().replace("_", " "))}</span> '
-        f"vs baseline <code>{_e(cmp.get('baseline_run_id'))}</code></p>",
-        f"<p>mean delta <b>{_fmt(delta, '+.3f')}</b> "
-        f"({_ci(cmp.get('ci_low'), cmp.get('ci_high'))}); mean {_fmt(cmp.get('mean_current'))} vs "
-        f"{_fmt(cmp.get('mean_baseline'))} over {_e(cmp.get('n_paired'))} paired rows; "
-        f"flips pass→fail {_e(cmp.get('flips_pass_to_fail'))}, fail→pass {_e(cmp.get('flips_fail_to_pass'))} "
-        f"(McNemar p = {_fmt(cmp.get('mcnemar_p'), '.3g')})</p>",
-    ]
-    if cmp.get("reason"):
-        out.append(f'<p class="warn">Incomparable: {_e(cmp.get("reason"))}</p>')
-    elif cmp.get("like_for_like") is False:
-        out.append('<p class="warn">Not like for like: judge, prompt, metric or dataset differ from the baseline.</p>')
-    return "\n".join(out)
-
-
-def _drops(drops: list[dict[str, Any]]) -> str:
-    """The paired rows that lost most against the baseline, with the sentences their context no longer supports."""
-    if not drops:
-        return ""
-    head = "<tr><th>row id</th><th>baseline → current</th><th>delta</th><th>lost sentences</th></tr>"
-    body = []
-    for d in drops:
-        lost = d.get("lost") or []
-        detail = '<ul class="miss">' + "".join(f"<li>{_clip(x, 400)}</li>" for x in lost) + "</ul>" if lost else DASH
-        body.append(
-            f"<tr><td><code>{_e(d.get('row_id'))}</code></td>"
-            f'<td class="num">{_fmt(d.get("score_baseline"))} → {_fmt(d.get("score_current"))}</td>'
-            f'<td class="num err">{_fmt(d.get("delta"), "+.3f")}</td><td>{detail}</td></tr>'
-        )
-    return "<h2>Largest drops vs baseline</h2>\n<table>" + head + "".join(body) + "</table>"
-
-
-def _histogram(scores: np.ndarray, scale: float, figures: dict[str, Any]) -> str:
-    valid = scores[np.isfinite(scores)]
-    counts = np.zeros(BINS, dtype=int)
-    if valid.size:
-        idx = np.clip(np.floor(valid / scale * BINS + 1e-9), 0, BINS - 1).astype(int)
-        counts = np.bincount(idx, minlength=BINS)
-    width, height, left, top, bottom = 560, 200, 40, 14, 30
-    plot_w, plot_h = width - left - 10, height - top - bottom
-    peak, bw = max(int(counts.max()), 1), plot_w / BINS
-    out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
-    out += [
-        f'<text x="{left - 4}" y="{y}" text-anchor="end">{n}</text>' for y, n in ((top + 4, peak), (top + plot_h, 0))
-    ]
-    for i, c in enumerate(counts):
-        h = plot_h * int(c) / peak
-        x, y = left + i * bw + 1, top + plot_h - h
-        span = f"[{scale * i / BINS:.3g}, {scale * (i + 1) / BINS:.3g}{']' if i == BINS - 1 else ')'}"
-        out.append(
-            f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{h:.1f}">'
-            f"<title>{span}: {int(c)} rows</title></rect>"
-        )
-        if c:
-            out.append(f'<text x="{x + bw / 2 - 1:.1f}" y="{y - 2:.1f}" text-anchor="middle">{int(c)}</text>')
-    out += [f'<text x="{left + i * bw:.1f}" y="{height - 6}" text-anchor="middle">{scale * i / BINS:.3g}</text>'
-            for i in range(0, BINS + 1, 2)]  # fmt: skip
-    out.append(f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>')
-    out.append(f'<text class="axis-label" x="{left + plot_w / 2:.0f}" y="{height}" text-anchor="middle">score</text>')
-    out.append(f'<text class="axis-label" x="10" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
-               f'transform="rotate(-90 10 {top + plot_h / 2:.0f})">rows</text>')  # fmt: skip
-    out.append("</svg>")
-    note = f"{int(valid.size)} scored rows in {BINS} bins over [0, {scale:g}]; not shown: "
-    note += f"{_e(figures['errors'])} errored, {_e(figures['skipped'])} skipped."
-    return "<h2>Score distribution</h2>\n" + "\n".join(out) + f'\n<p class="muted">{note}</p>'
-
-
-def _trend(series: list[dict[str, Any]], run_id: str) -> str:
-    values = [v for r in series for k in ("mean_score", "ci_low", "ci_high") if (v := _num(r.get(k))) is not None]
-    if not values:
-        return '<h2>Trend</h2>\n<p class="muted">No scored runs of this dataset and metric to chart.</p>'
-    lo, hi = min(values), max(values)
-    pad = max((hi - lo) * 0.15, 0.02 * max(abs(hi), 1.0))
-    y0, y1 = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
-    width, height, left, top, bottom = 640, 260, 56, 12, 88
-    plot_w, plot_h = width - left - 12, height - top - bottom
-    step = plot_w / len(series)
-
-    def y(v: float) -> float:
-        return top + plot_h * (1 - (v - y0) / (y1 - y0))
-
-    out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
-    for k in range(5):
-        v = y0 + (y1 - y0) * k / 4
-        out.append(f'<line class="grid" x1="{left}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}"/>'
-                   f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')  # fmt: skip
-    configs: dict[tuple[Any, ...], int] = {}
-    lines: dict[int, list[str]] = {}
-    marks: list[str] = []
-    for i, r in enumerate(series):
-        x, current = left + step * (i + 0.5), r["run_id"] == run_id
-        k = configs.setdefault(_config_key(r), len(configs))
-        color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        mean, ci_lo, ci_hi = _num(r.get("mean_score")), _num(r.get("ci_low")), _num(r.get("ci_high"))
-        if ci_lo is not None and ci_hi is not None:
-            marks.append(f'<line class="whisker" x1="{x:.1f}" y1="{y(ci_lo):.1f}" x2="{x:.1f}" y2="{y(ci_hi):.1f}"/>')
-        if mean is not None:
-            lines.setdefault(k, []).append(f"{x:.1f},{y(mean):.1f}")
-            tip = f"{r['run_id']}: mean {mean:.3f}, {_ci(ci_lo, ci_hi)}, started {_when(r.get('started_at'))}"
-            marks.append(
-                f'<circle class="point{" current" if current else ""}" style="fill:{color}" cx="{x:.1f}" '
-                f'cy="{y(mean):.1f}" r="{6 if current else 4}"><title>{_e(tip)}</title></circle>'
-            )
-        rid, ty = str(r["run_id"]), top + plot_h + 12
-        name = str(r.get("label") or (rid if len(rid) <= 12 else f"{rid[:8]}…{rid[-6:]}"))  # date…suffix
-        klass = ' class="current"' if current else ""
-        out.append(f'<text{klass} x="{x:.1f}" y="{ty}" text-anchor="end" '
-                   f'transform="rotate(-35 {x:.1f} {ty})">{_clip(name, 16)}</text>')  # fmt: skip
-    for k, points in lines.items():
-        if len(points) >= 2:  # one line per judge configuration: runs of different judges are never joined
-            color = SERIES_COLORS[k % len(SERIES_COLORS)]
-            out.append(f'<polyline class="line" style="stroke:{color}" points="{" ".join(points)}"/>')
-    out += marks
-    out.append(f'<text class="axis-label" x="12" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
-               f'transform="rotate(-90 12 {top + plot_h / 2:.0f})">mean score</text>')  # fmt: skip
-    out.append(f'<text class="axis-label" x="{left + plot_w / 2:.0f}" y="{height - 4}" text-anchor="middle">'
-               "run (label), oldest first</text>")  # fmt: skip
-    out.append("</svg>")
-    legend = "".join(
-        f'<span class="legend"><span class="swatch" style="background:{SERIES_COLORS[k % len(SERIES_COLORS)]}">'
-        f"</span>{_e(_config_name(key))}</span>"
-        for key, k in configs.items()
-    )
-    note = f"Last {len(series)} run(s) of this dataset and metric; mean with 95 % CI, this run highlighted."
-    if len(configs) > 1:
-        note += " One series per judge configuration: their scores are not comparable."
-    return "<h2>Trend</h2>\n" + "\n".join(out) + f'\n<p class="muted">{legend}<br>{note}</p>'
-
-
-def _config_key(run: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two runs' scores comparable, as far as the trend is concerned (see analysis/comparability.py)."""
-    return tuple(run.get(k) for k in ("judge", "judge_model", "prompt_version", "threshold", "scale", "units"))
-
-
-def _config_name(key: tuple[Any, ...]) -> str:
-    judge, model, prompt, threshold, scale, units = key
-    name = f"{model or judge or '?'} (prompt {prompt or '?'})"
-    return name + (f", threshold {threshold:g}" if isinstance(threshold, int | float) else "")
-
-
-def _segments(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str, Any]]) -> str:
-    if not rows:
-        return ""
-    head = "<tr><th>column</th><th>value</th><th>rows</th><th>mean</th><th>CI</th><th>pass rate</th>"
-    head += "<th>vs baseline</th></tr>" if deltas else "</tr>"
-    body = []
-    for r in rows:
-        value = "(null)" if r.get("segment_value") is None else r.get("segment_value")
-        cells = (
-            f'<td>{_e(r.get("segment_column"))}</td><td>{_e(value)}</td><td class="num">{_e(r.get("rows"))}</td>'
-            f'<td class="num">{_fmt(r.get("mean_score"))}</td>'
-            f'<td class="num">{_ci(r.get("ci_low"), r.get("ci_high"))}</td>'
-            f'<td class="num">{_fmt(r.get("pass_rate"), ".1%")}</td>'
-        )
-        if deltas:
-            d = deltas.get((r.get("segment_column"), r.get("segment_value")))
-            delta = None if d is None else _num(d.get("mean_delta"))
-            text = DASH if d is None else f"{_e(d.get('verdict'))} ({_fmt(delta, '+.3f')})"
-            color = VERDICT_COLORS.get(str(d.get("verdict"))) if d and d.get("verdict") != "unchanged" else None
-            style = f' style="color:{color};font-weight:600"' if color else ""
-            cells += f'<td class="num"{style}>{text}</td>'
-        body.append(f"<tr>{cells}</tr>")
-    return "<h2>Segments</h2>\n<table>" + head + "".join(body) + "</table>"
-
-
-def _worst(rows: list[dict[str, Any]], has_input: bool) -> str:
-    if not rows:
-        return '<h2>Worst rows</h2>\n<p class="muted">No result rows for this run.</p>'
-    head = "<tr><th>row id</th>" + ("<th>question</th>" if has_input else "") + "<th>score</th><th>detail</th></tr>"
-    body = []
-    for r in rows:
-        if r.get("error") is not None:
-            score, detail = '<span class="err">error</span>', f'<span class="err">{_clip(r["error"], 500)}</span>'
-        else:
-            score = "skipped" if _num(r.get("score")) is None and r.get("skipped") else _fmt(r.get("score"))
-            detail = _row_detail(r)
-        question = f"<td>{_clip(r.get('input') or '', 300)}</td>" if has_input else ""
-        body.append(f"<tr><td><code>{_e(r.get('row_id'))}</code></td>{question}<td class=\"num\">{score}</td>"
-                    f"<td>{detail}</td></tr>")  # fmt: skip
-    return "<h2>Worst rows</h2>\n<table>" + head + "".join(body) + "</table>"
-
-
-def _row_detail(row: dict[str, Any]) -> str:
-    """Each sentence with the judge's verdict and reason, then the retrieved chunks (those cited marked)."""
-    verdicts = row.get("verdicts") or []
-    items = []
-    cited: set[int] = set()
-    for v in verdicts:
-        ok = str(v.get("verdict")).lower() == "yes"
-        ids = [int(i) for i in v.get("chunk_ids") or []]
-        cited.update(ids)
-        where = f" (chunk {', '.join(map(str, ids))})" if ok and ids else ""
-        reason = f' <span class="muted">– {_clip(v.get("reason"), 200)}</span>' if v.get("reason") else ""
-        mark = "✓" if ok else '<span class="err">✗</span>'
-        items.append(f"<li>{mark} {_clip(v.get('statement'), 400)}{where}{reason}</li>")
-    out = '<ul class="miss">' + "".join(items) + "</ul>" if items else ""
-    if not items and row.get("reason"):
-        out = f'<span class="muted">{_clip(row["reason"], 300)}</span>'
-    chunks = row.get("chunks")
-    if chunks:
-        lis = "".join(f"<li{' class=used' if i in cited else ''}>{_clip(c, 300)}</li>" for i, c in enumerate(chunks, 1))
-        out += f'<div class="muted">retrieved chunks:</div><ol class="chunks">{lis}</ol>'
-    elif "chunks" in row and verdicts:
-        out += '<div class="muted">retrieved chunks: not available (the dataset changed since, or contexts came from a '
-        out += "retriever)</div>"
-    return out or DASH
 
 
 def render_report(
@@ -395,127 +52,27 @@ def render_report(
     all_runs = runs.to_pylist()
     overall = [r for r in all_runs if r.get("segment_column") is None]
     run: dict[str, Any] = next((r for r in reversed(overall) if r["run_id"] == run_id), {"run_id": run_id})
-    scores = _scores(results)
-    computed = _computed_figures(results, scores)
+    scores = run_data.result_scores(results)
+    computed = run_data.computed_figures(results, scores)
     figures = {k: run.get(k) if run.get(k) is not None else v for k, v in computed.items()}
     finite = scores[np.isfinite(scores)]
-    scale = _num(run.get("scale")) or 0.0
+    scale = sections.finite(run.get("scale")) or 0.0
     scale = scale if scale > 0 else max(1.0, float(finite.max()) if finite.size else 1.0)
-
-    key = (run.get("dataset"), run.get("metric"))
-    series = {r["run_id"]: r for r in overall if (r.get("dataset"), r.get("metric")) == key}
-    ordered = sorted(series.values(), key=lambda r: (_ts(r.get("started_at")), str(r["run_id"])))
-    at = next((i for i, r in enumerate(ordered) if r["run_id"] == run_id), None)
-    trend = [] if at is None else ordered[max(0, at + 1 - max(1, history)) : at + 1]
-
-    cmp: dict[str, Any] | None = None
-    deltas: dict[tuple[Any, Any], dict[str, Any]] = {}
-    if comparisons is not None and comparisons.num_rows and "current_run_id" in comparisons.column_names:
-        mine = comparisons.filter(pc.equal(comparisons.column("current_run_id"), run_id)).to_pylist()
-        mine.sort(key=lambda r: _ts(r.get("compared_at")))
-        tops = [r for r in mine if r.get("segment_column") is None]
-        cmp = tops[-1] if tops else None
-        if cmp is not None:
-            same = [r for r in mine if r.get("comparison_id") == cmp.get("comparison_id") and r.get("segment_column")]
-            deltas = {(r.get("segment_column"), r.get("segment_value")): r for r in same}
-
-    segments = sorted(
-        (r for r in all_runs if r["run_id"] == run_id and r.get("segment_column") is not None),
-        key=lambda r: (str(r.get("segment_column")), r.get("segment_value") is None, str(r.get("segment_value"))),
-    )
+    cmp, deltas = run_data.latest_comparison(comparisons, run_id)
+    worst_rows = run_data.with_chunks(run_data.worst_result_rows(results, scores, worst), chunks)
     title = f"Recall report – {run.get('dataset') or 'unknown dataset'} – {run_id}"
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        _header(run, figures),
-        _verdict(cmp),
-        _histogram(scores, scale, figures),
-        _trend(trend, run_id),
-        _drops(drops or []),
-        _segments(segments, deltas),
-        _worst(_with_chunks(_worst_rows(results, scores, worst), chunks), "input" in results.column_names),
-        "</body></html>",
-    ]
-    return "\n".join(p for p in parts if p) + "\n"
-
-
-def _with_chunks(rows: list[dict[str, Any]], chunks: dict[tuple[str, int], list[str]] | None) -> list[dict[str, Any]]:
-    if chunks is None:
-        return rows
-    return [{**r, "chunks": chunks.get((r.get("source_file"), r.get("source_row")))} for r in rows]  # type: ignore[arg-type]
-
-
-def _largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[dict[str, Any]]:
-    from recall_tasks.analysis.tracking import largest_drops
-
-    if comparisons is None or comparisons.num_rows == 0:
-        return []
-    overall = [r for r in comparisons.to_pylist() if r.get("segment_column") is None]
-    if not overall:
-        return []
-    latest = max(overall, key=lambda r: _ts(r.get("compared_at")))
-    return [w.model_dump() for w in largest_drops(store, run_id, str(latest["baseline_run_id"]))]
-
-
-def _chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
-    """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
-    from recall_tasks.io.datasets import open_dataset, read_contexts
-
-    needed = {"source_file", "source_row", "content_hash"}
-    if results.num_rows == 0 or not needed <= set(results.column_names):
-        return None
-    worst = _worst_rows(results, _scores(results), 15)
-    refs = [(r["source_file"], r["source_row"], r["content_hash"]) for r in worst if r.get("source_file")]
-    try:
-        if dataset is None:
-            dataset = open_dataset(str(run.get("dataset_uri")), store.storage, str(run.get("metric")), {})
-        return read_contexts(dataset, refs)
-    except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its chunks
-        return {}
-
-
-def _read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
-    """This run's comparison rows, or None when the store has no (readable) comparisons table."""
-    try:
-        ds = cast(Any, store).read_table("comparisons")
-    except (TypeError, ValueError, KeyError):
-        return None
-    if ds is None or not {"current_run_id", "verdict"} <= set(ds.schema.names):
-        return None
-    return cast(pa.Table, ds.to_table(filter=pads.field("current_run_id") == run_id))
-
-
-_HEAVY_COLUMNS = ("input", "verdicts", "reason")
-
-
-def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
-    """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
-
-    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows.
-    """
-    names = results_ds.schema.names
-    light = [c for c in _RESULT_COLUMNS if c in names and c not in _HEAVY_COLUMNS]
-    heavy = [c for c in _HEAVY_COLUMNS if c in names]
-    in_run = pads.field("run_id") == run_id
-    table = results_ds.to_table(columns=light, filter=in_run)
-    if not heavy or table.num_rows == 0:
-        return table
-    order = pc.sort_indices(
-        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
-        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+    return sections.document(
+        title,
+        [
+            sections.header_section(run, figures),
+            sections.verdict_section(cmp),
+            sections.histogram_section(scores, scale, figures),
+            sections.trend_section(run_data.trend_series(overall, run, history), run_id),
+            sections.drops_section(drops or []),
+            sections.segments_section(run_data.segment_rows(all_runs, run_id), deltas),
+            sections.worst_section(worst_rows, "input" in results.column_names),
+        ],
     )
-    worst_ids = table.column("row_id").take(order[:keep])
-    detail = results_ds.to_table(
-        columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids),
-        batch_size=8192, batch_readahead=2, fragment_readahead=1,
-    )  # fmt: skip
-    position = {rid: i for i, rid in enumerate(detail.column("row_id").to_pylist())}
-    index = pa.array([position.get(rid) for rid in table.column("row_id").to_pylist()], pa.int64())
-    for name in heavy:
-        table = table.append_column(name, detail.column(name).take(index))
-    return table
 
 
 def render_run_report(
@@ -541,12 +98,12 @@ def render_run_report(
         if results_ds is None:
             results = pa.table({"run_id": pa.array([], pa.string())})
         else:
-            results = bounded_results(results_ds, run_id)
-    comparisons = _read_comparisons(store, run_id)
+            results = run_data.bounded_results(results_ds, run_id)
+    comparisons = run_data.read_comparisons(store, run_id)
     if drops is None:
-        drops = _largest_drops(store, run_id, comparisons)
+        drops = run_data.largest_drops(store, run_id, comparisons)
     run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
-    chunks = _chunks_of_worst(store, run, results, dataset)
+    chunks = run_data.chunks_of_worst(store, run, results, dataset)
     return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
 
 

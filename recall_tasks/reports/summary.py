@@ -52,7 +52,7 @@ def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
 
 def run_results(plan: Any) -> pa.Table | None:
     """The committed run's rows for the reports: light columns for all, text for the worst (one scan)."""
-    from recall_tasks.reports.html import bounded_results
+    from recall_tasks.reports.run_data import bounded_results
 
     ds = plan.store.read_table("results")
     return None if ds is None else bounded_results(ds, plan.run_id)
@@ -64,14 +64,13 @@ def worst_rows(plan: Any, limit: int = 10, results: pa.Table | None = None) -> l
     Reads scores for every row but verdict text only for the worst ones (bounded memory on 1M-row runs);
     ``results`` is ``run_results(plan)`` when the caller already has it.
     """
+    from recall_tasks.reports.run_data import worst_first
+
     table = run_results(plan) if results is None else results
     if table is None or table.num_rows == 0 or "verdicts" not in table.column_names:
         return []
     table = table.filter(pc.is_valid(table.column("verdicts")))
-    order = pc.sort_indices(
-        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
-        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
-    )
+    order = worst_first(table)
     out = []
     for row in table.take(order[:limit]).to_pylist():
         missing = [v["statement"] for v in row["verdicts"] or [] if v["verdict"] == "no"]

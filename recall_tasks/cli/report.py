@@ -1,0 +1,45 @@
+"""``recall-bench report``: the HTML report of a recorded run, next to the tables or in a local file.
+
+A plain function with Typer's annotations; :mod:`recall_tasks.cli.app` registers it on the ``recall-bench`` app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from recall_tasks.cli.common import DEFAULT_OUTPUT, FormatOption, OutputOption, StorageOption, _fail, _store, console
+from recall_tasks.errors import ConfigError, RecallBenchError
+
+
+def report(
+    run_id: Annotated[str, typer.Argument(help="The run to report on")],
+    output: OutputOption = DEFAULT_OUTPUT,
+    format: FormatOption = None,
+    storage_option: StorageOption = None,
+    to: Annotated[
+        Path | None, typer.Option("--to", help="Write the HTML to this local file (or folder) instead of --output")
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report of a run (next to the tables, or --to a local path); print where."""
+    from recall_tasks.reports.html import render_run_report, write_report
+
+    try:
+        store = _store(output, format, storage_option)
+        if to is None:
+            where = write_report(store, run_id)
+        else:
+            document = render_run_report(store, run_id)
+            target = to / f"{run_id}.html" if to.is_dir() else to
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(document, encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"--to {to}: cannot write the report: {exc.strerror or exc}") from None
+            where = str(target)
+    except RecallBenchError as exc:
+        _fail(exc)
+    console.print(Text(where), soft_wrap=True)

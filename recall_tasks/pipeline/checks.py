@@ -1,0 +1,143 @@
+"""The checks a run passes before any judge call or write, one function each; each raises one clear error.
+
+``steps.check_run`` runs them in order of cost (with the dataset, retriever, store and judge it opens in
+between) and returns a :class:`Checked`; ``steps.preflight`` runs that for the CLI before Prefect starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from recall_tasks.analysis.baseline import find_baseline
+from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.io.datasets import Dataset, parse_column_overrides, stored_type, type_name
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.retrieval import RetrievalResults, Retriever
+from recall_tasks.io.schemas import passthrough_name
+from recall_tasks.io.storage import StorageConfig, location_of, normalize_uri, overlap
+from recall_tasks.io.traces import TraceContext
+from recall_tasks.metrics.base import Metric
+
+
+@dataclass
+class Checked:
+    """What the checks before a run produced (and what they noted without stopping it)."""
+
+    storage: StorageConfig
+    dataset: Dataset
+    store: ResultStore
+    metric: Metric
+    segments: list[str]
+    retriever: Retriever | None
+    retrieval: RetrievalResults | None
+    notes: list[str] = field(default_factory=list)
+    trace: TraceContext | None = None
+
+
+def check_output_location(params: RunParams) -> None:
+    """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results').
+
+    Tables written among the dataset's files would be read as data by the next run (and a dataset folder
+    inside the output can be overwritten by it).
+    """
+    out = normalize_uri(params.output_uri)
+    for what, uri in (("dataset", params.dataset_uri), ("retrieval results", params.retrieval_uri)):
+        if not uri:
+            continue
+        relation = overlap(out, location_of(uri))
+        if relation is not None:
+            said = {"equal": "is", "inside": "is inside", "contains": "contains"}[relation]
+            raise ConfigError(
+                f"--output {params.output_uri} {said} the {what} location {uri}: results would be written among "
+                f"the {what}'s files; choose an output folder of its own"
+            )
+
+
+def check_baseline_reference(params: RunParams, store: ResultStore, dataset: Dataset) -> None:
+    """An explicit ``--baseline`` (run id or label) must name a usable run before anything is judged."""
+    spec = (params.baseline or "").strip()
+    if not spec or spec.lower() == "latest":
+        return
+    runs = store.read_table("runs")
+    if runs is None:
+        raise ConfigError(
+            f"--baseline {spec}: no runs are recorded under {params.output_uri} yet; "
+            "use --baseline latest (the default) or none"
+        )
+    find_baseline(runs.to_table(), dataset=dataset.name, metric=params.metric, spec=spec, dataset_id=dataset.identity)
+
+
+def check_segments(params: RunParams, dataset: Dataset) -> list[str]:
+    """The ``--segment-by`` columns as stored: each a pass-through column of the dataset, and not nested."""
+    segments = []
+    for col in params.segment_by:
+        if col not in dataset.passthrough:
+            available = ", ".join(dataset.passthrough) or "none"
+            raise DatasetError(
+                f"--segment-by {col}: not a pass-through column; available: {available}",
+                uri=params.dataset_uri, column=col,
+            )  # fmt: skip
+        typ = dataset.passthrough_types[col]
+        if pa.types.is_nested(typ):
+            raise DatasetError(
+                f"--segment-by {col}: a {type_name(typ)} column cannot segment a run; segment by a text, number, "
+                "boolean or date column",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+        segments.append(passthrough_name(col))
+    return segments
+
+
+def check_results_schema(dataset: Dataset, store: ResultStore) -> None:
+    """A pass-through column must have the type the existing ``results`` table has under its name.
+
+    Checked before judging: Delta's schema merge would refuse the commit after every row was paid for. Names
+    are compared ignoring case (Delta's rule); timestamps compare by unit and by having a time zone or not
+    (Delta stores instants in UTC).
+    """
+    existing = store.read_table("results")
+    if existing is None:
+        return
+    by_lower = {f.name.lower(): f for f in existing.schema}
+    for col in dataset.passthrough:
+        name, typ = passthrough_name(col), dataset.passthrough_types[col]
+        old = by_lower.get(name.lower())
+        if old is None:
+            continue
+        if old.name != name:
+            raise DatasetError(
+                f"pass-through column stored as {name!r}, but the results table {store.results_uri} has "
+                f"{old.name!r}, which differs only in case: rename the column or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+        if _comparable(old.type) != _comparable(typ):
+            raise DatasetError(
+                f"pass-through column is {type_name(typ)}, but the results table {store.results_uri} has "
+                f"{old.name!r} as {type_name(old.type)}: cast the column, rename it, or write to another --output",
+                uri=dataset.files[0].uri, column=col,
+            )  # fmt: skip
+
+
+def _comparable(t: pa.DataType) -> str:
+    with contextlib.suppress(ValueError):
+        t = stored_type(t)
+    if pa.types.is_timestamp(t) and t.tz:
+        t = pa.timestamp(t.unit, tz="UTC")
+    return type_name(t)
+
+
+def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:
+    """``--context-from`` / ``--context-extractor``: one source of contexts at most; the extractor loaded."""
+    if not (params.context_from or params.context_extractor):
+        if "messages" in parse_column_overrides(params.columns):
+            raise ConfigError("--column messages=NAME needs --context-from or --context-extractor")
+        return None
+    given = [o for o, v in (("--context-from", params.context_from), ("--context-extractor", params.context_extractor),
+             ("--retriever", params.retriever), ("--retrieval-uri", params.retrieval_uri)) if v]  # fmt: skip
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} both supply the retrieval context: give one")
+    return TraceContext.from_options(params.context_from, params.context_extractor, dataset.columns["messages"])

@@ -1,0 +1,194 @@
+"""What the reports show of a run, read from the store and selected from the tables; no HTML here.
+
+The run's result rows bounded for a 1M-row run (:func:`bounded_results`) in the reports' one "worst first"
+order (:func:`worst_first`, also the Markdown report's), headline figures computed from the rows, the trend
+series, the run's latest comparison and segment rows, and the extras read back for the worst rows (largest
+drops, retrieved chunks). :mod:`recall_tasks.reports.html` renders them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any, cast
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from recall_tasks.io.results import ResultStore
+
+RESULT_COLUMNS = (
+    "run_id", "row_id", "input", "score", "success", "error", "skipped", "cached", "verdicts", "reason",
+    "source_file", "source_row", "content_hash",
+)  # fmt: skip
+"""The result columns a report reads (those present)."""
+
+HEAVY_COLUMNS = ("input", "verdicts", "reason")
+"""Text columns read for the worst rows only (see :func:`bounded_results`)."""
+
+
+def timestamp(value: object) -> float:
+    """A datetime's POSIX time, for ordering; ``-inf`` for anything else (a missing time sorts first)."""
+    return value.timestamp() if isinstance(value, dt.datetime) else -math.inf
+
+
+def result_scores(table: pa.Table) -> np.ndarray:
+    """Scores as float64 (null -> NaN); empty when the column is missing."""
+    if "score" not in table.column_names or table.num_rows == 0:
+        return np.full(table.num_rows, np.nan)
+    return np.asarray(pc.cast(table.column("score"), pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
+
+
+def _flags(table: pa.Table, name: str, valid: bool = False) -> np.ndarray:
+    """Per row: the boolean column ``name`` is true (or, with ``valid``, not null); all False when it is missing."""
+    if name not in table.column_names:
+        return np.zeros(table.num_rows, dtype=bool)
+    col = pc.is_valid(table.column(name)) if valid else pc.fill_null(pc.cast(table.column(name), pa.bool_()), False)
+    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def computed_figures(table: pa.Table, scores: np.ndarray) -> dict[str, Any]:
+    """Headline figures from the result rows, used where the runs row has none (None for a missing column)."""
+    valid, names = scores[np.isfinite(scores)], table.column_names
+    count = {k: int(_flags(table, k, k == "error").sum()) for k in ("error", "skipped", "cached") if k in names}
+    success = None
+    if "success" in table.column_names and table.column("success").null_count < table.num_rows:
+        success = pc.mean(pc.cast(pc.drop_null(table.column("success")), pa.float64())).as_py()
+    return {
+        "rows": table.num_rows, "scored": int(valid.size), "errors": count.get("error"),
+        "skipped": count.get("skipped"), "cached": count.get("cached"),
+        "mean_score": float(valid.mean()) if valid.size else None, "pass_rate": success,
+    }  # fmt: skip
+
+
+def worst_first(table: pa.Table) -> pa.Array:
+    """Row indices of ``table`` (``error`` and ``score`` columns), errors first, then lowest score, nulls last.
+
+    The one "worst rows" order of the reports: which rows :func:`bounded_results` reads the text of, and the
+    Markdown report's worst rows (``summary.worst_rows``). Stable: ties keep the table's order.
+    """
+    return pc.sort_indices(
+        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
+        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+    )
+
+
+def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
+    """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
+
+    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows.
+    """
+    names = results_ds.schema.names
+    light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS]
+    heavy = [c for c in HEAVY_COLUMNS if c in names]
+    in_run = pads.field("run_id") == run_id
+    table = results_ds.to_table(columns=light, filter=in_run)
+    if not heavy or table.num_rows == 0:
+        return table
+    order = worst_first(table)
+    worst_ids = table.column("row_id").take(order[:keep])
+    detail = results_ds.to_table(
+        columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids),
+        batch_size=8192, batch_readahead=2, fragment_readahead=1,
+    )  # fmt: skip
+    position = {rid: i for i, rid in enumerate(detail.column("row_id").to_pylist())}
+    index = pa.array([position.get(rid) for rid in table.column("row_id").to_pylist()], pa.int64())
+    for name in heavy:
+        table = table.append_column(name, detail.column(name).take(index))
+    return table
+
+
+def worst_result_rows(table: pa.Table, scores: np.ndarray, limit: int) -> list[dict[str, Any]]:
+    """Errors first, then scored rows lowest first, then other unscored rows (stable within each group)."""
+    if table.num_rows == 0 or limit <= 0:
+        return []
+    scored = np.isfinite(scores)
+    rank = np.where(_flags(table, "error", valid=True), 0, np.where(scored, 1, 2))
+    order = np.lexsort((np.where(scored, scores, np.inf), rank))[:limit]
+    columns = [c for c in RESULT_COLUMNS if c in table.column_names and c != "run_id"]
+    return cast(list[dict[str, Any]], table.select(columns).take(pa.array(order)).to_pylist())
+
+
+def with_chunks(rows: list[dict[str, Any]], chunks: dict[tuple[str, int], list[str]] | None) -> list[dict[str, Any]]:
+    """The rows with their retrieved chunks (``chunks`` by source file and row), unless there are none."""
+    if chunks is None:
+        return rows
+    return [{**r, "chunks": chunks.get((r.get("source_file"), r.get("source_row")))} for r in rows]  # type: ignore[arg-type]
+
+
+def trend_series(overall: list[dict[str, Any]], run: dict[str, Any], history: int) -> list[dict[str, Any]]:
+    """The last ``history`` runs of ``run``'s dataset and metric up to it, oldest first (``overall``: runs rows)."""
+    run_id = run["run_id"]
+    key = (run.get("dataset"), run.get("metric"))
+    series = {r["run_id"]: r for r in overall if (r.get("dataset"), r.get("metric")) == key}
+    ordered = sorted(series.values(), key=lambda r: (timestamp(r.get("started_at")), str(r["run_id"])))
+    at = next((i for i, r in enumerate(ordered) if r["run_id"] == run_id), None)
+    return [] if at is None else ordered[max(0, at + 1 - max(1, history)) : at + 1]
+
+
+def latest_comparison(
+    comparisons: pa.Table | None, run_id: str
+) -> tuple[dict[str, Any] | None, dict[tuple[Any, Any], dict[str, Any]]]:
+    """The run's latest overall comparison row, and that comparison's segment rows by (column, value)."""
+    cmp: dict[str, Any] | None = None
+    deltas: dict[tuple[Any, Any], dict[str, Any]] = {}
+    if comparisons is not None and comparisons.num_rows and "current_run_id" in comparisons.column_names:
+        mine = comparisons.filter(pc.equal(comparisons.column("current_run_id"), run_id)).to_pylist()
+        mine.sort(key=lambda r: timestamp(r.get("compared_at")))
+        tops = [r for r in mine if r.get("segment_column") is None]
+        cmp = tops[-1] if tops else None
+        if cmp is not None:
+            same = [r for r in mine if r.get("comparison_id") == cmp.get("comparison_id") and r.get("segment_column")]
+            deltas = {(r.get("segment_column"), r.get("segment_value")): r for r in same}
+    return cmp, deltas
+
+
+def segment_rows(all_runs: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The run's segment rows, by column then value (a null value last)."""
+    return sorted(
+        (r for r in all_runs if r["run_id"] == run_id and r.get("segment_column") is not None),
+        key=lambda r: (str(r.get("segment_column")), r.get("segment_value") is None, str(r.get("segment_value"))),
+    )
+
+
+def read_comparisons(store: ResultStore, run_id: str) -> pa.Table | None:
+    """This run's comparison rows, or None when the store has no (readable) comparisons table."""
+    try:
+        ds = cast(Any, store).read_table("comparisons")
+    except (TypeError, ValueError, KeyError):
+        return None
+    if ds is None or not {"current_run_id", "verdict"} <= set(ds.schema.names):
+        return None
+    return cast(pa.Table, ds.to_table(filter=pads.field("current_run_id") == run_id))
+
+
+def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[dict[str, Any]]:
+    """The rows that lost most against the baseline of the run's latest comparison (none without one)."""
+    from recall_tasks.analysis.tracking import largest_drops as drops_of
+
+    if comparisons is None or comparisons.num_rows == 0:
+        return []
+    overall = [r for r in comparisons.to_pylist() if r.get("segment_column") is None]
+    if not overall:
+        return []
+    latest = max(overall, key=lambda r: timestamp(r.get("compared_at")))
+    return [w.model_dump() for w in drops_of(store, run_id, str(latest["baseline_run_id"]))]
+
+
+def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
+    """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
+    from recall_tasks.io.datasets import open_dataset, read_contexts
+
+    needed = {"source_file", "source_row", "content_hash"}
+    if results.num_rows == 0 or not needed <= set(results.column_names):
+        return None
+    worst = worst_result_rows(results, result_scores(results), 15)
+    refs = [(r["source_file"], r["source_row"], r["content_hash"]) for r in worst if r.get("source_file")]
+    try:
+        if dataset is None:
+            dataset = open_dataset(str(run.get("dataset_uri")), store.storage, str(run.get("metric")), {})
+        return read_contexts(dataset, refs)
+    except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its chunks
+        return {}
