@@ -152,3 +152,39 @@ def test_shared_chunk_cache_storage_for_distributed_runners():
     remote = RunParams(dataset_uri="d.parquet", output_uri="/tmp/out", task_runner="dask", dask_address="tcp://h:1")
     warning = workers.local_cache_warning(remote, workers.cache_storage(remote))
     assert warning is not None and "local to each machine" in warning
+
+
+def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
+    prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, record_pids, tmp_path
+):
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    rows = make_rows(24, seed=4)
+    local = write_parquet(tmp_path / "eval.parquet", rows, row_group_size=10)
+    s3_server.client().upload_file(local, s3_bucket, "datasets/eval.parquet")
+    data, out = f"s3://{s3_bucket}/datasets/eval.parquet", f"s3://{s3_bucket}/out"
+    params = RunParams(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url, chunk_size=6,
+                       task_runner="processes", workers=2)  # fmt: skip
+    first = recall_benchmark(params)
+    assert first["scored"] == 24 and len(judge_env.chat_requests) == 24
+    assert len({pid for run_id, pid in record_pids if run_id == first["run_id"]}) >= 2
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert any(k.startswith("out/_prefect-cache/") for k in keys)  # the workers wrote the cache records there
+    again = recall_benchmark(params)
+    assert again["rows"] == 24 and len(judge_env.chat_requests) == 24
+    assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]
+
+
+def test_a_worker_process_tripped_breaker_fails_the_run_with_its_reason(prefect_harness, judge_env, tmp_path):
+    from recall_tasks.errors import RunFailed
+    from tests.fake_openai import Status
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(40, seed=63))
+    judge_env.enqueue(*[Status(503)] * 200)
+    with pytest.raises(RunFailed) as info:
+        run(data, tmp_path / "out", judge_env.base_url, task_runner="processes", workers=2, max_retries=0,
+            max_concurrency=2)  # fmt: skip
+    summary = info.value.summary
+    assert summary["status"] == "failed" and summary["scored"] == 0
+    assert "failed 10 attempts in a row (last: HTTP 503)" in summary["status_reason"]  # the worker's, not the rate
+    assert summary["skipped"] > 0  # rows the worker's breaker kept from the judge
