@@ -188,3 +188,40 @@ def test_a_worker_process_tripped_breaker_fails_the_run_with_its_reason(prefect_
     assert summary["status"] == "failed" and summary["scored"] == 0
     assert "failed 10 attempts in a row (last: HTTP 503)" in summary["status_reason"]  # the worker's, not the rate
     assert summary["skipped"] > 0  # rows the worker's breaker kept from the judge
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--task-runner", "processes", "--workers", "3"], {"task_runner": "processes", "workers": 3}),
+        (["--task-runner", "dask", "--dask-address", "tcp://s:8786"], {"task_runner": "dask", "workers": None}),
+        ([], {"task_runner": "threads", "workers": None, "dask_address": None}),
+    ],
+)
+def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app as cli
+
+    seen: list[RunParams] = []
+
+    def fake_run(params: RunParams, debug: bool, preflight: bool) -> dict:
+        seen.append(params)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "_run", fake_run)
+    result = CliRunner().invoke(cli.app, ["run", str(tmp_path / "d.parquet"), "-o", str(tmp_path / "o"), *argv])
+    assert result.exit_code == 0, result.output
+    assert {k: getattr(seen[0], k) for k in expected} == expected
+
+
+def test_run_refuses_a_per_process_budget_with_worker_processes_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--max-requests", "5"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "would hold per worker process" in lines[0], lines
