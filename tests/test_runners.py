@@ -225,3 +225,23 @@ def test_run_refuses_a_per_process_budget_with_worker_processes_in_one_line(tmp_
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "would hold per worker process" in lines[0], lines
+
+
+def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
+    prefect_harness, judge_env, record_pids, tmp_path
+):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=8), row_group_size=10)
+    base = ["run", data, "--judge", "openai", "--base-url", judge_env.base_url, "--chunk-size", "5"]
+    threads = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "threads")])
+    assert threads.exit_code == 0, threads.output
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    ran = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "p"), "--task-runner", "processes", "--workers", "2"])
+    assert ran.exit_code == 0, ran.output
+    assert len(judge_env.chat_requests) == 30  # each row once: no head start judging chunk 0 in the flow too
+    assert table(tmp_path / "p") == table(tmp_path / "threads")
+    assert os.getpid() not in {pid for _, pid in record_pids} and len({pid for _, pid in record_pids}) >= 2
