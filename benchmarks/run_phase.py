@@ -20,6 +20,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--chunk-size", type=int, default=500)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--task-runner", default="threads", help="threads | processes | dask")
+    parser.add_argument("--runner-workers", type=int, default=None, help="processes/dask: worker processes")
     parser.add_argument("--profile", default=None, help="write a pyinstrument profile here (.txt: text, else HTML)")
     args = parser.parse_args()
 
@@ -29,6 +31,7 @@ def main() -> None:
     params = RunParams(
         dataset_uri=args.dataset, output_uri=args.output, judge=args.judge, base_url=args.base_url,
         max_concurrency=args.concurrency, chunk_size=args.chunk_size, max_workers=args.workers, baseline=None,
+        task_runner=args.task_runner, workers=args.runner_workers,
     )  # fmt: skip
     profiler = None
     if args.profile:

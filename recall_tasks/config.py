@@ -108,6 +108,17 @@ class RunParams(BaseModel):
         description="module:function(input, messages) -> list of context strings, for agent rows (rows with "
         "messages); other rows keep their retrieval_context",
     )
+    task_runner: Literal["threads", "processes", "dask"] = Field(
+        "threads",
+        description="Where the chunk tasks run: threads (this process) | processes (a process pool on this "
+        "machine) | dask (a Dask cluster: --dask-address, else a LocalCluster)",
+    )
+    workers: int | None = Field(
+        None, ge=1, le=1024, description="Worker processes of --task-runner processes|dask (default: the cores)"
+    )
+    dask_address: str | None = Field(
+        None, description="Address of an existing Dask scheduler (--task-runner dask); default a LocalCluster"
+    )
 
     @field_validator("storage_options")
     @classmethod
@@ -168,6 +179,7 @@ class RunParams(BaseModel):
         "extractor_model",
         "context_from",
         "context_extractor",
+        "dask_address",
         mode="before",
     )
     @classmethod
@@ -179,4 +191,26 @@ class RunParams(BaseModel):
     def _threshold_within_scale(self) -> RunParams:
         if self.threshold > self.scale:
             raise ValueError(f"threshold {self.threshold} is above scale {self.scale}")
+        return self
+
+    @model_validator(mode="after")
+    def _runner_options(self) -> RunParams:
+        """Options a task runner cannot honour are refused, never silently weakened."""
+        if self.task_runner == "threads":
+            if self.workers is not None:
+                raise ValueError("--workers applies to --task-runner processes or dask")
+        else:
+            limits = [o for o, v in (("--max-requests", self.max_requests), ("--max-cost-usd", self.max_cost_usd)) if v]
+            if limits:
+                raise ValueError(
+                    f"{' and '.join(limits)} would hold per worker process with --task-runner {self.task_runner}, "
+                    "not for the run: use --task-runner threads for a bounded run"
+                )
+            if self.retriever:
+                raise ValueError(
+                    f"--retriever runs in the flow's process and cannot feed --task-runner {self.task_runner}: "
+                    "write its results with --retrieval-uri, or use --task-runner threads"
+                )
+        if self.dask_address and self.task_runner != "dask":
+            raise ValueError("--dask-address needs --task-runner dask")
         return self

@@ -228,6 +228,9 @@ def run(
     extractor_model: Annotated[str | None, _opt("extractor_model")] = _field("extractor_model"),
     context_from: Annotated[str | None, _opt("context_from")] = _field("context_from"),
     context_extractor: Annotated[str | None, _opt("context_extractor")] = _field("context_extractor"),
+    task_runner: Annotated[str, _opt("task_runner")] = _field("task_runner"),
+    workers: Annotated[int | None, _opt("workers")] = _field("workers"),
+    dask_address: Annotated[str | None, _opt("dask_address")] = _field("dask_address"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -252,6 +255,7 @@ def run(
                 "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
+                "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
             }
         )  # fmt: skip
         err.print(_judge_line(params), markup=False, highlight=False)

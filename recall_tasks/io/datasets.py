@@ -681,3 +681,36 @@ def _block(
             # safe=False: timestamps are truncated to microseconds; every other cast is lossless (stored_type)
             arrays[name] = column if column.type == target else column.cast(target, safe=False)
     return RowBlock(source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays))
+
+
+def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mapping[str, int] | None = None) -> RowBlock:
+    """Re-read the one block :func:`iter_blocks` yielded at ``(source, first_row)`` with ``rows`` rows.
+
+    ``seen``: for each identity hash of the block that occurred earlier in the dataset, how many times (what
+    :func:`iter_blocks`' running count held before the block), so duplicate rows get the same ``~N`` ids.
+    A block never spans row groups, so one row group is read. Used by worker processes (``pipeline/workers.py``).
+    """
+    f = next((f for f in ds.files if f.uri == source), None)
+    if f is None:
+        raise DatasetError(f"no file {source} in the dataset any more: it changed during the run", uri=ds.uri)
+    read_cols = list(dict.fromkeys([*ds.columns.values(), *ds.passthrough]))
+    try:
+        fh = ds.fs.open(f.path, "rb")
+    except Exception as exc:  # noqa: BLE001
+        raise translate_storage_error(exc, f.uri) from None
+    with fh:
+        pf = pq.ParquetFile(fh)
+        starts = [0]
+        for g in range(pf.num_row_groups):
+            starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+        if not 0 <= first_row < starts[-1]:
+            raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
+        g = bisect.bisect_right(starts, first_row) - 1
+        try:
+            group = pf.read_row_group(g, columns=read_cols)
+        except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
+            raise DatasetError(f"row group {g} cannot be read: {_one_line(exc)}", uri=f.uri) from None
+    part = group.slice(first_row - starts[g], rows)
+    return _block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))

@@ -14,11 +14,13 @@ runs exactly the flow the CLI runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, cast
 from uuid import UUID
 
@@ -35,16 +37,17 @@ from prefect.context import TaskRunContext, get_run_context
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from prefect.results import get_result_store
-from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from recall_tasks import _logging
 from recall_tasks.config import RunParams
-from recall_tasks.errors import JudgeTransientError, StorageError
+from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import publish, steps
+from recall_tasks.pipeline import publish, steps, workers
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
+from recall_tasks.pipeline.workers import ChunkSpec
 
 _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
 
@@ -92,6 +95,20 @@ def score_chunk(plan: RunPlan, seq: int, key: str) -> ChunkReport:
 score_chunk_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk.fn)
 
 
+def _spec_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """The same cache key as :func:`_chunk_cache_key`: a threads run and a processes run share the chunk cache."""
+    return _CACHE_PREFIX + str(parameters["spec"].key)
+
+
+@task(**_CHUNK_TASK, cache_key_fn=_spec_cache_key, persist_result=True)
+def score_chunk_spec(spec: ChunkSpec) -> ChunkReport:
+    """Score one chunk in a worker process (``--task-runner processes|dask``): see ``pipeline/workers.py``."""
+    return workers.score_spec(spec)
+
+
+score_chunk_spec_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk_spec.fn)
+
+
 def chunk_cache_storage(params: RunParams) -> Any:
     """Prefect result storage for the chunk cache: ``block:<slug>``, an fsspec URL, or a local path.
 
@@ -100,7 +117,7 @@ def chunk_cache_storage(params: RunParams) -> Any:
     """
     from prefect.filesystems import LocalFileSystem, RemoteFileSystem, WritableFileSystem
 
-    spec = cast(str, params.chunk_cache_storage)
+    spec = cast(str, workers.cache_storage(params))
     if spec.startswith("block:"):
         return WritableFileSystem.load(spec.removeprefix("block:"))
     name = "recall-chunk-cache-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
@@ -121,23 +138,46 @@ def chunk_cache_storage(params: RunParams) -> Any:
 
 
 def chunk_task(params: RunParams) -> Any:
-    """The chunk task with this run's cache settings (storage, expiry, refresh, or no cache)."""
+    """The chunk task with this run's cache settings (storage, expiry, refresh, or no cache).
+
+    ``threads``: the task takes the plan in memory; ``processes``/``dask``: a :class:`ChunkSpec`.
+    """
+    in_process = params.task_runner == "threads"
     if not params.cache:
-        return score_chunk_uncached
+        return score_chunk_uncached if in_process else score_chunk_spec_uncached
     options: dict[str, Any] = {
         "cache_expiration": dt.timedelta(days=params.chunk_cache_days),
         "refresh_cache": params.refresh_cache,
     }
-    if params.chunk_cache_storage:
+    if workers.cache_storage(params):
         options["result_storage"] = chunk_cache_storage(params)
-    return score_chunk.with_options(**options)
+    return (score_chunk if in_process else score_chunk_spec).with_options(**options)
+
+
+def task_runner(params: RunParams) -> TaskRunner[Any] | None:
+    """The run's chunk runner: None for ``threads`` (the flow's own), else a process pool or Dask."""
+    if params.task_runner == "threads":
+        return None
+    n = params.workers or os.cpu_count() or 1
+    if params.task_runner == "processes":
+        return ProcessPoolTaskRunner(max_workers=n)
+    try:
+        from prefect_dask.task_runners import DaskTaskRunner
+    except ImportError:
+        raise ConfigError("--task-runner dask needs prefect-dask: pip install 'recall-bench[dask]'") from None
+    if params.dask_address:
+        return cast(TaskRunner[Any], DaskTaskRunner(address=params.dask_address))
+    threads = max(1, -(-params.max_workers // n))  # the window's chunks in flight, spread over the workers
+    cluster = {"n_workers": n, "threads_per_worker": threads, "processes": True, "dashboard_address": None}
+    return cast(TaskRunner[Any], DaskTaskRunner(cluster_kwargs=cluster))
 
 
 class _TaskHandle:
     """A submitted chunk task; ``wait`` polls an event set by the future's done callback (cheap, interruptible)."""
 
-    def __init__(self, future: PrefectFuture[ChunkReport]) -> None:
+    def __init__(self, future: PrefectFuture[ChunkReport], plan: RunPlan | None = None) -> None:
         self._future = future
+        self._plan = plan  # set for a chunk scored in another process: its breaker's reason is adopted
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
@@ -145,14 +185,18 @@ class _TaskHandle:
         return self._done.wait(timeout)
 
     def report(self) -> tuple[ChunkReport, bool]:
-        return self._future.result(), self._future.state.name == "Cached"
+        report = self._future.result()
+        if self._plan is not None:
+            workers.adopt(self._plan, report)
+        return report, self._future.state.name == "Cached"
 
 
 class PrefectChunks:
     """:class:`~recall_tasks.pipeline.window.ChunkExecutor` on Prefect tasks, cache and progress artifact."""
 
-    def __init__(self, plan: RunPlan) -> None:
+    def __init__(self, plan: RunPlan, runner: TaskRunner[Any] | None = None) -> None:
         self.plan = plan
+        self.runner = runner  # None: the flow's thread pool and the plan in memory; else specs to other processes
         self.task = chunk_task(plan.params)
         self.store: Any = (
             get_result_store().update_for_task(self.task, _sync=True) if plan.params.cache else None  # type: ignore[call-arg]
@@ -181,7 +225,10 @@ class PrefectChunks:
 
     def submit(self, seq: int, key: str, *, refresh: bool) -> _TaskHandle:
         submit = self.task.with_options(refresh_cache=True) if refresh and self.plan.params.cache else self.task
-        return _TaskHandle(submit.submit(quote(self.plan), seq, key))
+        if self.runner is None:
+            return _TaskHandle(submit.submit(quote(self.plan), seq, key))
+        spec = workers.chunk_spec(self.plan, seq, self.plan.pending_blocks[seq], key)
+        return _TaskHandle(self.runner.submit(submit, {"spec": spec}), self.plan)
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
         now = time.monotonic()
@@ -212,6 +259,20 @@ def announce(plan: RunPlan, logger: Any) -> None:
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def chunk_runner(params: RunParams, logger: Any) -> Iterator[TaskRunner[Any] | None]:
+    """The run's ``--task-runner`` for the chunk tasks, started for the chunk loop (None: the flow's threads)."""
+    runner = task_runner(params)
+    if runner is None:
+        yield None
+        return
+    warning = workers.local_cache_warning(params, workers.cache_storage(params))
+    if warning:
+        logger.warning("%s", warning)
+    with runner:
+        yield runner
+
+
 def flow_run_id() -> str | None:
     """The current flow run's id (None outside a flow run)."""
     run = getattr(get_run_context(), "flow_run", None)
@@ -235,7 +296,8 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     logger = get_run_logger()
     plan = steps.plan_run(params)
     announce(plan, logger)
-    tally = score_chunks(plan, PrefectChunks(plan))
+    with chunk_runner(params, logger) as runner:
+        tally = score_chunks(plan, PrefectChunks(plan, runner))
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
     committed = steps.commit_run(plan, tally.parts, flow_run_id())

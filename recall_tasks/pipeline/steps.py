@@ -15,6 +15,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import os
 import secrets as pysecrets
 import threading
 import time
@@ -277,7 +278,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
     import anyio  # noqa: F401
     import httpx  # noqa: F401
 
-    if plan.retriever is None:
+    if plan.retriever is None and params.task_runner == "threads":  # other runners score in other processes
         block = next(iter_blocks(plan.dataset, params.chunk_size), None)
         if block is not None:
             block = plan.prepare_block(block)
@@ -394,6 +395,8 @@ class ChunkReport:
     scored: int
     path: str
     not_judged: int | None = None
+    pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
+    stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
 
     @property
     def reusable(self) -> bool:
@@ -433,7 +436,7 @@ def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRep
     not_judged = pc.and_(table.column("skipped"), pc.starts_with(table.column("reason"), NOT_JUDGED))
     return ChunkReport(
         seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path,
-        not_judged=int(pc.sum(pc.fill_null(not_judged, False)).as_py() or 0),
+        not_judged=int(pc.sum(pc.fill_null(not_judged, False)).as_py() or 0), pid=os.getpid(),
     )  # fmt: skip
 
 

@@ -1,0 +1,191 @@
+"""Chunks scored in other processes (``--task-runner processes|dask``): a picklable spec, a per-process plan.
+
+With the default ``threads`` runner the chunk task takes the flow's :class:`~recall_tasks.pipeline.steps.RunPlan`
+in memory (judge, caches, the block parked in ``plan.pending_blocks``, the head start). None of that pickles, and a
+worker process has no access to the flow's memory. Here the task takes a :class:`ChunkSpec` instead: the run's
+parameters and identity, the chunk's sequence number and content key, and the block's coordinates
+(file, first row, row count, and the duplicate counts that make its ``~N`` row ids). Rows never travel.
+
+Each worker process builds, once per run id, a plan of its own (:func:`worker_plan`: dataset footers, judge,
+metric, row cache, result store, contexts from retrieval results or traces) without the run's pre-flight and
+without ``begin_run``: the run id comes from the spec. It re-reads exactly the block, checks that its content key
+is the spec's (the dataset did not change under the run), scores it like the threads path and returns the same
+small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
+
+Per process, not per run: the judge's concurrency and ``--rpm``/``--tpm`` limits, the circuit breaker (a tripped
+worker reports its reason back, and the flow's run takes it). ``--max-requests``/``--max-cost-usd`` are refused
+with these runners (``config.RunParams``). No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from recall_tasks.config import RunParams
+from recall_tasks.errors import DatasetError
+from recall_tasks.io.cache import RowVerdictCache
+from recall_tasks.io.datasets import RowBlock, open_dataset, parse_column_overrides, read_block
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.retrieval import RetrievalResults
+from recall_tasks.io.storage import StorageConfig, join_uri
+from recall_tasks.metrics import ContextualRecall
+from recall_tasks.pipeline import steps
+from recall_tasks.pipeline.checks import check_context_source
+from recall_tasks.pipeline.scoring import Budget, CircuitBreaker
+from recall_tasks.pipeline.steps import ChunkReport, RunPlan
+
+log = logging.getLogger(__name__)
+
+#: Run plans a worker process keeps (one per run id; a long-lived Dask worker serves run after run).
+KEEP_PLANS = 4
+
+#: Where a distributed runner keeps Prefect's chunk cache when the output is on object storage (and
+#: ``--chunk-cache-storage`` is not given): next to the results, so every worker and the flow see it.
+SHARED_CACHE_FOLDER = "_prefect-cache"
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """What a worker process needs to score one chunk: small and picklable (no rows, no clients, no locks)."""
+
+    params: RunParams
+    run_id: str
+    run_key: str
+    config_hash: str
+    dataset_fingerprint: str
+    seq: int
+    key: str  # the chunk's content key (steps.chunk_key): Prefect's cache key, checked again by the worker
+    source: str  # the block's file (DatasetFile.uri)
+    first_row: int
+    rows: int
+    seen: tuple[tuple[str, int], ...] = ()  # identity hash -> its occurrences before the block (``~N`` ids)
+
+
+def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
+    """The spec of a block the flow has read (and parked): its coordinates, not its rows."""
+    seen: dict[str, int] = {}
+    if not plan.dataset.has_row_id:  # ids are identity hashes; a duplicate's id is ``<hash>~<n>``
+        for row_id in block.row_ids:
+            base, _, n = row_id.partition("~")
+            if n and base not in seen:
+                seen[base] = int(n) - 1
+    return ChunkSpec(
+        params=plan.params, run_id=plan.run_id, run_key=plan.run_key, config_hash=plan.config_hash,
+        dataset_fingerprint=plan.dataset.fingerprint, seq=seq, key=key, source=block.source,
+        first_row=block.first_row, rows=len(block.row_ids), seen=tuple(sorted(seen.items())),
+    )  # fmt: skip
+
+
+_plans: OrderedDict[str, RunPlan] = OrderedDict()
+_lock = threading.Lock()
+
+
+def worker_plan(spec: ChunkSpec) -> RunPlan:
+    """This process's plan for the spec's run: built on first use, then reused by every chunk it scores."""
+    with _lock:
+        plan = _plans.get(spec.run_id)
+        if plan is None:
+            plan = build_plan(spec)
+            _plans[spec.run_id] = plan
+            while len(_plans) > KEEP_PLANS:
+                _, old = _plans.popitem(last=False)
+                _close(old)
+        else:
+            _plans.move_to_end(spec.run_id)
+        return plan
+
+
+def build_plan(spec: ChunkSpec) -> RunPlan:
+    """A worker's plan from the run's parameters: the flow's plan minus pre-flight, run marker and head start."""
+    params = spec.params
+    storage = StorageConfig.from_options(params.storage_options)
+    traces = bool(params.context_from or params.context_extractor)
+    dataset = open_dataset(
+        params.dataset_uri, storage, params.metric, parse_column_overrides(params.columns),
+        bool(params.retrieval_uri), traces=traces,
+    )  # fmt: skip
+    if dataset.fingerprint != spec.dataset_fingerprint:
+        raise DatasetError(
+            f"the dataset changed after run {spec.run_id} started (its files' fingerprint differs): rerun",
+            uri=params.dataset_uri,
+        )
+    if params.dataset_name:
+        dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
+    judge = steps.make_judge(params)
+    metric = steps.make_metric(params, judge)
+    cache = None
+    if params.cache:
+        cache = RowVerdictCache(
+            params.cache_uri or join_uri(params.output_uri, "cache"), storage, read=not params.refresh_cache
+        )
+        if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
+            metric.claim_units.store = cache.claims
+    return RunPlan(
+        params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset, metric=metric,
+        store=ResultStore(params.output_uri, storage, params.format), started_at=dt.datetime.now(dt.UTC),
+        started_clock=time.perf_counter(), cache=cache, budget=Budget(),
+        breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), config_hash=spec.config_hash,
+        retrieval=RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None,
+        trace=check_context_source(params, dataset),
+    )  # fmt: skip
+
+
+def score_spec(spec: ChunkSpec) -> ChunkReport:
+    """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file."""
+    plan = worker_plan(spec)
+    block = plan.prepare_block(read_block(plan.dataset, spec.source, spec.first_row, spec.rows, dict(spec.seen)))
+    key = steps.chunk_key(plan, block)
+    if key != spec.key:
+        raise DatasetError(
+            f"rows {spec.first_row}-{spec.first_row + spec.rows - 1} read differently in a worker than when run "
+            f"{spec.run_id} planned them: the dataset changed under the run; rerun",
+            uri=spec.source,
+        )
+    report = steps.score_chunk(plan, spec.seq, block, key)
+    reason = plan.breaker.tripped_reason if plan.breaker is not None else None
+    return dataclasses.replace(report, stopped=reason) if reason else report
+
+
+def adopt(plan: RunPlan, report: ChunkReport) -> None:
+    """The flow's side: a worker's tripped circuit breaker decides the run's outcome as the flow's own would."""
+    if report.stopped and plan.breaker is not None and plan.breaker.tripped_reason is None:
+        plan.breaker.tripped_reason = report.stopped
+
+
+def cache_storage(params: RunParams) -> str | None:
+    """The chunk cache's storage for this run: ``--chunk-cache-storage``, else shared storage next to results
+    on object storage for ``processes``/``dask``; None: Prefect's default (local) result storage."""
+    if params.chunk_cache_storage or params.task_runner == "threads" or not params.cache:
+        return params.chunk_cache_storage
+    if "://" in params.output_uri and not params.output_uri.startswith("file://"):
+        return join_uri(params.output_uri, SHARED_CACHE_FOLDER)
+    return None
+
+
+def local_cache_warning(params: RunParams, storage: str | None) -> str | None:
+    """A Dask cluster elsewhere with a machine-local chunk cache: each machine caches (and misses) alone."""
+    if params.task_runner != "dask" or not params.dask_address or not params.cache:
+        return None
+    if storage and (storage.startswith("block:") or ("://" in storage and not storage.startswith("file://"))):
+        return None
+    where = storage or "Prefect's local result storage"
+    return (
+        f"--task-runner dask --dask-address {params.dask_address}: the chunk cache is in {where}, local to each "
+        "machine; chunks run elsewhere are not served from it: put --output on object storage or set "
+        "--chunk-cache-storage to shared storage"
+    )
+
+
+def _close(plan: RunPlan) -> None:
+    try:
+        if plan.cache is not None:
+            plan.cache.close()
+        steps.release(plan)
+    except Exception as exc:  # noqa: BLE001 - an old run's clean-up never fails a new run's chunk
+        log.warning("could not close run %s's worker state: %s", plan.run_id, exc)

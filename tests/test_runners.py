@@ -1,0 +1,247 @@
+"""``--task-runner processes|dask``: chunks scored in worker processes from a picklable spec, real components.
+
+Prefect's test server, the fake OpenAI server (in this process, reached over HTTP by the workers), a process
+pool or a Dask LocalCluster of two workers. The tables must equal a threads run's, the chunks must have run in
+at least two processes, and an unchanged rerun must be served from the caches.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from deltalake import DeltaTable
+from pydantic import ValidationError
+
+from recall_tasks.config import RunParams
+from recall_tasks.io.datasets import iter_blocks, open_dataset, read_block
+from recall_tasks.io.storage import StorageConfig
+from recall_tasks.pipeline import workers
+from recall_tasks.pipeline.flow import chunk_task, recall_benchmark, score_chunk_spec
+from tests import judge_script
+from tests.test_pipeline import KEY, make_rows, write_parquet
+
+ROWS = 60
+
+
+@pytest.fixture
+def judge_env(fake_openai, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    return fake_openai
+
+
+def table(out) -> dict[str, tuple]:
+    t = DeltaTable(str(out / "results")).to_pyarrow_table()
+    cols = [t.column(c).to_pylist() for c in ("row_id", "score", "success", "verdicts", "error")]
+    return {row[0]: tuple(row[1:]) for row in zip(*cols, strict=True)}
+
+
+@pytest.fixture
+def record_pids(monkeypatch):
+    """Record the pid of every chunk report the flow settles (the flow's side of the real runner)."""
+    from recall_tasks.pipeline import flow
+
+    seen: list[tuple[str, int | None]] = []
+    original = workers.adopt
+
+    def adopt(plan, report):
+        seen.append((plan.run_id, report.pid))
+        original(plan, report)
+
+    monkeypatch.setattr(flow.workers, "adopt", adopt)
+    return seen
+
+
+def run(data: str, out, base_url: str, **kw) -> dict:
+    return recall_benchmark(
+        RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=base_url, chunk_size=6, **kw)
+    )
+
+
+@pytest.mark.parametrize("runner", ["processes", "dask"])
+def test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache(
+    prefect_harness, judge_env, record_pids, tmp_path, runner
+):
+    rows = [{k: v for k, v in r.items() if k != "row_id"} for r in make_rows(ROWS - 5, seed=13)]
+    rows += rows[10:15]  # exact duplicates, ids ``<hash>~2``: they must survive the workers' re-reads
+    data = write_parquet(tmp_path / "data" / "eval.parquet", rows, row_group_size=20)
+    threads = run(data, tmp_path / "threads", judge_env.base_url)
+    assert threads["scored"] == ROWS
+    judged = len(judge_env.chat_requests)
+
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    out = tmp_path / runner
+    first = run(data, out, judge_env.base_url, task_runner=runner, workers=2)
+    assert first["scored"] == ROWS and first["errors"] == 0 and first["status"] == "completed"
+    # every row judged once, in the workers; a duplicate row may be judged again by the other worker (each
+    # process reads the row cache's index when it starts), which the threads run's one cache served
+    assert judged <= len(judge_env.chat_requests) <= ROWS
+    assert table(out) == table(tmp_path / "threads")
+    assert sum("~2" in row_id for row_id in table(out)) == 5
+    pids = {pid for run_id, pid in record_pids if run_id == first["run_id"]}
+    assert len(pids) >= 2 and os.getpid() not in pids
+
+    requests = len(judge_env.chat_requests)
+    again = run(data, out, judge_env.base_url, task_runner=runner, workers=2)
+    assert again["rows"] == ROWS and again["run_id"] != first["run_id"]
+    assert len(judge_env.chat_requests) == requests  # zero judge requests: served by the caches
+    assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]  # no chunk task ran at all
+
+
+def test_duplicate_rows_get_their_ids_back_when_a_worker_rereads_a_block(tmp_path):
+    rows = make_rows(10, seed=2)
+    rows = [{k: v for k, v in r.items() if k != "row_id"} for r in rows]
+    rows = rows + rows[:4] + rows[:2]  # ``~2`` and ``~3`` ids, across row groups and blocks
+    data = write_parquet(tmp_path / "eval.parquet", rows, row_group_size=5)
+    ds = open_dataset(data, StorageConfig.from_options())
+    for block in iter_blocks(ds, 3):
+        seen = {}
+        for rid in block.row_ids:
+            base, _, n = rid.partition("~")
+            if n and base not in seen:
+                seen[base] = int(n) - 1
+        again = read_block(ds, block.source, block.first_row, len(block.row_ids), seen)
+        assert again.row_ids == block.row_ids and again.content_hashes == block.content_hashes
+        assert again.table.equals(block.table)
+
+
+def test_the_spec_pickles_and_holds_no_rows(tmp_path):
+    from recall_tasks.pipeline import steps
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(30), row_group_size=10)
+    params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), chunk_size=7, task_runner="processes")
+    plan = steps.plan_run(params)
+    try:
+        block = next(iter_blocks(plan.dataset, 7))
+        spec = workers.chunk_spec(plan, 0, block, steps.chunk_key(plan, block))
+        blob = pickle.dumps(spec)
+        assert len(blob) < 4000 and b"What about item" not in blob
+        report = workers.score_spec(pickle.loads(blob))
+        assert report.rows == 7 and report.pid == os.getpid() and plan.store.exists(report.path)
+        assert report.path == plan.store.chunk_path(spec.key, plan.run_id)
+    finally:
+        steps.release(plan)
+    assert chunk_task(params).fn is score_chunk_spec.fn
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"task_runner": "processes", "max_requests": 10}, "--max-requests would hold per worker process"),
+        ({"task_runner": "dask", "max_cost_usd": 1.0}, "--max-cost-usd would hold per worker process"),
+        ({"task_runner": "processes", "retriever": "m:f"}, "--retriever runs in the flow's process"),
+        ({"workers": 2}, "--workers applies to --task-runner processes or dask"),
+        ({"task_runner": "processes", "dask_address": "tcp://x:8786"}, "--dask-address needs --task-runner dask"),
+    ],
+)
+def test_options_a_runner_cannot_honour_are_refused(kw, message):
+    with pytest.raises(ValidationError, match=message):
+        RunParams(dataset_uri="d.parquet", **kw)
+
+
+def test_shared_chunk_cache_storage_for_distributed_runners():
+    p = RunParams(dataset_uri="d.parquet", output_uri="s3://bucket/out", task_runner="dask")
+    assert workers.cache_storage(p) == "s3://bucket/out/_prefect-cache"
+    assert workers.cache_storage(p.model_copy(update={"task_runner": "threads"})) is None
+    assert workers.cache_storage(p.model_copy(update={"chunk_cache_storage": "block:x"})) == "block:x"
+    assert workers.cache_storage(p.model_copy(update={"output_uri": "/tmp/out"})) is None
+    assert workers.local_cache_warning(p, workers.cache_storage(p)) is None
+    remote = RunParams(dataset_uri="d.parquet", output_uri="/tmp/out", task_runner="dask", dask_address="tcp://h:1")
+    warning = workers.local_cache_warning(remote, workers.cache_storage(remote))
+    assert warning is not None and "local to each machine" in warning
+
+
+def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
+    prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, record_pids, tmp_path
+):
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    rows = make_rows(24, seed=4)
+    local = write_parquet(tmp_path / "eval.parquet", rows, row_group_size=10)
+    s3_server.client().upload_file(local, s3_bucket, "datasets/eval.parquet")
+    data, out = f"s3://{s3_bucket}/datasets/eval.parquet", f"s3://{s3_bucket}/out"
+    params = RunParams(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url, chunk_size=6,
+                       task_runner="processes", workers=2)  # fmt: skip
+    first = recall_benchmark(params)
+    assert first["scored"] == 24 and len(judge_env.chat_requests) == 24
+    assert len({pid for run_id, pid in record_pids if run_id == first["run_id"]}) >= 2
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert any(k.startswith("out/_prefect-cache/") for k in keys)  # the workers wrote the cache records there
+    again = recall_benchmark(params)
+    assert again["rows"] == 24 and len(judge_env.chat_requests) == 24
+    assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]
+
+
+def test_a_worker_process_tripped_breaker_fails_the_run_with_its_reason(prefect_harness, judge_env, tmp_path):
+    from recall_tasks.errors import RunFailed
+    from tests.fake_openai import Status
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(40, seed=63))
+    judge_env.enqueue(*[Status(503)] * 200)
+    with pytest.raises(RunFailed) as info:
+        run(data, tmp_path / "out", judge_env.base_url, task_runner="processes", workers=2, max_retries=0,
+            max_concurrency=2)  # fmt: skip
+    summary = info.value.summary
+    assert summary["status"] == "failed" and summary["scored"] == 0
+    assert "failed 10 attempts in a row (last: HTTP 503)" in summary["status_reason"]  # the worker's, not the rate
+    assert summary["skipped"] > 0  # rows the worker's breaker kept from the judge
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--task-runner", "processes", "--workers", "3"], {"task_runner": "processes", "workers": 3}),
+        (["--task-runner", "dask", "--dask-address", "tcp://s:8786"], {"task_runner": "dask", "workers": None}),
+        ([], {"task_runner": "threads", "workers": None, "dask_address": None}),
+    ],
+)
+def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app as cli
+
+    seen: list[RunParams] = []
+
+    def fake_run(params: RunParams, debug: bool, preflight: bool) -> dict:
+        seen.append(params)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "_run", fake_run)
+    result = CliRunner().invoke(cli.app, ["run", str(tmp_path / "d.parquet"), "-o", str(tmp_path / "o"), *argv])
+    assert result.exit_code == 0, result.output
+    assert {k: getattr(seen[0], k) for k in expected} == expected
+
+
+def test_run_refuses_a_per_process_budget_with_worker_processes_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--max-requests", "5"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "would hold per worker process" in lines[0], lines
+
+
+def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
+    prefect_harness, judge_env, record_pids, tmp_path
+):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=8), row_group_size=10)
+    base = ["run", data, "--judge", "openai", "--base-url", judge_env.base_url, "--chunk-size", "5"]
+    threads = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "threads")])
+    assert threads.exit_code == 0, threads.output
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    ran = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "p"), "--task-runner", "processes", "--workers", "2"])
+    assert ran.exit_code == 0, ran.output
+    assert len(judge_env.chat_requests) == 30  # each row once: no head start judging chunk 0 in the flow too
+    assert table(tmp_path / "p") == table(tmp_path / "threads")
+    assert os.getpid() not in {pid for _, pid in record_pids} and len({pid for _, pid in record_pids}) >= 2
