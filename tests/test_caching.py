@@ -256,7 +256,7 @@ def test_sigkill_during_judging_then_rerun_resumes(prefect_harness, judge_env, t
     proc = cli_run(judge_env, data, out, cli_env(judge_env))
     assert judge_env.wait_for_requests(50, timeout=120), proc.communicate()[0] if proc.poll() is not None else ""
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()  # reaps it and closes its output pipe
     before = len(judge_env.chat_requests)
     assert not (out / "results").exists() and not (out / "runs").exists()
     (marker,) = (out / "_pending").glob("*.json")

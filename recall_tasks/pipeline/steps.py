@@ -311,8 +311,11 @@ def abandon(params: RunParams) -> int:
         release(plan)
 
 
-def drop_head_start(plan: RunPlan) -> None:
-    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file."""
+def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
+    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file.
+
+    Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
+    """
     head, plan.head_start = plan.head_start, None
     if head is None:
         return
@@ -320,8 +323,9 @@ def drop_head_start(plan: RunPlan) -> None:
         report = head.future.result()
     except BaseException:  # noqa: BLE001 - the cached report stands; an error here changes nothing
         return
-    with contextlib.suppress(Exception):
-        plan.store.fs.rm(report.path)
+    if report.path != kept.path:
+        with contextlib.suppress(Exception):
+            plan.store.fs.rm(report.path)
 
 
 #: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.

@@ -123,7 +123,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
             cached = None if not params.cache or params.refresh_cache else executor.cached(key)
             if cached is not None and served_from_cache(plan, cached, block):
                 if seq == 0:
-                    steps.drop_head_start(plan)
+                    steps.drop_head_start(plan, cached)
                 tally.served_from_cache += 1
                 record(seq, cached, reused=is_reused(plan, cached))
                 continue
