@@ -1,5 +1,5 @@
 """``python -m recall_tasks`` is the ``recall-bench`` command."""
 
-from recall_tasks.cli.app import app
+from recall_tasks.cli.app import console_main
 
-app()
+console_main()

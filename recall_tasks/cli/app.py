@@ -156,6 +156,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dic
                 f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
                 highlight=False,
             )
+            INTERRUPTED.append(int(sig))
             raise typer.Exit(code=128 + int(sig)) from None
 
 
@@ -391,3 +392,26 @@ app.command()(tables.history)
 app.command()(report.report)
 app.add_typer(server_cmd.server_app, name="server")
 events.register(app)
+
+
+def console_main() -> None:
+    """The ``recall-bench`` process: the Typer app, and an interrupted run leaves at once with its exit code.
+
+    After an interrupt's clean-up (judge calls cancelled, row cache flushed, message printed) the process exits
+    without the interpreter's shutdown: that shutdown joins Prefect's and the judge loop's threads, and a second
+    Ctrl-C landing there ended the process by SIGINT (status -2) instead of 130.
+    """
+    import sys
+
+    try:
+        app()
+    except SystemExit as exc:
+        if exc.code in (130, 143) and INTERRUPTED:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(int(exc.code))
+        raise
+
+
+#: Set by ``_run`` once an interrupt's clean-up is done (``console_main`` then exits at once).
+INTERRUPTED: list[int] = []

@@ -110,7 +110,10 @@ def _interrupts() -> Iterator[dict[str, Any]]:
         yield state
     finally:
         for sig, old in previous.items():
-            signal.signal(sig, old)
+            # an interrupted run is on its way out (exit 130/143): a repeated Ctrl-C must not turn that into a
+            # KeyboardInterrupt traceback on the way, so the handler stays (it ignores repeats, forces after 10 s)
+            if state["signal"] is None:
+                signal.signal(sig, old)
 
 
 #: Notes the CLI printed before the flow; the flow logs them again for deployment runs: not twice on the console.
