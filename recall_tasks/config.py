@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from recall_tasks.secrets import looks_secret
 
+#: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
+#: of the run key, so the same command with or without them submits and collects the same batches.
+BATCH_CONTROL_FIELDS = frozenset({"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback"})
+
 
 class RunParams(BaseModel):
     """Everything a run needs; every field is a CLI option and a deployment parameter."""
@@ -107,6 +111,22 @@ class RunParams(BaseModel):
         None,
         description="module:function(input, messages) -> list of context strings, for agent rows (rows with "
         "messages); other rows keep their retrieval_context",
+    )
+
+    batch: bool = Field(
+        False,
+        description="Judge the rows the row cache cannot serve through the OpenAI Batch API (half price, results "
+        "within 24 h): submit and exit with the run pending; the same command again collects and finishes the run",
+    )
+    batch_wait: bool = Field(False, description="With --batch: submit, then wait for the batches and finish the run")
+    poll_interval_s: float = Field(60.0, gt=0, description="With --batch --wait: seconds between status checks")
+    batch_timeout_s: float | None = Field(
+        None, gt=0, description="With --batch --wait: stop waiting after this many seconds (the run stays pending)"
+    )
+    batch_fallback: Literal["error", "live"] = Field(
+        "error",
+        description="Failed, expired or cancelled batch lines: error (row errors naming the batch and line) | live "
+        "(judged with live calls)",
     )
 
     @field_validator("storage_options")

@@ -374,6 +374,7 @@ RUN_OPTION_FIELDS = {
     "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
     "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
     "dataset_uri": "dataset_uri",
+    "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
 }  # fmt: skip
 
 
@@ -425,6 +426,11 @@ def run(
     extractor_model: Annotated[str | None, _opt("extractor_model")] = _field("extractor_model"),
     context_from: Annotated[str | None, _opt("context_from")] = _field("context_from"),
     context_extractor: Annotated[str | None, _opt("context_extractor")] = _field("context_extractor"),
+    batch: Annotated[bool, _opt("batch", "--batch")] = _field("batch"),
+    wait: Annotated[bool, _opt("batch_wait", "--wait")] = _field("batch_wait"),
+    poll_interval: Annotated[float, _opt("poll_interval_s", "--poll-interval")] = _field("poll_interval_s"),
+    batch_timeout: Annotated[float | None, _opt("batch_timeout_s", "--batch-timeout")] = _field("batch_timeout_s"),
+    batch_fallback: Annotated[str, _opt("batch_fallback")] = _field("batch_fallback"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -449,6 +455,8 @@ def run(
                 "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
+                "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval, "batch_timeout_s": batch_timeout,
+                "batch_fallback": batch_fallback,
             }
         )  # fmt: skip
         err.print(_judge_line(params), markup=False, highlight=False)
@@ -469,6 +477,10 @@ def run(
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
         _fail_unexpected(exc, debug)
+    if summary.get("status") == "batch_pending":  # submitted or still running: nothing committed yet
+        from recall_tasks.cli.batch import print_pending
+
+        return print_pending(summary, console)
     _print_outcome(summary, output)
 
 

@@ -42,7 +42,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import JudgeTransientError, StorageError
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import publish, steps
+from recall_tasks.pipeline import batch, publish, steps
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 
@@ -235,6 +235,12 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     logger = get_run_logger()
     plan = steps.plan_run(params)
     announce(plan, logger)
+    if params.batch:  # the Batch API first: a pending run returns here, nothing committed
+        settled = batch.settle(plan)
+        if settled.pending is not None:
+            steps.release(plan)
+            return settled.pending
+        batch.install(plan, settled)
     tally = score_chunks(plan, PrefectChunks(plan))
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.analysis.baseline import find_baseline
-from recall_tasks.config import RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import (
@@ -206,7 +206,9 @@ class RunPlan:
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
-    payload = json.dumps([params.model_dump(mode="json"), dataset.fingerprint], sort_keys=True)
+    payload = json.dumps(
+        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS)), dataset.fingerprint], sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -319,6 +321,10 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
+    if params.batch:
+        from recall_tasks.pipeline.batch import check_batch
+
+        check_batch(params, judge)
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 
@@ -352,7 +358,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
     """
     plan = plan_run(params, log_notes=False)
     _planned[params.model_dump_json()] = plan
-    if plan.retriever is None:
+    if plan.retriever is None and not params.batch:  # a batch run's rows are not judged live
         block = next(iter_blocks(plan.dataset, params.chunk_size), None)
         if block is not None:
             block = plan.prepare_block(block)
