@@ -115,6 +115,10 @@ def test_submit_is_pending_then_the_same_command_collects_with_live_scores_and_n
     assert judge_env.chat_requests == [] and len(judge_env.uploads) == 1
     assert record(out)["status"] == "pending" and len(record(out)["parts"][0]["custom_ids"]) == 30
 
+    listed = CliRunner().invoke(app, ["batch", "status", "-o", str(out)], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0 and f"{batch_id}  in_progress  30 request(s)" in listed.output, listed.output
+    assert ": pending, submitted " in listed.output
+
     still = cli(judge_env, data, out, "--batch")  # still in progress: reported, nothing submitted again
     assert still.exit_code == 0 and "in_progress" in still.output, still.output
     assert len(judge_env.uploads) == 1 and len(judge_env.batches) == 1
@@ -132,6 +136,8 @@ def test_submit_is_pending_then_the_same_command_collects_with_live_scores_and_n
     assert run["status"] == "completed" and run["requests"] == 30
     assert run["cost_usd"] == pytest.approx(live_run["cost_usd"] / 2)  # gpt-4o-mini's price table, halved
     assert record(out)["status"] == "collected" and not any((out / "_pending").iterdir())
+    listed = CliRunner().invoke(app, ["batch", "status", "-o", str(out)], env={"COLUMNS": "300"})
+    assert ": collected, submitted " in listed.output and "(0 failed line(s))" in listed.output
 
     again = cli(judge_env, data, out, "--batch")  # the next night, unchanged data: row-cache hits, no batch
     assert again.exit_code == 0 and len(judge_env.batches) == 1 and judge_env.chat_requests == []

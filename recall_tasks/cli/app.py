@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from recall_tasks.cli.batch import batch_app
 from recall_tasks.cli.output import OUTPUT_FORMATS, OutputFormat
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
@@ -747,6 +748,7 @@ server_app = typer.Typer(
     help="The local Prefect server that run and demo use when PREFECT_API_URL is not set.",
 )
 app.add_typer(server_app, name="server")
+app.add_typer(batch_app, name="batch")
 
 
 def _server_line(info: Any) -> str:
