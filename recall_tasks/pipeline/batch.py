@@ -40,7 +40,7 @@ from recall_tasks.io.datasets import iter_blocks
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output, request_line, split
 from recall_tasks.metrics.base import Missing
-from recall_tasks.pipeline.scoring import RowCache, _case, metric_fingerprint, request_key, row_cache_key
+from recall_tasks.pipeline.scoring import _case, metric_fingerprint, request_key, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
 
 log = logging.getLogger(__name__)
@@ -348,12 +348,15 @@ class _HideCollected:
 
 
 class BatchServedJudge:
-    """The live judge, except for the run's batch rows: collected ones are served from the row cache (no call),
+    """The live judge, except for the run's batch rows: collected ones are served from memory (read once from the
+    row cache, no call),
     failed ones raise a row error naming the batch and line, unless ``fallback_live``."""
 
-    def __init__(self, live: Any, cache: RowCache, fingerprint: str, settled: Settled, *, fallback_live: bool) -> None:
+    def __init__(
+        self, live: Any, served: dict[str, JudgeResponse], fingerprint: str, settled: Settled, *, fallback_live: bool
+    ) -> None:
         self.live = live
-        self.cache = cache
+        self.served = served
         self.fingerprint = fingerprint
         self.settled = settled
         self.fallback_live = fallback_live
@@ -374,10 +377,9 @@ class BatchServedJudge:
 
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
         key = request_key(self.fingerprint, request)
-        if key in self.settled.collected:
-            found = await asyncio.to_thread(self.cache.get_many, [key])
-            if key in found:
-                return found[key]
+        served = self.served.get(key)
+        if served is not None:
+            return served
         failure = self.settled.failures.get(key)
         if failure is not None and not self.fallback_live:
             raise JudgeResponseError(failure, model=self.model)
@@ -391,7 +393,8 @@ def install(plan: RunPlan, settled: Settled) -> None:
         return
     fingerprint = metric_fingerprint(plan.metric)
     real = plan.cache
+    served = real.get_many(sorted(settled.collected))  # one read per row group, not one per row (~1-2 KB per row)
     plan.metric.judge = BatchServedJudge(
-        plan.metric.judge, real, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
+        plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )
     plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]
