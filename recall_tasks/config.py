@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from recall_tasks.secrets import looks_secret
 
+#: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
+#: of the run key, so the same command with or without them submits and collects the same batches.
+BATCH_CONTROL_FIELDS = frozenset({"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback"})
+
 
 class RunParams(BaseModel):
     """Everything a run needs; every field is a CLI option and a deployment parameter."""
@@ -120,6 +124,22 @@ class RunParams(BaseModel):
         None, description="Address of an existing Dask scheduler (--task-runner dask); default a LocalCluster"
     )
 
+    batch: bool = Field(
+        False,
+        description="Judge the rows the row cache cannot serve through the OpenAI Batch API (half price, results "
+        "within 24 h): submit and exit with the run pending; the same command again collects and finishes the run",
+    )
+    batch_wait: bool = Field(False, description="With --batch: submit, then wait for the batches and finish the run")
+    poll_interval_s: float = Field(60.0, gt=0, description="With --batch --wait: seconds between status checks")
+    batch_timeout_s: float | None = Field(
+        None, gt=0, description="With --batch --wait: stop waiting after this many seconds (the run stays pending)"
+    )
+    batch_fallback: Literal["error", "live"] = Field(
+        "error",
+        description="Failed, expired or cancelled batch lines: error (row errors naming the batch and line) | live "
+        "(judged with live calls)",
+    )
+
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
@@ -210,6 +230,11 @@ class RunParams(BaseModel):
                 raise ValueError(
                     f"--retriever runs in the flow's process and cannot feed --task-runner {self.task_runner}: "
                     "write its results with --retrieval-uri, or use --task-runner threads"
+                )
+            if self.batch:
+                raise ValueError(
+                    f"--batch runs with --task-runner threads only (got {self.task_runner}): a batch run judges "
+                    "nothing live to spread over workers, and its collected rows are served in the flow's process"
                 )
         if self.dask_address and self.task_runner != "dask":
             raise ValueError("--dask-address needs --task-runner dask")

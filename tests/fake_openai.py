@@ -20,11 +20,18 @@ those answered with a fault), in arrival order.
 ``hang = True`` (an outage that accepts connections and never answers): every chat request is recorded, then
 held without an answer until ``hang`` is cleared, :meth:`FakeOpenAI.reset` or :meth:`FakeOpenAI.stop`; the
 connection is then dropped.
+
+Batch API (``/v1/files`` and ``/v1/batches``, see :class:`FakeOpenAI`'s ``batch_*`` attributes): an uploaded JSONL
+(multipart, ``purpose=batch``) is processed line by line with the same responder the chat endpoint uses (not
+recorded as chat requests: a batch's lines are not live calls), the output file in shuffled order, failed lines in
+an error file. ``batch_supported = False`` answers 404 on both routes (vLLM's OpenAI server has neither).
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.parser
+import email.policy
 import itertools
 import json
 import os
@@ -38,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 
@@ -281,12 +289,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         raw = self._read_body()
         path = self.path.split("?", 1)[0]
-        body: Any
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
+        body: Any
+        if headers.get("content-type", "").startswith("multipart/form-data"):
+            body = _parse_multipart(headers["content-type"], raw)
+        else:
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+        query = dict(parse_qsl(self.path.split("?", 1)[1])) if "?" in self.path else {}
+        headers["x-fake-query"] = json.dumps(query)
         reply = self.server.fake._dispatch(method, path, headers, body)
         if isinstance(reply, _ResetConnection):
             self._reset()
@@ -309,6 +322,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("PATCH")
 
 
+def _parse_multipart(content_type: str, raw: bytes) -> dict[str, Any]:
+    """A multipart/form-data body as ``{field: str}``, files as ``{field: (filename, bytes)}``."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        f"Content-Type: {content_type}\r\n\r\n".encode() + raw
+    )
+    out: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        filename = part.get_filename()
+        out[str(name)] = (filename, data) if filename is not None else data.decode("utf-8", "replace")
+    return out
+
+
 _RANDOM_FAULTS = ("429", "500", "503", "reset")
 _MALFORMED_KINDS = ("truncated", "prose", "wrong_shape")
 
@@ -326,6 +353,16 @@ class FakeOpenAI:
     ``stats`` counts outcomes: "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
     "malformed:<kind>", "rejected:json_schema", "responder_error", "hang".  ``errors`` keeps responder exceptions.
     The constructor settings are public attributes; :meth:`reset` restores them.
+
+    Batch API controls (reset by :meth:`reset`): ``batch_supported`` (False: 404 on ``/files`` and ``/batches``);
+    ``batch_hold`` (True: a created batch stays ``in_progress`` until :meth:`finish_batches`; False: it is processed
+    when created and reads ``completed`` from the first retrieve on); ``batch_outcome`` ("completed" | "expired":
+    only the first half of the lines answered, the rest in the error file as ``batch_expired`` | "failed": no
+    output, ``errors`` set); ``batch_fail_line(custom_id, body) -> bool`` (those lines go to the error file with a
+    500); ``batch_create_faults`` (statuses answered to the next ``POST /batches``, one each);
+    ``batch_truncate_output`` (the output file is cut in the middle of its last line); ``batch_unknown_line`` (one
+    output line for a custom_id that was never submitted). :meth:`cancel_batch_outside` cancels a batch as if
+    someone did it in the provider's console. ``files`` and ``batches`` hold what was uploaded and created.
     """
 
     def __init__(
@@ -364,6 +401,9 @@ class FakeOpenAI:
         self.errors: list[BaseException] = []
         self.stats: Counter[str] = Counter()
         self._faults: list[Fault] = []
+        self.files: dict[str, dict[str, Any]] = {}  # id -> {"meta": file object, "data": bytes}
+        self.batches: dict[str, dict[str, Any]] = {}  # id -> batch object
+        self._batch_defaults()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._rng = random.Random(seed)
@@ -425,6 +465,18 @@ class FakeOpenAI:
             self.models_reply = None
             for name, value in self._defaults.items():
                 setattr(self, name, value)
+            self.files.clear()
+            self.batches.clear()
+            self._batch_defaults()
+
+    def _batch_defaults(self) -> None:
+        self.batch_supported = True
+        self.batch_hold = False
+        self.batch_outcome = "completed"
+        self.batch_fail_line: Callable[[str, dict[str, Any]], bool] | None = None
+        self.batch_create_faults: list[int] = []
+        self.batch_truncate_output = False
+        self.batch_unknown_line = False
 
     def set_responder(self, fn: Responder | None) -> None:
         self.responder = fn
@@ -457,6 +509,184 @@ class FakeOpenAI:
         """Block until at least ``n`` requests were recorded; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: len(self.requests) >= n, timeout=timeout)
+
+    # -- Batch API: test controls
+
+    def finish_batches(self, outcome: str | None = None) -> None:
+        """Process every batch still ``validating``/``in_progress`` (``outcome``: default ``batch_outcome``)."""
+        with self._lock:
+            waiting = [b for b in self.batches.values() if b["status"] in ("validating", "in_progress")]
+        for batch in waiting:
+            self._process_batch(batch, outcome or self.batch_outcome)
+
+    def cancel_batch_outside(self, batch_id: str) -> None:
+        """Cancel a batch as someone outside recall-bench would (no output, status ``cancelled``)."""
+        with self._lock:
+            batch = self.batches[batch_id]
+            batch.update(status="cancelled", cancelled_at=int(time.time()))
+
+    @property
+    def uploads(self) -> list[dict[str, Any]]:
+        """The file objects uploaded with ``purpose=batch``, in order."""
+        with self._lock:
+            return [f["meta"] for f in self.files.values() if f["meta"]["purpose"] == "batch"]
+
+    # -- Batch API: the routes
+
+    def _new_file(self, filename: str, data: bytes, purpose: str) -> dict[str, Any]:
+        file_id = f"file-fake{next(self._ids):08d}"
+        meta = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
+                "filename": filename, "purpose": purpose, "status": "processed"}  # fmt: skip
+        with self._lock:
+            self.files[file_id] = {"meta": meta, "data": data}
+        return meta
+
+    def _batch_route(self, method: str, norm: str, headers: dict[str, str], body: Any) -> _Reply | None:
+        """The ``/v1/files`` and ``/v1/batches`` routes; None for any other path."""
+        parts = norm.removeprefix("/v1").strip("/").split("/")
+        if parts[0] not in ("files", "batches"):
+            return None
+        if not self.batch_supported:
+            return _Reply(404, error_body(404, message=f"Unknown request URL: {method} {norm}.", code="unknown_url"))
+        if parts[0] == "files":
+            if method == "POST" and len(parts) == 1:
+                if not isinstance(body, dict) or not isinstance(body.get("file"), tuple):
+                    return _Reply(400, error_body(400, message="a multipart 'file' is required", param="file"))
+                if body.get("purpose") != "batch":
+                    return _Reply(400, error_body(400, message="only purpose=batch is faked", param="purpose"))
+                filename, data = body["file"]
+                for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+                    try:
+                        item = json.loads(line)
+                        assert isinstance(item, dict) and item.get("custom_id") and isinstance(item.get("body"), dict)
+                    except (ValueError, AssertionError):
+                        return _Reply(400, error_body(400, message=f"line {n} is not a batch request line"))
+                return _Reply(200, self._new_file(filename or "upload.jsonl", data, "batch"))
+            if method == "GET" and len(parts) == 1:
+                query = json.loads(headers.get("x-fake-query") or "{}")
+                with self._lock:
+                    data = [f["meta"] for f in self.files.values()
+                            if query.get("purpose") in (None, f["meta"]["purpose"])]  # fmt: skip
+                return _Reply(200, {"object": "list", "data": data, "has_more": False})
+            stored = self.files.get(parts[1])
+            if stored is None:
+                return _Reply(404, error_body(404, message=f"No such File object: {parts[1]}"))
+            if method == "GET" and len(parts) == 3 and parts[2] == "content":
+                return _Reply(200, stored["data"])
+            if method == "GET" and len(parts) == 2:
+                return _Reply(200, stored["meta"])
+            return _Reply(404, error_body(404, message=f"Unknown request URL: {method} {norm}."))
+        # batches
+        if method == "POST" and len(parts) == 1:
+            with self._lock:
+                fault = self.batch_create_faults.pop(0) if self.batch_create_faults else None
+            if fault is not None:
+                return _Reply(fault, error_body(fault))
+            if not isinstance(body, dict) or body.get("input_file_id") not in self.files:
+                return _Reply(400, error_body(400, message="input_file_id names no uploaded file"))
+            if body.get("endpoint") != "/v1/chat/completions":
+                return _Reply(400, error_body(400, message="only /v1/chat/completions is faked", param="endpoint"))
+            batch = {
+                "id": f"batch_fake{next(self._ids):08d}", "object": "batch", "endpoint": body["endpoint"],
+                "errors": None, "input_file_id": body["input_file_id"],
+                "completion_window": body.get("completion_window", "24h"), "status": "validating",
+                "output_file_id": None, "error_file_id": None, "created_at": int(time.time()),
+                "in_progress_at": None, "expires_at": int(time.time()) + 86400, "completed_at": None,
+                "failed_at": None, "expired_at": None, "cancelled_at": None,
+                "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": body.get("metadata"),
+            }  # fmt: skip
+            with self._lock:
+                self.batches[batch["id"]] = batch
+                self.stats["batch:create"] += 1
+            reply = dict(batch)
+            if self.batch_hold:
+                batch["status"] = "in_progress"
+                batch["in_progress_at"] = int(time.time())
+            else:
+                self._process_batch(batch, self.batch_outcome)
+            return _Reply(200, reply)
+        if method == "GET" and len(parts) == 1:
+            with self._lock:
+                return _Reply(200, {"object": "list", "data": list(self.batches.values()), "has_more": False})
+        batch = self.batches.get(parts[1])
+        if batch is None:
+            return _Reply(404, error_body(404, message=f"No such Batch object: {parts[1]}"))
+        if method == "GET" and len(parts) == 2:
+            with self._lock:
+                return _Reply(200, dict(batch))
+        if method == "POST" and len(parts) == 3 and parts[2] == "cancel":
+            with self._lock:
+                if batch["status"] in ("validating", "in_progress"):
+                    batch.update(status="cancelled", cancelled_at=int(time.time()))
+                self.stats["batch:cancel"] += 1
+                return _Reply(200, dict(batch))
+        return _Reply(404, error_body(404, message=f"Unknown request URL: {method} {norm}."))
+
+    def _process_batch(self, batch: dict[str, Any], outcome: str) -> None:
+        """Answer a batch's lines with the responder: output (shuffled) and error files, final status."""
+        lines = [json.loads(x) for x in self.files[batch["input_file_id"]]["data"].decode().splitlines() if x]
+        now = int(time.time())
+        if outcome == "failed":
+            told = {"code": "invalid_request", "message": "the fake was told to fail this batch", "line": None}
+            batch.update(status="failed", failed_at=now, errors={"object": "list", "data": [told]})
+            batch["request_counts"] = {"total": len(lines), "completed": 0, "failed": 0}
+            return
+        answered = len(lines) if outcome == "completed" else len(lines) // 2
+        out, errors = [], []
+        for k, item in enumerate(lines):
+            if k >= answered:
+                expired = {"code": "batch_expired", "message": "This request could not be executed in the window."}
+                errors.append({"id": f"batch_req_{next(self._ids):08d}", "custom_id": item["custom_id"],
+                               "response": None, "error": expired})  # fmt: skip
+                continue
+            fail = self.batch_fail_line is not None and self.batch_fail_line(item["custom_id"], item["body"])
+            status, payload = (500, error_body(500)) if fail else self._batch_answer(item["body"])
+            line = {"id": f"batch_req_{next(self._ids):08d}", "custom_id": item["custom_id"],
+                    "response": {"status_code": status, "request_id": f"req_{next(self._ids):08d}", "body": payload},
+                    "error": None}  # fmt: skip
+            (out if status == 200 else errors).append(line)
+        if self.batch_unknown_line:
+            stray = self._completion({}, DEFAULT_CONTENT, "stop").payload
+            out.append({"id": "batch_req_unknown", "custom_id": "not-a-key-we-sent", "error": None,
+                        "response": {"status_code": 200, "body": stray}})  # fmt: skip
+        with self._lock:
+            random.Random(self.seed).shuffle(out)
+        text = "".join(json.dumps(x) + "\n" for x in out)
+        if self.batch_truncate_output and text:
+            text = text[: len(text) - max(2, len(text.rsplit("\n", 2)[-2]) // 2)]
+        output = self._new_file(f"{batch['id']}_output.jsonl", text.encode(), "batch_output") if out else None
+        error = self._new_file(f"{batch['id']}_error.jsonl", "".join(json.dumps(x) + "\n" for x in errors).encode(),
+                               "batch_output") if errors else None  # fmt: skip
+        with self._lock:
+            if batch["status"] == "cancelled":  # cancelled while it was being processed
+                return
+            batch.update(
+                status="completed" if outcome == "completed" else "expired",
+                output_file_id=output["id"] if output else None,
+                error_file_id=error["id"] if error else None,
+                request_counts={"total": len(lines), "completed": len(out), "failed": len(errors)},
+                **({"completed_at": now} if outcome == "completed" else {"expired_at": now}),
+            )
+            self.stats["batch:processed"] += 1
+
+    def _batch_answer(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """One batch line answered like a chat request by the responder (no faults, no latency)."""
+        try:
+            out = self.responder(body) if self.responder is not None else DEFAULT_CONTENT
+        except Exception as exc:  # noqa: BLE001 - a line error, kept for the test
+            self.errors.append(exc)
+            return 500, error_body(500, message=f"fake responder raised {type(exc).__name__}: {exc}")
+        if out is None:
+            out = DEFAULT_CONTENT
+        if isinstance(out, str):
+            out = {"content": out}
+        status = int(out.get("status", 200))
+        if "json" in out:
+            return status, out["json"]
+        if status != 200:
+            return status, error_body(status)
+        reply = self._completion(body, str(out.get("content", DEFAULT_CONTENT)), str(out.get("finish_reason", "stop")))
+        return 200, reply.payload
 
     # -- request handling (runs in handler threads)
 
@@ -510,6 +740,9 @@ class FakeOpenAI:
                 },
             )
         if not is_chat:
+            batch_reply = self._batch_route(method, norm, headers, body)
+            if batch_reply is not None:
+                return batch_reply
             return _Reply(
                 404,
                 error_body(404, message=f"Unknown request URL: {method} {path}.", code="unknown_url"),

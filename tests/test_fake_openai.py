@@ -325,3 +325,81 @@ def test_late_answer_after_reset_uses_its_own_responder(fake_openai: FakeOpenAI)
     worker.join(timeout=5.0)
     assert result["resp"].choices[0].message.content == "old"
     assert fake_openai.requests == [] and fake_openai.errors == [] and not fake_openai.stats
+
+
+# --------------------------------------------------------------------------------------------- Batch API
+
+
+def _batch_lines(n: int) -> bytes:
+    return "".join(
+        json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": MODEL, "messages": [{"role": "user", "content": f"line {i}"}]}}) + "\n"
+        for i in range(n)
+    ).encode()  # fmt: skip
+
+
+def _submit(client: openai.OpenAI, n: int = 6) -> Any:
+    upload = client.files.create(file=("in.jsonl", _batch_lines(n)), purpose="batch")
+    return client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def _lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()] if file_id else []
+
+
+def test_batch_completes_with_the_chat_responder_in_shuffled_order(fake_openai: FakeOpenAI) -> None:
+    fake_openai.set_responder(lambda body: {"content": extract_user_text(body).upper()})
+    client = _client(fake_openai)
+    batch = _submit(client, 20)
+    assert batch.status == "validating"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 20 and done.error_file_id is None
+    out = _lines(client, done.output_file_id)
+    ids = [x["custom_id"] for x in out]
+    assert sorted(ids, key=lambda k: int(k[1:])) == [f"k{i}" for i in range(20)] and ids != sorted(ids)
+    assert {x["response"]["body"]["choices"][0]["message"]["content"] for x in out} == {f"LINE {i}" for i in range(20)}
+    assert fake_openai.chat_requests == [] and len(fake_openai.uploads) == 1
+
+
+def test_batch_held_failed_lines_expired_failed_cancelled(fake_openai: FakeOpenAI) -> None:
+    client = _client(fake_openai)
+    fake_openai.batch_hold = True
+    fake_openai.batch_fail_line = lambda custom_id, body: custom_id == "k1"
+    held = _submit(client, 4)
+    assert client.batches.retrieve(held.id).status == "in_progress"
+    fake_openai.finish_batches()
+    done = client.batches.retrieve(held.id)
+    assert done.status == "completed" and done.request_counts.failed == 1
+    assert [x["custom_id"] for x in _lines(client, done.error_file_id)] == ["k1"]
+    expiring = _submit(client, 4)
+    fake_openai.finish_batches("expired")
+    expired = client.batches.retrieve(expiring.id)
+    assert expired.status == "expired" and len(_lines(client, expired.output_file_id)) == 1  # k1 failed
+    assert {x["error"]["code"] for x in _lines(client, expired.error_file_id) if x["error"]} == {"batch_expired"}
+    failing = _submit(client, 2)
+    fake_openai.finish_batches("failed")
+    assert client.batches.retrieve(failing.id).status == "failed"
+    outside = _submit(client, 2)
+    fake_openai.cancel_batch_outside(outside.id)
+    assert client.batches.retrieve(outside.id).status == "cancelled"
+    mine = _submit(client, 2)
+    assert client.batches.cancel(mine.id).status == "cancelled"
+
+
+def test_batch_controls_truncate_unknown_create_fault_and_no_support(fake_openai: FakeOpenAI) -> None:
+    client = _client(fake_openai)
+    fake_openai.batch_truncate_output = True
+    fake_openai.batch_unknown_line = True
+    done = client.batches.retrieve(_submit(client, 3).id)
+    text = client.files.content(done.output_file_id).text
+    assert not text.endswith("\n") and len(text.splitlines()) == 4
+    fake_openai.batch_create_faults = [500]
+    upload = client.files.create(file=("in.jsonl", _batch_lines(1)), purpose="batch")
+    with pytest.raises(openai.InternalServerError):
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert [f.filename for f in client.files.list(purpose="batch").data] == ["in.jsonl", "in.jsonl"]
+    fake_openai.batch_supported = False
+    with pytest.raises(openai.NotFoundError):
+        client.batches.list()
+    with pytest.raises(openai.NotFoundError):
+        client.files.create(file=("in.jsonl", _batch_lines(1)), purpose="batch")

@@ -133,6 +133,7 @@ def test_the_spec_pickles_and_holds_no_rows(tmp_path):
         ({"task_runner": "processes", "max_requests": 10}, "--max-requests would hold per worker process"),
         ({"task_runner": "dask", "max_cost_usd": 1.0}, "--max-cost-usd would hold per worker process"),
         ({"task_runner": "processes", "retriever": "m:f"}, "--retriever runs in the flow's process"),
+        ({"task_runner": "processes", "batch": True}, "--batch runs with --task-runner threads only"),
         ({"workers": 2}, "--workers applies to --task-runner processes or dask"),
         ({"task_runner": "processes", "dask_address": "tcp://x:8786"}, "--dask-address needs --task-runner dask"),
     ],

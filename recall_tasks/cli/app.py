@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from recall_tasks.cli import report, server_cmd, tables
+from recall_tasks.cli.batch import batch_app
 from recall_tasks.cli.common import (
     DEBUG_HELP,
     DEFAULT_OUTPUT,
@@ -50,10 +51,10 @@ from recall_tasks.errors import RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
 
-EXIT_CODES = """Exit codes of run: 0 completed; 2 usage, configuration or dataset error (nothing written, no run
-recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed (rows committed with
-status failed: error rate above --max-error-rate, or judging stopped by an outage); 130 interrupted (143 on
-SIGTERM)."""
+EXIT_CODES = """Exit codes of run: 0 completed (or --batch pending); 2 usage, configuration or dataset error
+(nothing written, no run recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed
+(rows committed with status failed: error rate above --max-error-rate, or judging stopped by an outage); 130
+interrupted (143 on SIGTERM)."""
 
 app = typer.Typer(
     add_completion=False,
@@ -178,6 +179,7 @@ RUN_OPTION_FIELDS = {
     "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
     "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
     "dataset_uri": "dataset_uri",
+    "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
 }  # fmt: skip
 
 
@@ -232,6 +234,11 @@ def run(
     task_runner: Annotated[str, _opt("task_runner")] = _field("task_runner"),
     workers: Annotated[int | None, _opt("workers")] = _field("workers"),
     dask_address: Annotated[str | None, _opt("dask_address")] = _field("dask_address"),
+    batch: Annotated[bool, _opt("batch", "--batch")] = _field("batch"),
+    wait: Annotated[bool, _opt("batch_wait", "--wait")] = _field("batch_wait"),
+    poll_interval: Annotated[float, _opt("poll_interval_s", "--poll-interval")] = _field("poll_interval_s"),
+    batch_timeout: Annotated[float | None, _opt("batch_timeout_s", "--batch-timeout")] = _field("batch_timeout_s"),
+    batch_fallback: Annotated[str, _opt("batch_fallback")] = _field("batch_fallback"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -257,6 +264,8 @@ def run(
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
+                "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval, "batch_timeout_s": batch_timeout,
+                "batch_fallback": batch_fallback,
             }
         )  # fmt: skip
         err.print(_judge_line(params), markup=False, highlight=False)
@@ -277,6 +286,10 @@ def run(
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
         _fail_unexpected(exc, debug)
+    if summary.get("status") == "batch_pending":  # submitted or still running: nothing committed yet
+        from recall_tasks.cli.batch import print_pending
+
+        return print_pending(summary, console)
     _print_outcome(summary, output)
 
 
@@ -391,6 +404,7 @@ app.command()(tables.query)
 app.command()(tables.history)
 app.command()(report.report)
 app.add_typer(server_cmd.server_app, name="server")
+app.add_typer(batch_app, name="batch")
 events.register(app)
 
 

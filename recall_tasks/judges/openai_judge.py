@@ -31,7 +31,7 @@ import ssl
 import weakref
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx2
@@ -44,6 +44,9 @@ from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.secrets import redact, register_secret
+
+if TYPE_CHECKING:
+    from recall_tasks.judges.batch import BatchClient
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,15 @@ _FORMATS = ("json_schema", "json_object", "none")
 _VERDICTS = ("recall_verdicts", prompts.RESPONSE_SCHEMA)
 _CLAIMS = ("recall_claims", prompts.CLAIMS_SCHEMA)
 _attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
+
+
+#: Share of the live price a Batch API request costs (OpenAI's and Azure's global batch: 50 % off).
+BATCH_PRICE_FACTOR = 0.5
+
+
+def _budget(request: JudgeRequest) -> int:
+    """Completion tokens asked for a verdict request (doubled once on truncation)."""
+    return 64 + len(request.statements) * (48 if request.include_reason else 24)
 
 
 def price_for(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
@@ -386,46 +398,67 @@ class OpenAIJudge:
         """Ask the endpoint for one verdict per statement; one request in the normal path."""
         state = self._state()
         msgs = prompts.messages(request, self._prompt_version)
-        budget = 64 + len(request.statements) * (48 if request.include_reason else 24)
+        budget = _budget(request)
         usage = [0, 0]
         counter = [0]
         token = _attempts.set(counter)
         try:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage)
-                try:
-                    verdicts, summary, flags = parse_verdicts(content, len(request.statements), len(request.evidence))
-                except ParseError as first:
-                    log.info("judge reply unusable (%s); sending one repair request", first)
-                    repair = [
-                        *msgs,
-                        {"role": "assistant", "content": content[:4000]},
-                        {
-                            "role": "user",
-                            "content": prompts.repair_prompt(str(first), len(request.statements)),
-                        },
-                    ]
-                    content = await self._complete(state, repair, budget, usage)
-                    try:
-                        verdicts, summary, flags = parse_verdicts(
-                            content, len(request.statements), len(request.evidence)
-                        )
-                    except ParseError as second:
-                        raise JudgeResponseError(
-                            f"judge {self._model} gave an unusable reply twice (after one repair request): {second}",
-                            model=self._model,
-                        ) from None
-                    flags = ["repaired after an unusable first reply", *flags]
+                verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
         except BaseException as exc:  # the attempts of a failed (or cancelled) call count in the run's requests
             exc.requests = counter[0]  # type: ignore[attr-defined]
             raise
         finally:
             _attempts.reset(token)
+        return self._response(request, verdicts, summary, flags, usage, counter[0], self._cost(usage))
+
+    async def _parse_or_repair(
+        self,
+        state: _LoopState,
+        request: JudgeRequest,
+        msgs: list[dict[str, str]],
+        content: str,
+        budget: int,
+        usage: list[int],
+    ) -> tuple[list[Any], str, list[str]]:
+        """Parse a reply; an unusable one gets one repair request (the judge's and the batch collection's rule)."""
+        try:
+            return parse_verdicts(content, len(request.statements), len(request.evidence))
+        except ParseError as first:
+            log.info("judge reply unusable (%s); sending one repair request", first)
+            repair = [
+                *msgs,
+                {"role": "assistant", "content": content[:4000]},
+                {"role": "user", "content": prompts.repair_prompt(str(first), len(request.statements))},
+            ]
+            content = await self._complete(state, repair, budget, usage)
+            try:
+                verdicts, summary, flags = parse_verdicts(content, len(request.statements), len(request.evidence))
+            except ParseError as second:
+                raise JudgeResponseError(
+                    f"judge {self._model} gave an unusable reply twice (after one repair request): {second}",
+                    model=self._model,
+                ) from None
+            return verdicts, summary, ["repaired after an unusable first reply", *flags]
+
+    def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
+        price = price_for(self._model, self.prices)
+        return None if price is None else factor * (usage[0] * price[0] + usage[1] * price[1]) / 1e6
+
+    def _response(
+        self,
+        request: JudgeRequest,
+        verdicts: list[Any],
+        summary: str,
+        flags: list[str],
+        usage: list[int],
+        requests: int,
+        cost: float | None,
+    ) -> JudgeResponse:
         if not request.include_reason:
             verdicts = [v.model_copy(update={"reason": ""}) for v in verdicts]
             summary = ""
-        price = price_for(self._model, self.prices)
-        cost = None if price is None else (usage[0] * price[0] + usage[1] * price[1]) / 1e6
         return JudgeResponse(
             verdicts=verdicts,
             summary=summary,
@@ -434,9 +467,50 @@ class OpenAIJudge:
             prompt_tokens=usage[0],
             completion_tokens=usage[1],
             cost_usd=cost,
-            requests=counter[0],
+            requests=requests,
             flags=flags,
         )
+
+    # -- the Batch API (see recall_tasks.judges.batch and recall_tasks.pipeline.batch) ------------
+
+    def batch_body(self, request: JudgeRequest) -> dict[str, Any]:
+        """The request body :meth:`judge` would send first for ``request``: a batch line's ``body``, byte for byte."""
+        return self._request_kwargs(prompts.messages(request, self._prompt_version), _budget(request))
+
+    def batch_client(self) -> BatchClient:
+        """The Batch API (files and batches) on this judge's client of the running loop."""
+        from recall_tasks.judges.batch import BatchClient
+
+        return BatchClient(self._state().client, self._translate)
+
+    async def finish_batch_reply(
+        self, request: JudgeRequest, content: str, finish_reason: str | None, batch_usage: tuple[int, int]
+    ) -> JudgeResponse:
+        """A batch line's reply as :meth:`judge` would have made it: tolerant parsing and, for an unusable reply,
+        one live repair request (a truncated reply: one live request with twice the budget, as live).
+
+        Batch tokens cost :data:`BATCH_PRICE_FACTOR` of the live price, live repair tokens the live price.
+        """
+        state = self._state()
+        msgs = prompts.messages(request, self._prompt_version)
+        budget = _budget(request)
+        usage = [0, 0]
+        counter = [0]
+        token = _attempts.set(counter)
+        try:
+            async with state.semaphore:
+                if finish_reason == "length":
+                    content = await self._complete(state, msgs, budget * 2, usage)
+                verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
+        except BaseException as exc:
+            exc.requests = 1 + counter[0]  # type: ignore[attr-defined]
+            raise
+        finally:
+            _attempts.reset(token)
+        batch_cost, live_cost = self._cost(list(batch_usage), BATCH_PRICE_FACTOR), self._cost(usage)
+        cost = None if batch_cost is None or live_cost is None else batch_cost + live_cost
+        total = [batch_usage[0] + usage[0], batch_usage[1] + usage[1]]
+        return self._response(request, verdicts, summary, flags, total, 1 + counter[0], cost)
 
     # -- claim extraction (the claims units of contextual recall) -------------------------------
 
@@ -476,12 +550,10 @@ class OpenAIJudge:
             claims, problem = parse_claims(content), None
         except ParseError as exc:
             claims, problem = [], str(exc)
-        price = price_for(self._model, self.prices)
         return ClaimsReply(
             claims=claims, problem=problem, raw=content[:4000], model=self._model,
             prompt_version=prompts.CLAIMS_PROMPT_VERSION, prompt_tokens=usage[0], completion_tokens=usage[1],
-            cost_usd=None if price is None else (usage[0] * price[0] + usage[1] * price[1]) / 1e6,
-            requests=counter[0],
+            cost_usd=self._cost(usage), requests=counter[0],
         )  # fmt: skip
 
     def _request_kwargs(

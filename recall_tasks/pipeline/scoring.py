@@ -25,7 +25,7 @@ import pyarrow as pa
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
 from recall_tasks.io.datasets import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
-from recall_tasks.judges.base import JudgeResponse, attempt_observer
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
 from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.metrics.claims import Guard, NotJudged
@@ -60,7 +60,11 @@ def metric_fingerprint(metric: Metric) -> str:
 
 def row_cache_key(fingerprint: str, prepared: Prepared) -> str:
     """Content address of one judge request under one metric configuration."""
-    r = prepared.request
+    return request_key(fingerprint, prepared.request)
+
+
+def request_key(fingerprint: str, r: JudgeRequest) -> str:
+    """:func:`row_cache_key` of a bare request (what a judge sees; the Batch API's ``custom_id``)."""
     payload = json.dumps([fingerprint, r.question, r.statements, r.evidence], ensure_ascii=False)
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 

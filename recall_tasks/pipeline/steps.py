@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
-from recall_tasks.config import RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset, RowBlock, iter_blocks, open_dataset, parse_column_overrides
@@ -202,7 +202,9 @@ class RunPlan:
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
-    payload = json.dumps([params.model_dump(mode="json"), dataset.fingerprint], sort_keys=True)
+    payload = json.dumps(
+        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS)), dataset.fingerprint], sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -239,6 +241,10 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
+    if params.batch:
+        from recall_tasks.pipeline.batch import check_batch
+
+        check_batch(params, judge)
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 
@@ -278,7 +284,9 @@ def plan_ahead(params: RunParams) -> RunPlan:
     import anyio  # noqa: F401
     import httpx  # noqa: F401
 
-    if plan.retriever is None and params.task_runner == "threads":  # other runners score in other processes
+    if (
+        plan.retriever is None and params.task_runner == "threads" and not params.batch
+    ):  # others: not judged here, or not live
         block = next(iter_blocks(plan.dataset, params.chunk_size), None)
         if block is not None:
             block = plan.prepare_block(block)

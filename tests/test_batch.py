@@ -1,0 +1,274 @@
+"""``--batch``: the OpenAI Batch API mode against the fake server's /v1/files and /v1/batches, end to end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from typer.testing import CliRunner
+
+from recall_tasks.cli.app import app
+from recall_tasks.config import RunParams
+from recall_tasks.judges.base import JudgeRequest
+from recall_tasks.judges.batch import ConfigError, parse_output, request_line, split
+from recall_tasks.judges.openai_judge import OpenAIJudge
+from recall_tasks.pipeline.flow import recall_benchmark
+from tests import judge_script
+from tests.test_pipeline import KEY, make_rows, write_parquet
+
+NO_BATCH_API = "this endpoint has no Batch API; run without --batch"
+
+
+@pytest.fixture
+def judge_env(fake_openai, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    return fake_openai
+
+
+def cli(fake, data: str, out: Path, *extra: str):
+    args = ["run", data, "-o", str(out), "--judge", "openai", "--base-url", fake.base_url, "--chunk-size", "7",
+            *extra]  # fmt: skip
+    return CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+
+
+def results(out: Path) -> dict[str, dict]:
+    return {r["row_id"]: r for r in DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()}
+
+
+def runs(out: Path) -> list[dict]:
+    return [r for r in DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist() if r["segment_column"] is None]
+
+
+def record(out: Path) -> dict:
+    (path,) = (out / "_batches").glob("*.json")
+    return json.loads(path.read_text())
+
+
+# -- the wire format ----------------------------------------------------------------------------------------
+
+
+def test_split_at_the_line_and_byte_limits() -> None:
+    lines = [(f"k{i}", b"x" * 10) for i in range(7)]
+    assert [len(p) for p in split(lines, max_lines=3)] == [3, 3, 1]
+    assert [len(p) for p in split(lines, max_bytes=25)] == [2, 2, 2, 1]
+    with pytest.raises(ConfigError, match="above the batch limit"):
+        split([("big", b"x" * 30)], max_bytes=25)
+
+
+def test_output_lines_are_parsed_tolerantly_by_custom_id() -> None:
+    ok = {"custom_id": "a", "response": {"status_code": 200, "body": {
+        "choices": [{"message": {"content": "{}"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3}}}}  # fmt: skip
+    failed = {"custom_id": "b", "response": {"status_code": 500, "body": {"error": {"message": "boom"}}}}
+    expired = {"custom_id": "c", "response": None, "error": {"code": "batch_expired", "message": "too late"}}
+    text = "\n".join([json.dumps(ok), "", json.dumps({"no": "id"}), json.dumps(failed), json.dumps(expired),
+                      json.dumps(ok)[:20]])  # fmt: skip
+    lines, problems = parse_output(text)
+    assert lines["a"].content == "{}" and (lines["a"].prompt_tokens, lines["a"].completion_tokens) == (7, 3)
+    assert lines["b"].error == "HTTP 500: boom" and lines["c"].error == "batch_expired: too late"
+    assert problems == ["line 3 has no custom_id", f"line 6 is not JSON (a truncated file?): {json.dumps(ok)[:20]!r}"]
+
+
+def test_a_batch_line_carries_the_live_judges_request_body(judge_env) -> None:
+    import asyncio
+
+    request = JudgeRequest(task="contextual_recall", question="q?", statements=["Alpha bravo."], evidence=["alpha"])
+    judge = OpenAIJudge(base_url=judge_env.base_url, api_key=KEY)
+
+    async def live() -> None:
+        async with judge:
+            await judge.judge(request)
+
+    asyncio.run(live())
+    (sent,) = judge_env.chat_requests
+    line = json.loads(request_line("key1", judge.batch_body(request)))
+    assert line == {"custom_id": "key1", "method": "POST", "url": "/v1/chat/completions", "body": sent["body"]}
+
+
+# -- submit, pending, collect ---------------------------------------------------------------------------------
+
+
+def test_submit_is_pending_then_the_same_command_collects_with_live_scores_and_no_live_call(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    rows = make_rows(30, seed=3)
+    data = write_parquet(tmp_path / "data" / "eval.parquet", rows)
+    live_out, out = tmp_path / "live", tmp_path / "batch"
+    assert cli(judge_env, data, live_out).exit_code == 0
+    live_chat = len(judge_env.chat_requests)
+    assert live_chat == 30
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    judge_env.batch_hold = True
+
+    submitted = cli(judge_env, data, out, "--batch")
+    assert submitted.exit_code == 0, submitted.output
+    (batch_id,) = judge_env.batches
+    assert "pending: 30 row(s) in 1 batch(es)" in submitted.output and batch_id in submitted.output
+    assert "rerun the same command to collect" in submitted.output
+    assert not (out / "runs").exists() and not (out / "results").exists()  # not a run yet, never a baseline
+    assert judge_env.chat_requests == [] and len(judge_env.uploads) == 1
+    assert record(out)["status"] == "pending" and len(record(out)["parts"][0]["custom_ids"]) == 30
+
+    listed = CliRunner().invoke(app, ["batch", "status", "-o", str(out)], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0 and f"{batch_id}  in_progress  30 request(s)" in listed.output, listed.output
+    assert ": pending, submitted " in listed.output
+
+    still = cli(judge_env, data, out, "--batch")  # still in progress: reported, nothing submitted again
+    assert still.exit_code == 0 and "in_progress" in still.output, still.output
+    assert len(judge_env.uploads) == 1 and len(judge_env.batches) == 1
+
+    judge_env.finish_batches()
+    collected = cli(judge_env, data, out, "--batch")
+    assert collected.exit_code == 0, collected.output
+    assert judge_env.chat_requests == []  # zero live judge calls for the collected rows
+    batch_rows, live_rows = results(out), results(live_out)
+    assert {k: r["score"] for k, r in batch_rows.items()} == {k: r["score"] for k, r in live_rows.items()}
+    assert [r["verdicts"] for r in batch_rows.values()] == [live_rows[k]["verdicts"] for k in batch_rows]
+    assert all(f"judged in batch {batch_id}" in r["flags"] for r in batch_rows.values())
+    (run,) = runs(out)
+    (live_run,) = runs(live_out)
+    assert run["status"] == "completed" and run["requests"] == 30
+    assert run["cost_usd"] == pytest.approx(live_run["cost_usd"] / 2)  # gpt-4o-mini's price table, halved
+    assert record(out)["status"] == "collected" and not any((out / "_pending").iterdir())
+    listed = CliRunner().invoke(app, ["batch", "status", "-o", str(out)], env={"COLUMNS": "300"})
+    assert ": collected, submitted " in listed.output and "(0 failed line(s))" in listed.output
+
+    again = cli(judge_env, data, out, "--batch")  # the next night, unchanged data: row-cache hits, no batch
+    assert again.exit_code == 0 and len(judge_env.batches) == 1 and judge_env.chat_requests == []
+    assert len(runs(out)) == 2
+
+
+def test_wait_submits_polls_and_finishes_in_one_process(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(12, seed=5))
+    judge_env.batch_hold = True
+    stop = threading.Event()
+
+    def finish_once_submitted() -> None:  # the batch stays in progress for a few polls, then completes
+        while not judge_env.batches and not stop.wait(0.05):
+            pass
+        if not stop.wait(0.6):
+            judge_env.finish_batches()
+
+    finisher = threading.Thread(target=finish_once_submitted, daemon=True)
+    finisher.start()
+    try:
+        result = cli(judge_env, data, tmp_path / "out", "--batch", "--wait", "--poll-interval", "0.2",
+                     "--batch-timeout", "60")  # fmt: skip
+    finally:
+        stop.set()
+        finisher.join()
+    assert result.exit_code == 0, result.output
+    assert "pending" not in result.output and runs(tmp_path / "out")[0]["status"] == "completed"
+    assert judge_env.chat_requests == [] and len(judge_env.batches) == 1
+
+
+def test_an_endpoint_without_a_batch_api_is_refused_before_any_upload(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(5))
+    judge_env.batch_supported = False
+    result = cli(judge_env, data, tmp_path / "out", "--batch")
+    assert result.exit_code == 2
+    assert f"error: {NO_BATCH_API}" in " ".join(result.output.split())
+    assert judge_env.uploads == [] and judge_env.chat_requests == []
+    assert not (tmp_path / "out" / "_batches").exists() and not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=8))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    (batch_id,) = judge_env.batches
+    judge_env.cancel_batch_outside(batch_id)
+    failed = cli(judge_env, data, out, "--batch")
+    assert failed.exit_code == 4, failed.output  # every row an error: above --max-error-rate
+    errors = {r["error"] for r in results(out).values()}
+    assert len(errors) == 10 and all(f"batch {batch_id} was cancelled (request " in e for e in errors), errors
+    assert judge_env.chat_requests == []
+
+    live = tmp_path / "live"  # the same, with --batch-fallback live: the rows are judged with live calls
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, live, "--batch").exit_code == 0
+    judge_env.cancel_batch_outside(next(iter(judge_env.batches)))
+    rescued = cli(judge_env, data, live, "--batch", "--batch-fallback", "live")
+    assert rescued.exit_code == 0, rescued.output
+    assert len(judge_env.chat_requests) == 10 and runs(live)[0]["errors"] == 0
+
+
+def test_unknown_custom_id_is_ignored_and_a_truncated_output_line_is_a_row_error(
+    prefect_harness, judge_env, tmp_path, caplog
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11))
+    out = tmp_path / "out"
+    judge_env.batch_unknown_line = True
+    judge_env.batch_truncate_output = True
+    judge_env.batch_hold = True
+    params = RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url,
+                       chunk_size=7, batch=True)  # fmt: skip
+    pending = recall_benchmark(params)
+    assert pending["status"] == "batch_pending" and pending["batches"][0]["status"] == "in_progress"
+    judge_env.finish_batches()
+    with caplog.at_level(logging.WARNING, logger="recall_tasks.pipeline.batch"):
+        summary = recall_benchmark(params)
+    assert summary["status"] == "completed" and summary["errors"] == 1 and summary["scored"] == 29
+    assert "unknown custom_id 'not-a-key-we-sent' ignored" in caplog.text
+    assert "is not JSON (a truncated file?)" in caplog.text
+    (error,) = [r["error"] for r in results(out).values() if r["error"]]
+    assert "returned no line for this request (a truncated output file?)" in error and "batch batch_fake" in error
+    assert judge_env.chat_requests == []
+
+
+def test_a_crash_between_upload_and_batch_creation_never_uploads_twice(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(8, seed=13))
+    out = tmp_path / "out"
+    judge_env.batch_create_faults = [500]
+    crashed = cli(judge_env, data, out, "--batch", "--max-retries", "0")
+    assert crashed.exit_code == 2 and "failed with 500" in crashed.output, crashed.output
+    part = record(out)["parts"][0]
+    assert part["file_id"] and part["batch_id"] is None and len(judge_env.uploads) == 1
+
+    resumed = cli(judge_env, data, out, "--batch", "--max-retries", "0")
+    assert resumed.exit_code == 0, resumed.output  # the batch is created from the recorded file, and completes
+    assert len(judge_env.uploads) == 1 and len(judge_env.batches) == 1
+    assert runs(out)[0]["rows"] == 8 and judge_env.chat_requests == []
+
+    # the upload's id itself was lost (a crash right after the upload): found again by its file name
+    other = tmp_path / "other"
+    judge_env.batch_create_faults = [500]
+    assert cli(judge_env, data, other, "--batch", "--max-retries", "0").exit_code == 2
+    (path,) = (other / "_batches").glob("*.json")
+    lost = json.loads(path.read_text())
+    lost["parts"][0]["file_id"] = None
+    path.write_text(json.dumps(lost))
+    assert cli(judge_env, data, other, "--batch", "--max-retries", "0").exit_code == 0
+    assert len(judge_env.uploads) == 2 and len(judge_env.batches) == 2
+
+
+def test_expired_lines_are_judged_live_with_the_fallback_and_an_unusable_reply_gets_one_repair(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    rows = make_rows(10, seed=17)
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, tmp_path / "out", "--batch").exit_code == 0
+    first = rows[0]["question"]
+    judge_env.set_responder(
+        lambda body: "not json at all" if first in str(body) and len(body["messages"]) == 2
+        else judge_script.responder(body)
+    )  # fmt: skip
+    judge_env.finish_batches("expired")  # half the lines answered, the rest in the error file
+    result = cli(judge_env, data, tmp_path / "out", "--batch", "--batch-fallback", "live")
+    assert result.exit_code == 0, result.output
+    got = results(tmp_path / "out")
+    answered = [r for r in got.values() if any(f.startswith("judged in batch") for f in r["flags"])]
+    assert len(answered) == 5 and runs(tmp_path / "out")[0]["errors"] == 0
+    repaired = [r for r in answered if "repaired after an unusable first reply" in r["flags"]]
+    # the 5 expired lines judged live, and one live repair call for the unusable batch reply
+    assert len(repaired) == 1 and len(judge_env.chat_requests) == 5 + 1
