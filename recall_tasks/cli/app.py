@@ -242,7 +242,7 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from recall_tasks.io.datasets import parse_column_overrides
+    from recall_tasks.io.columns import parse_column_overrides
 
     try:
         params = RunParams.model_validate(
