@@ -92,7 +92,8 @@ def test_settings_follow_the_environment_by_its_exact_names(monkeypatch: pytest.
     first = settings()
     assert settings() is first  # nothing changed: not read again
     assert first.openai_base_url is None and first.openai_api_version == "2024-10-21"
-    monkeypatch.setenv("openai_base_url", "http://lower-case:1")  # not the variable's name
+    monkeypatch.setenv("openai_base_url", "http://lower-case:1")  # not the variable's name: not read
+    assert settings().openai_base_url is None
     monkeypatch.setenv("OPENAI_BASE_URL", "http://judge:8000/v1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "")  # empty counts as unset: the next name is read
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://s3:9000")
