@@ -61,6 +61,7 @@ def looks_secret(key: str) -> bool:
 
 
 def _known_secrets(extra: Iterable[str]) -> list[str]:
+    # live, not settings: mask what the environment holds as the message is built, even if settings fail to load
     values = {os.environ.get(name, "") for name in SECRET_ENV_VARS}
     with _lock:
         values |= _registry

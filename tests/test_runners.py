@@ -15,7 +15,8 @@ from deltalake import DeltaTable
 from pydantic import ValidationError
 
 from recall_tasks.config import RunParams
-from recall_tasks.io.datasets import iter_blocks, open_dataset, read_block
+from recall_tasks.io.blocks import iter_blocks, read_block
+from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline import workers
 from recall_tasks.pipeline.flow import chunk_task, recall_benchmark, score_chunk_spec

@@ -11,7 +11,8 @@ from deltalake import DeltaTable
 
 from recall_tasks import ConfigError, DatasetError
 from recall_tasks.config import RunParams
-from recall_tasks.io.datasets import iter_blocks, open_dataset
+from recall_tasks.io.blocks import iter_blocks
+from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.io.traces import TraceContext, parse_messages, render_result, tool_results
 from recall_tasks.pipeline import steps

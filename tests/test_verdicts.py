@@ -115,7 +115,7 @@ def test_row_ids_depend_on_question_and_reference_only(tmp_path):
     c = write(tmp_path / "c.parquet", [{**r, "reference": r["reference"] + " More."} for r in rows])
 
     def ids(path: str) -> list[str]:
-        from recall_tasks.io.datasets import iter_blocks
+        from recall_tasks.io.blocks import iter_blocks
 
         ds = open_dataset(path, StorageConfig.from_options(), "contextual_recall", {})
         return [i for block in iter_blocks(ds, 5) for i in block.row_ids]

@@ -11,7 +11,7 @@ import pytest
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunInterrupted
-from recall_tasks.io.datasets import iter_blocks
+from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks

@@ -121,7 +121,8 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dic
                 for note in _preflight(params):
                     _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {escape(redact(note))}")
-                if os.environ.get("PREFECT_API_URL"):  # (a URL from a Prefect profile is checked after import)
+                # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
+                if os.environ.get("PREFECT_API_URL"):
                     _check_reachable(os.environ["PREFECT_API_URL"])
                 steps.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
                 stack.callback(steps.abandon, params)  # a no-op once the flow took the plan
@@ -242,7 +243,7 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from recall_tasks.io.datasets import parse_column_overrides
+    from recall_tasks.io.columns import parse_column_overrides
 
     try:
         params = RunParams.model_validate(

@@ -67,7 +67,7 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
             env = _SECRET_ENV.get(key.lower())
             if env is None:
                 raise typer.BadParameter(f"--storage-option {key}: unknown credential option; use AWS_* variables")
-            os.environ[env] = value
+            os.environ[env] = value  # written for the storage clients and settings.settings() to read
         else:
             plain[key] = value
     return plain

@@ -180,9 +180,9 @@ def judge_line(judge: str, model: str, base_url: str | None) -> str:
     """The first line of a run, on stderr: which judge produces the numbers (host only, never credentials)."""
     if judge == "lexical":
         return "judge: lexical (offline approximation; use --judge openai for numbers you report)"
-    import os
+    from recall_tasks.settings import settings
 
-    url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+    url = base_url or settings().openai_base_url or "https://api.openai.com/v1"
     parts = urlsplit(url)
     host = parts.hostname or url
     if parts.port:

@@ -56,6 +56,7 @@ def _prefect_api() -> Iterator[None]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]", highlight=False)
+    # live: sets Prefect's own setting for the run (read by Prefect and any Settings() it builds), then restores it
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
     try:

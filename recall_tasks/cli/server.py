@@ -43,11 +43,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from recall_tasks.errors import ConfigError
+from recall_tasks.settings import env_names, settings
 
 DEFAULT_PORT = 4250
 HOST = "127.0.0.1"
-STATE_ENV = "RECALL_BENCH_STATE_DIR"
-PORT_ENV = "RECALL_BENCH_SERVER_PORT"
+PORT_ENV = env_names("server_port")[0]  # RECALL_BENCH_SERVER_PORT
 #: How long ``start`` waits for a booting server before giving up (it keeps waiting while the process lives).
 START_TIMEOUT_S = 600.0
 STOP_GRACE_S = 10.0
@@ -85,15 +85,15 @@ class Status:
 
 def state_dir() -> Path:
     """The per-user state directory (created on first use)."""
-    explicit = os.environ.get(STATE_ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    env = settings()
+    if env.state_dir:
+        return Path(env.state_dir)
+    base = env.xdg_state_home or str(Path.home() / ".local" / "state")
     return Path(base) / "recall-bench"
 
 
 def default_port() -> int:
-    raw = os.environ.get(PORT_ENV)
+    raw = settings().server_port
     if not raw:
         return DEFAULT_PORT
     try:
@@ -198,6 +198,7 @@ def status() -> Status:
 
 def _server_env() -> dict[str, str]:
     """The caller's environment minus its Prefect client settings, with the server's home and analytics off."""
+    # the live environment (not settings): the server process inherits all of it, minus the client settings
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_PROFILE"))}
     env.update(
         PREFECT_HOME=str(state_dir() / "prefect"),
@@ -309,7 +310,7 @@ def stop(grace: float = STOP_GRACE_S) -> ServerInfo | None:
 
 def configured_api_url() -> str | None:
     """``PREFECT_API_URL`` as Prefect sees it (environment, profile, ``prefect.toml``), or None."""
-    url = os.environ.get("PREFECT_API_URL")
+    url = os.environ.get("PREFECT_API_URL")  # live: Prefect's own setting, which cli/runtime.py sets for a run
     if url:
         return url
     from prefect.settings import get_current_settings

@@ -49,7 +49,7 @@ def server_status() -> None:
     from recall_tasks.cli import server
 
     current = server.status()
-    if os.environ.get("PREFECT_API_URL"):
+    if os.environ.get("PREFECT_API_URL"):  # live: Prefect's own setting, the one runs will use
         err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
     if current.info is None:
         stale = " (removed the record of a server that is gone)" if current.stale_removed else ""

@@ -34,6 +34,7 @@ from recall_tasks.errors import StorageError
 from recall_tasks.io.cache import write_atomically
 from recall_tasks.io.schemas import COMPARISON_SCHEMA, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
+from recall_tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def _as_cached(table: pa.Table) -> pa.Table:
 
 def crashpoint(name: str) -> None:
     """Test hook: ``RECALL_BENCH_CRASH_AT=<name>`` kills the process here (used by the crash-safety tests)."""
-    if os.environ.get("RECALL_BENCH_CRASH_AT") == name:
+    if settings().crash_at == name:
         os.kill(os.getpid(), 9)
 
 

@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import ConfigError, DatasetError
-from recall_tasks.io.datasets import DEFAULT_NAMES, RowBlock, content_hash
+from recall_tasks.io.blocks import RowBlock, content_hash
+from recall_tasks.io.columns import DEFAULT_NAMES
 from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
 
 Retriever = Callable[[list[str]], Any]

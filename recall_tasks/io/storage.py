@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from recall_tasks.errors import ConfigError, RecallBenchError, StorageError
 from recall_tasks.secrets import looks_secret, redact, register_secret
+from recall_tasks.settings import Settings, settings
 
 DEFAULT_REGION = "us-east-1"
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
@@ -51,13 +52,14 @@ _ALIASES: dict[str, str] = {  # lower-case option name -> StorageConfig field
     }.items()
     for alias in aliases.split()
 }
-_ENV: dict[str, tuple[str, ...]] = {  # field -> environment variables, most specific first
-    "access_key_id": ("AWS_ACCESS_KEY_ID",),
-    "secret_access_key": ("AWS_SECRET_ACCESS_KEY",),
-    "session_token": ("AWS_SESSION_TOKEN",),
-    "endpoint_url": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
-    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
-    "allow_http": ("AWS_ALLOW_HTTP",),
+#: field -> the :class:`~recall_tasks.settings.Settings` field it defaults to (``AWS_*``, see settings.py)
+_ENV: dict[str, str] = {
+    "access_key_id": "aws_access_key_id",
+    "secret_access_key": "aws_secret_access_key",
+    "session_token": "aws_session_token",
+    "endpoint_url": "aws_endpoint_url",
+    "region": "aws_region",
+    "allow_http": "aws_allow_http",
 }
 
 
@@ -96,13 +98,16 @@ class StorageConfig(BaseModel):
     def from_options(
         cls, options: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None
     ) -> StorageConfig:
-        """Merge ``env`` (default ``os.environ``) with explicit ``options``; explicit options win."""
-        env = os.environ if env is None else env
+        """Merge the ``AWS_*`` settings with explicit ``options``; explicit options win.
+
+        ``env``: read these variables instead of the process environment's (tests).
+        """
+        environment = settings() if env is None else Settings.from_environ(env)
         values: dict[str, Any] = {}
-        for field, names in _ENV.items():
-            found = next((env[name] for name in names if env.get(name)), None)
+        for field, setting in _ENV.items():
+            found = getattr(environment, setting)
             if found is not None:
-                values[field] = found
+                values[field] = found.get_secret_value() if isinstance(found, SecretStr) else found
         extra: dict[str, str] = {}
         for raw_key, raw_value in (options or {}).items():
             for key, value in _flatten(raw_key, raw_value):

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import ConfigError, DatasetError
-from recall_tasks.io.datasets import RowBlock
+from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.retrieval import load_callable, with_contexts
 
 ContextExtractorFn = Callable[[str | None, list[dict[str, Any]]], Any]

@@ -25,7 +25,6 @@ import contextlib
 import contextvars
 import json
 import logging
-import os
 import socket
 import ssl
 import weakref
@@ -44,6 +43,7 @@ from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.secrets import redact, register_secret
+from recall_tasks.settings import settings as env_settings
 
 if TYPE_CHECKING:
     from recall_tasks.judges.batch import BatchClient
@@ -247,8 +247,10 @@ class OpenAIJudge:
         if response_format not in _FORMATS:
             raise ValueError(f"response_format must be one of {_FORMATS}")
         self._model = model
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        key = api_key or os.environ.get("OPENAI_API_KEY") or (azure or {}).get("api_key")
+        env = env_settings()
+        self.base_url = base_url or env.openai_base_url or None
+        env_key = env.openai_api_key.get_secret_value() if env.openai_api_key else None
+        key = api_key or env_key or (azure or {}).get("api_key")
         official = self.base_url is None or "openai.com" in self.base_url or azure is not None
         # a self-hosted endpoint (vLLM, Ollama...) may need no key: the pre-flight probe tells (401 or not)
         if azure is None and not key and official:
@@ -285,10 +287,12 @@ class OpenAIJudge:
         **kwargs: Any,
     ) -> OpenAIJudge:
         """A judge on an Azure OpenAI deployment (endpoint, version and key default to AZURE_OPENAI_* env)."""
+        env = env_settings()
+        env_key = env.azure_openai_api_key.get_secret_value() if env.azure_openai_api_key else ""
         settings = {
-            "azure_endpoint": azure_endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT", ""),
-            "api_version": api_version or os.environ.get("OPENAI_API_VERSION", "2024-10-21"),
-            "api_key": api_key or os.environ.get("AZURE_OPENAI_API_KEY", ""),
+            "azure_endpoint": azure_endpoint or env.azure_openai_endpoint or "",
+            "api_version": api_version or env.openai_api_version,
+            "api_key": api_key or env_key,
         }
         if not settings["azure_endpoint"]:
             raise JudgeConfigError("Azure judge needs azure_endpoint or AZURE_OPENAI_ENDPOINT", model=deployment)

@@ -36,7 +36,7 @@ from typing import Any
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError, JudgeResponseError
-from recall_tasks.io.datasets import iter_blocks
+from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output, request_line, split
 from recall_tasks.metrics.base import Missing

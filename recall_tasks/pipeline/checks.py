@@ -14,7 +14,8 @@ import pyarrow as pa
 from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
-from recall_tasks.io.datasets import Dataset, parse_column_overrides, stored_type, type_name
+from recall_tasks.io.columns import parse_column_overrides, stored_type, type_name
+from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults, Retriever
 from recall_tasks.io.schemas import passthrough_name

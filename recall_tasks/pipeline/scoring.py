@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
-from recall_tasks.io.datasets import RowBlock
+from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
 from recall_tasks.judges.claims import ClaimsReply

@@ -31,8 +31,10 @@ from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
+from recall_tasks.io.blocks import RowBlock, iter_blocks
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.datasets import Dataset, RowBlock, iter_blocks, open_dataset, parse_column_overrides
+from recall_tasks.io.columns import parse_column_overrides
+from recall_tasks.io.datasets import Dataset, open_dataset
 from recall_tasks.io.results import ChunkPart, ResultStore, today
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.schemas import CHUNK_FIELDS

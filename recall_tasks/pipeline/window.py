@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from recall_tasks.io.datasets import RowBlock, iter_blocks
+from recall_tasks.io.blocks import RowBlock, iter_blocks
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.steps import ABORT_WAIT_S, ChunkReport, RunPlan

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import DatasetError
+from recall_tasks.io.blocks import RowBlock, read_block
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.datasets import RowBlock, open_dataset, parse_column_overrides, read_block
+from recall_tasks.io.columns import parse_column_overrides
+from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
 from recall_tasks.io.storage import StorageConfig, join_uri

@@ -45,7 +45,7 @@ def render_report(
     """The HTML report of ``run_id``. ``results`` and ``runs`` may hold other runs and datasets (filtered here).
 
     ``drops``: the rows that lost most against the baseline (``tracking.largest_drops``); ``chunks``: retrieved
-    chunks of the worst rows by (source file, row) (``datasets.read_contexts``).
+    chunks of the worst rows by (source file, row) (``blocks.read_contexts``).
     """
     if "run_id" in results.column_names and results.num_rows:
         results = results.filter(pc.equal(results.column("run_id"), run_id))

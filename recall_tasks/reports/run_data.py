@@ -179,7 +179,8 @@ def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None)
 
 def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
     """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
-    from recall_tasks.io.datasets import open_dataset, read_contexts
+    from recall_tasks.io.blocks import read_contexts
+    from recall_tasks.io.datasets import open_dataset
 
     needed = {"source_file", "source_row", "content_hash"}
     if results.num_rows == 0 or not needed <= set(results.column_names):
