@@ -185,11 +185,20 @@ def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harn
     assert cli(judge_env, data, out, "--batch").exit_code == 0
     (batch_id,) = judge_env.batches
     judge_env.cancel_batch_outside(batch_id)
+    resubmitted = cli(judge_env, data, out, "--batch")  # every line unanswered: resubmitted once, in batch 2
+    assert resubmitted.exit_code == 0 and "(resubmitted lines)" in resubmitted.output, resubmitted.output
+    first, second = judge_env.batches
+    assert record(out)["parts"][1]["custom_ids"] == record(out)["parts"][0]["custom_ids"]
+    assert cli(judge_env, data, out, "--batch").exit_code == 0 and len(judge_env.batches) == 2  # never twice
+    judge_env.cancel_batch_outside(second)
     failed = cli(judge_env, data, out, "--batch")
     assert failed.exit_code == 4, failed.output  # every row an error: above --max-error-rate
     errors = {r["error"] for r in results(out).values()}
-    assert len(errors) == 10 and all(f"batch {batch_id} was cancelled (request " in e for e in errors), errors
-    assert judge_env.chat_requests == []
+    assert len(errors) == 10 and all(
+        f"batch {second} was cancelled (request " in e and f"first attempt: batch {first} was cancelled" in e
+        for e in errors
+    ), errors
+    assert judge_env.chat_requests == [] and len(judge_env.batches) == 2
 
     live = tmp_path / "live"  # the same, with --batch-fallback live: the rows are judged with live calls
     judge_env.reset()
@@ -202,7 +211,7 @@ def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harn
     assert len(judge_env.chat_requests) == 10 and runs(live)[0]["errors"] == 0
 
 
-def test_unknown_custom_id_is_ignored_and_a_truncated_output_line_is_a_row_error(
+def test_unknown_custom_id_is_ignored_and_a_line_truncated_twice_is_a_row_error_naming_both_batches(
     prefect_harness, judge_env, tmp_path, caplog
 ) -> None:
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11))
@@ -210,18 +219,25 @@ def test_unknown_custom_id_is_ignored_and_a_truncated_output_line_is_a_row_error
     judge_env.batch_unknown_line = True
     judge_env.batch_truncate_output = True
     judge_env.batch_hold = True
+    judge_env.seed = 1  # the output's shuffle: with this seed the truncated last line is a real one, not the stray
     params = RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url,
                        chunk_size=7, batch=True)  # fmt: skip
     pending = recall_benchmark(params)
     assert pending["status"] == "batch_pending" and pending["batches"][0]["status"] == "in_progress"
     judge_env.finish_batches()
     with caplog.at_level(logging.WARNING, logger="recall_tasks.pipeline.batch"):
-        summary = recall_benchmark(params)
-    assert summary["status"] == "completed" and summary["errors"] == 1 and summary["scored"] == 29
+        again = recall_benchmark(params)  # the line missing from the truncated file: resubmitted alone
+    assert again["status"] == "batch_pending" and [b["requests"] for b in again["batches"]] == [30, 1]
     assert "unknown custom_id 'not-a-key-we-sent' ignored" in caplog.text
     assert "is not JSON (a truncated file?)" in caplog.text
+    judge_env.batch_unknown_line = False
+    judge_env.finish_batches()  # its one-line output is truncated too: the line fails twice
+    summary = recall_benchmark(params)
+    assert summary["status"] == "completed" and summary["errors"] == 1 and summary["scored"] == 29
     (error,) = [r["error"] for r in results(out).values() if r["error"]]
-    assert "returned no line for this request (a truncated output file?)" in error and "batch batch_fake" in error
+    first, second = judge_env.batches
+    assert f"batch {second} returned no line for this request (a truncated output file?) (request 1)" in error
+    assert f"first attempt: batch {first} returned no line" in error
     assert judge_env.chat_requests == []
 
 
