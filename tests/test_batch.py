@@ -288,3 +288,78 @@ def test_expired_lines_are_judged_live_with_the_fallback_and_an_unusable_reply_g
     repaired = [r for r in answered if "repaired after an unusable first reply" in r["flags"]]
     # the 5 expired lines judged live, and one live repair call for the unusable batch reply
     assert len(repaired) == 1 and len(judge_env.chat_requests) == 5 + 1
+    assert len(judge_env.batches) == 1  # judged live instead of resubmitted
+
+
+# -- the one resubmission ----------------------------------------------------------------------------------
+
+
+def input_ids(fake, batch_id: str) -> list[str]:
+    """The custom ids the fake received in a batch's input file."""
+    data = fake.files[fake.batches[batch_id]["input_file_id"]]["data"].decode()
+    return [json.loads(line)["custom_id"] for line in data.splitlines() if line]
+
+
+def test_expired_lines_are_resubmitted_once_with_exactly_the_missing_lines_then_scored(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=19))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    judge_env.finish_batches("expired")  # half the lines answered, the rest in the error file as batch_expired
+    (first,) = judge_env.batches
+    output = judge_env.files[judge_env.batches[first]["output_file_id"]]["data"].decode()
+    answered = {json.loads(line)["custom_id"] for line in output.splitlines() if line}
+    assert len(answered) == 5
+
+    resubmitted = cli(judge_env, data, out, "--batch")
+    assert resubmitted.exit_code == 0 and "(resubmitted lines)" in resubmitted.output, resubmitted.output
+    first, second = judge_env.batches
+    assert sorted(input_ids(judge_env, second)) == sorted(set(input_ids(judge_env, first)) - answered)
+    assert record(out)["resubmitted"] == 5 and [p["round"] for p in record(out)["parts"]] == [1, 2]
+    still = cli(judge_env, data, out, "--batch")  # round 2 still running: checked, never resubmitted twice
+    assert still.exit_code == 0 and len(judge_env.batches) == 2 and len(judge_env.uploads) == 2
+
+    judge_env.finish_batches()
+    done = cli(judge_env, data, out, "--batch")
+    assert done.exit_code == 0, done.output
+    got = results(out)
+    assert all(r["score"] is not None and r["error"] is None for r in got.values()) and len(got) == 10
+    by_batch = [next(f for f in r["flags"] if f.startswith("judged in batch")) for r in got.values()]
+    assert sorted(by_batch) == [f"judged in batch {first}"] * 5 + [f"judged in batch {second}"] * 5
+    assert judge_env.chat_requests == []
+    (run,) = runs(out)
+    assert run["batch_ids"] == [first, second] and run["batch_wait_s"] > 0
+    sql = "SELECT batch_ids[2] AS second, batch_wait_s > 0 AS waited FROM runs WHERE segment_column IS NULL"
+    queried = CliRunner().invoke(app, ["query", sql, "-o", str(out), "--output-format", "json"])
+    assert queried.exit_code == 0, queried.output
+    assert json.loads(queried.output.strip()) == {"second": second, "waited": True}
+
+
+def test_a_line_failing_twice_is_a_row_error_naming_the_batch_and_line(prefect_harness, judge_env, tmp_path) -> None:
+    rows = make_rows(30, seed=23)
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    target = rows[4]["question"]
+    judge_env.batch_fail_line = lambda custom_id, body: target in str(body)  # a 500 in both rounds
+    result = cli(judge_env, data, out, "--batch")  # batches end at once: submit, resubmit, collect in one go
+    assert result.exit_code == 0, result.output  # 1 error in 30 rows: within --max-error-rate
+    first, second = judge_env.batches
+    assert len(input_ids(judge_env, first)) == 30 and len(input_ids(judge_env, second)) == 1
+    (error,) = [r["error"] for r in results(out).values() if r["error"]]
+    assert f"batch {second} line 1 failed: HTTP 500" in error, error
+    assert f"(resubmitted once; first attempt: batch {first} line 1 failed: HTTP 500" in error, error
+    assert runs(out)[0]["errors"] == 1 and judge_env.chat_requests == []
+
+
+def test_collect_only_with_nothing_submitted_does_nothing(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(5))
+    out = tmp_path / "out"
+    result = cli(judge_env, data, out, "--batch", "--collect-only")
+    assert result.exit_code == 0, result.output
+    assert "nothing to collect: no batches were submitted for these parameters and this data" in result.output
+    assert judge_env.uploads == [] and judge_env.batches == {} and judge_env.chat_requests == []
+    assert not (out / "runs").exists() and not list((out / "_pending").glob("*.json"))
+    refused = cli(judge_env, data, out, "--collect-only")
+    assert refused.exit_code == 2 and "--collect-only applies to --batch runs" in refused.output, refused.output
