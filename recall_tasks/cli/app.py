@@ -51,10 +51,10 @@ from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetecte
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
 
-EXIT_CODES = """Exit codes of run: 0 completed (or --batch pending); 2 usage, configuration or dataset error
-(nothing written, no run recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed
-(rows committed with status failed: error rate above --max-error-rate, or judging stopped by an outage); 130
-interrupted (143 on SIGTERM)."""
+EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
+configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
+--fail-on-regression; 4 the run failed (rows committed with status failed: error rate above --max-error-rate, or
+judging stopped by an outage); 130 interrupted (143 on SIGTERM)."""
 
 app = typer.Typer(
     add_completion=False,

@@ -39,9 +39,9 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError
 from recall_tasks.io.datasets import iter_blocks
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse
-from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output, request_line, split
+from recall_tasks.judges.batch import ACTIVE, OutputLine, request_line, split
 from recall_tasks.metrics.base import Missing
-from recall_tasks.pipeline.batch_record import OPEN, now, read_at, record_file, stored_params, write_at
+from recall_tasks.pipeline.batch_record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
 from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
 
@@ -210,7 +210,7 @@ def _resubmit(
     if plan.params.batch_fallback == "live" or "resubmitted" in record:
         return False
     _download(plan, record, texts)
-    answers, _ = _outcomes(record, texts)
+    answers, _ = outcomes(record, texts)
     retry = [k for p in record["parts"] for k in p["custom_ids"] if k not in answers and k in requests]
     record["resubmitted"] = len(retry)
     if retry:
@@ -313,57 +313,13 @@ def _download(plan: RunPlan, record: dict[str, Any], texts: dict[str, tuple[str,
         plan.scope.run(run())
 
 
-_WHY = {"cancelled": "was cancelled", "failed": "failed", "expired": "expired"}
-
-
-def _outcomes(
-    record: dict[str, Any], texts: Mapping[str, tuple[str, str]]
-) -> tuple[dict[str, tuple[str, OutputLine]], dict[str, str]]:
-    """The answered lines by custom id (batch id, line), and a message per unanswered one naming its last batch
-    and line (and, after the resubmission, the first attempt's)."""
-    parts = record["parts"]
-    known = {k for p in parts for k in p["custom_ids"]}
-    answers: dict[str, tuple[str, OutputLine]] = {}
-    failures: dict[str, str] = {}
-    for rnd in sorted({p.get("round", 1) for p in parts}):
-        these = [p for p in parts if p.get("round", 1) == rnd]
-        failed: dict[str, str] = {}
-        for part in these:
-            for file_id in (part.get("output_file_id"), part.get("error_file_id")):
-                if not file_id or file_id not in texts:
-                    continue
-                batch_id, text = texts[file_id]
-                lines, problems = parse_output(text)
-                for problem in problems:
-                    log.warning("batch %s, file %s: %s", batch_id, file_id, problem)
-                for key, line in lines.items():
-                    if key not in known:
-                        log.warning("batch %s, file %s line %d: unknown custom_id %r ignored", batch_id, file_id,
-                                    line.line, key)  # fmt: skip
-                    elif line.error is not None:
-                        failed[key] = f"batch {batch_id} line {line.line} failed: {line.error}"
-                    else:
-                        answers[key] = (batch_id, line)
-        for part in these:
-            for n, key in enumerate(part["custom_ids"], 1):
-                if key in answers:
-                    continue
-                why = _WHY.get(part.get("status") or "", "returned no line for this request (a truncated output file?)")
-                message = failed.get(key) or f"batch {part['batch_id']} {why} (request {n})"
-                first = failures.get(key)
-                failures[key] = message if first is None else f"{message} (resubmitted once; first attempt: {first})"
-    for key in answers:
-        failures.pop(key, None)
-    return answers, failures
-
-
 def _collect(
     plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
 ) -> Settled:
     """Every batch ended: parse the outputs into the row cache; the rest are failures (or judged live)."""
     judge: Any = plan.metric.judge
     _download(plan, record, texts)
-    answers, failures = _outcomes(record, texts)
+    answers, failures = outcomes(record, texts)
 
     async def finish(key: str, batch_id: str, line: OutputLine) -> tuple[str, JudgeResponse | str]:
         try:

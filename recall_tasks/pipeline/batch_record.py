@@ -1,4 +1,5 @@
-"""The record of a ``--batch`` run's batches, ``<output>/_batches/<run key>.json``, and what reads it without a run.
+"""The record of a ``--batch`` run's batches, ``<output>/_batches/<run key>.json``, what its batches' output files
+say (:func:`outcomes`), and what reads it without a run (``recall-bench batch status | collect | cancel``).
 
 Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch`). It holds:
 
@@ -17,14 +18,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError
-from recall_tasks.judges.batch import ACTIVE
+from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output
+
+log = logging.getLogger("recall_tasks.pipeline.batch")  # the batch run's logger (tests and users filter on it)
 
 #: Statuses of a record whose batches may still be collected.
 OPEN = frozenset({"submitting", "pending"})
@@ -64,6 +69,53 @@ def now() -> str:
 def stored_params(params: RunParams) -> dict[str, Any]:
     """What the record keeps of the run's parameters: all but how to wait (those are the caller's choice)."""
     return params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS))
+
+
+# -- the outputs -------------------------------------------------------------------------------------------
+
+
+_WHY = {"cancelled": "was cancelled", "failed": "failed", "expired": "expired"}
+
+
+def outcomes(
+    record: dict[str, Any], texts: Mapping[str, tuple[str, str]]
+) -> tuple[dict[str, tuple[str, OutputLine]], dict[str, str]]:
+    """The answered lines by custom id (batch id, line), and a message per unanswered one naming its last batch
+    and line (and, after the resubmission, the first attempt's)."""
+    parts = record["parts"]
+    known = {k for p in parts for k in p["custom_ids"]}
+    answers: dict[str, tuple[str, OutputLine]] = {}
+    failures: dict[str, str] = {}
+    for rnd in sorted({p.get("round", 1) for p in parts}):
+        these = [p for p in parts if p.get("round", 1) == rnd]
+        failed: dict[str, str] = {}
+        for part in these:
+            for file_id in (part.get("output_file_id"), part.get("error_file_id")):
+                if not file_id or file_id not in texts:
+                    continue
+                batch_id, text = texts[file_id]
+                lines, problems = parse_output(text)
+                for problem in problems:
+                    log.warning("batch %s, file %s: %s", batch_id, file_id, problem)
+                for key, line in lines.items():
+                    if key not in known:
+                        log.warning("batch %s, file %s line %d: unknown custom_id %r ignored", batch_id, file_id,
+                                    line.line, key)  # fmt: skip
+                    elif line.error is not None:
+                        failed[key] = f"batch {batch_id} line {line.line} failed: {line.error}"
+                    else:
+                        answers[key] = (batch_id, line)
+        for part in these:
+            for n, key in enumerate(part["custom_ids"], 1):
+                if key in answers:
+                    continue
+                why = _WHY.get(part.get("status") or "", "returned no line for this request (a truncated output file?)")
+                message = failed.get(key) or f"batch {part['batch_id']} {why} (request {n})"
+                first = failures.get(key)
+                failures[key] = message if first is None else f"{message} (resubmitted once; first attempt: {first})"
+    for key in answers:
+        failures.pop(key, None)
+    return answers, failures
 
 
 # -- without a run: recall-bench batch status | collect | cancel ------------------------------------------
