@@ -143,8 +143,8 @@ class RunParams(BaseModel):
     )
     batch_collect_only: bool = Field(
         False,
-        description="With --batch: only check and collect the batches already submitted for these parameters "
-        "(resubmitting their unanswered lines once); never start new batches nor a run without them",
+        description="With --batch: only carry on with the batches already recorded for these parameters (check, "
+        "resubmit their unanswered lines once, collect and finish the run); never a new record, nor a run without one",
     )
 
     @field_validator("storage_options")
