@@ -73,7 +73,7 @@ def _say(console: Console, line: str) -> None:
 
 @batch_app.command("status")
 def status(output: OutputOption = "recall-output", storage_option: StorageOption = None) -> None:
-    """The batches recorded under --output, as last seen (rerun the run command to check and collect them)."""
+    """The batches recorded under --output, as last seen, no provider call (batch collect checks and collects)."""
     console = Console()
     _, found = _records(output, storage_option)
     if not found:
