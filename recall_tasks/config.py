@@ -16,7 +16,9 @@ from recall_tasks.secrets import looks_secret
 
 #: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
 #: of the run key, so the same command with or without them submits and collects the same batches.
-BATCH_CONTROL_FIELDS = frozenset({"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback"})
+BATCH_CONTROL_FIELDS = frozenset(
+    {"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback", "batch_collect_only"}
+)
 
 
 class RunParams(BaseModel):
@@ -136,8 +138,13 @@ class RunParams(BaseModel):
     )
     batch_fallback: Literal["error", "live"] = Field(
         "error",
-        description="Failed, expired or cancelled batch lines: error (row errors naming the batch and line) | live "
-        "(judged with live calls)",
+        description="Failed, expired or cancelled batch lines: error (resubmitted once in a new batch, then row "
+        "errors naming the batch and line) | live (judged with live calls, no resubmission)",
+    )
+    batch_collect_only: bool = Field(
+        False,
+        description="With --batch: only carry on with the batches already recorded for these parameters (check, "
+        "resubmit their unanswered lines once, collect and finish the run); never a new record, nor a run without one",
     )
 
     @field_validator("storage_options")
@@ -236,6 +243,8 @@ class RunParams(BaseModel):
                     f"--batch runs with --task-runner threads only (got {self.task_runner}): a batch run judges "
                     "nothing live to spread over workers, and its collected rows are served in the flow's process"
                 )
+        if self.batch_collect_only and not self.batch:
+            raise ValueError("--collect-only applies to --batch runs")
         if self.dask_address and self.task_runner != "dask":
             raise ValueError("--dask-address needs --task-runner dask")
         return self

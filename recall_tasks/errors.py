@@ -19,9 +19,10 @@ The tree, and what the pipeline does with each branch::
     └── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
                                       nothing committed, judged rows kept in the row cache
 
-Exit codes of ``recall-bench run`` (and the flow run's state):
+Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the flow run's state):
 
-    0    the run completed (whatever its verdict, unless --fail-on-regression)
+    0    the run completed (whatever its verdict, unless --fail-on-regression); a --batch run pending, or with
+         --collect-only nothing to collect
     2    usage, configuration or dataset error: nothing was judged or written, no run recorded
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
     4    the run failed: its rows are committed with status failed (flow run Failed)

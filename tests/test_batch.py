@@ -185,11 +185,20 @@ def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harn
     assert cli(judge_env, data, out, "--batch").exit_code == 0
     (batch_id,) = judge_env.batches
     judge_env.cancel_batch_outside(batch_id)
+    resubmitted = cli(judge_env, data, out, "--batch")  # every line unanswered: resubmitted once, in batch 2
+    assert resubmitted.exit_code == 0 and "(resubmitted lines)" in resubmitted.output, resubmitted.output
+    first, second = judge_env.batches
+    assert record(out)["parts"][1]["custom_ids"] == record(out)["parts"][0]["custom_ids"]
+    assert cli(judge_env, data, out, "--batch").exit_code == 0 and len(judge_env.batches) == 2  # never twice
+    judge_env.cancel_batch_outside(second)
     failed = cli(judge_env, data, out, "--batch")
     assert failed.exit_code == 4, failed.output  # every row an error: above --max-error-rate
     errors = {r["error"] for r in results(out).values()}
-    assert len(errors) == 10 and all(f"batch {batch_id} was cancelled (request " in e for e in errors), errors
-    assert judge_env.chat_requests == []
+    assert len(errors) == 10 and all(
+        f"batch {second} was cancelled (request " in e and f"first attempt: batch {first} was cancelled" in e
+        for e in errors
+    ), errors
+    assert judge_env.chat_requests == [] and len(judge_env.batches) == 2
 
     live = tmp_path / "live"  # the same, with --batch-fallback live: the rows are judged with live calls
     judge_env.reset()
@@ -202,7 +211,7 @@ def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harn
     assert len(judge_env.chat_requests) == 10 and runs(live)[0]["errors"] == 0
 
 
-def test_unknown_custom_id_is_ignored_and_a_truncated_output_line_is_a_row_error(
+def test_unknown_custom_id_is_ignored_and_a_line_truncated_twice_is_a_row_error_naming_both_batches(
     prefect_harness, judge_env, tmp_path, caplog
 ) -> None:
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11))
@@ -210,18 +219,25 @@ def test_unknown_custom_id_is_ignored_and_a_truncated_output_line_is_a_row_error
     judge_env.batch_unknown_line = True
     judge_env.batch_truncate_output = True
     judge_env.batch_hold = True
+    judge_env.seed = 1  # the output's shuffle: with this seed the truncated last line is a real one, not the stray
     params = RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=judge_env.base_url,
                        chunk_size=7, batch=True)  # fmt: skip
     pending = recall_benchmark(params)
     assert pending["status"] == "batch_pending" and pending["batches"][0]["status"] == "in_progress"
     judge_env.finish_batches()
     with caplog.at_level(logging.WARNING, logger="recall_tasks.pipeline.batch"):
-        summary = recall_benchmark(params)
-    assert summary["status"] == "completed" and summary["errors"] == 1 and summary["scored"] == 29
+        again = recall_benchmark(params)  # the line missing from the truncated file: resubmitted alone
+    assert again["status"] == "batch_pending" and [b["requests"] for b in again["batches"]] == [30, 1]
     assert "unknown custom_id 'not-a-key-we-sent' ignored" in caplog.text
     assert "is not JSON (a truncated file?)" in caplog.text
+    judge_env.batch_unknown_line = False
+    judge_env.finish_batches()  # its one-line output is truncated too: the line fails twice
+    summary = recall_benchmark(params)
+    assert summary["status"] == "completed" and summary["errors"] == 1 and summary["scored"] == 29
     (error,) = [r["error"] for r in results(out).values() if r["error"]]
-    assert "returned no line for this request (a truncated output file?)" in error and "batch batch_fake" in error
+    first, second = judge_env.batches
+    assert f"batch {second} returned no line for this request (a truncated output file?) (request 1)" in error
+    assert f"first attempt: batch {first} returned no line" in error
     assert judge_env.chat_requests == []
 
 
@@ -272,3 +288,78 @@ def test_expired_lines_are_judged_live_with_the_fallback_and_an_unusable_reply_g
     repaired = [r for r in answered if "repaired after an unusable first reply" in r["flags"]]
     # the 5 expired lines judged live, and one live repair call for the unusable batch reply
     assert len(repaired) == 1 and len(judge_env.chat_requests) == 5 + 1
+    assert len(judge_env.batches) == 1  # judged live instead of resubmitted
+
+
+# -- the one resubmission ----------------------------------------------------------------------------------
+
+
+def input_ids(fake, batch_id: str) -> list[str]:
+    """The custom ids the fake received in a batch's input file."""
+    data = fake.files[fake.batches[batch_id]["input_file_id"]]["data"].decode()
+    return [json.loads(line)["custom_id"] for line in data.splitlines() if line]
+
+
+def test_expired_lines_are_resubmitted_once_with_exactly_the_missing_lines_then_scored(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=19))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    judge_env.finish_batches("expired")  # half the lines answered, the rest in the error file as batch_expired
+    (first,) = judge_env.batches
+    output = judge_env.files[judge_env.batches[first]["output_file_id"]]["data"].decode()
+    answered = {json.loads(line)["custom_id"] for line in output.splitlines() if line}
+    assert len(answered) == 5
+
+    resubmitted = cli(judge_env, data, out, "--batch")
+    assert resubmitted.exit_code == 0 and "(resubmitted lines)" in resubmitted.output, resubmitted.output
+    first, second = judge_env.batches
+    assert sorted(input_ids(judge_env, second)) == sorted(set(input_ids(judge_env, first)) - answered)
+    assert record(out)["resubmitted"] == 5 and [p["round"] for p in record(out)["parts"]] == [1, 2]
+    still = cli(judge_env, data, out, "--batch")  # round 2 still running: checked, never resubmitted twice
+    assert still.exit_code == 0 and len(judge_env.batches) == 2 and len(judge_env.uploads) == 2
+
+    judge_env.finish_batches()
+    done = cli(judge_env, data, out, "--batch")
+    assert done.exit_code == 0, done.output
+    got = results(out)
+    assert all(r["score"] is not None and r["error"] is None for r in got.values()) and len(got) == 10
+    by_batch = [next(f for f in r["flags"] if f.startswith("judged in batch")) for r in got.values()]
+    assert sorted(by_batch) == [f"judged in batch {first}"] * 5 + [f"judged in batch {second}"] * 5
+    assert judge_env.chat_requests == []
+    (run,) = runs(out)
+    assert run["batch_ids"] == [first, second] and run["batch_wait_s"] > 0
+    sql = "SELECT batch_ids[2] AS second, batch_wait_s > 0 AS waited FROM runs WHERE segment_column IS NULL"
+    queried = CliRunner().invoke(app, ["query", sql, "-o", str(out), "--output-format", "json"])
+    assert queried.exit_code == 0, queried.output
+    assert json.loads(queried.output.strip()) == {"second": second, "waited": True}
+
+
+def test_a_line_failing_twice_is_a_row_error_naming_the_batch_and_line(prefect_harness, judge_env, tmp_path) -> None:
+    rows = make_rows(30, seed=23)
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    target = rows[4]["question"]
+    judge_env.batch_fail_line = lambda custom_id, body: target in str(body)  # a 500 in both rounds
+    result = cli(judge_env, data, out, "--batch")  # batches end at once: submit, resubmit, collect in one go
+    assert result.exit_code == 0, result.output  # 1 error in 30 rows: within --max-error-rate
+    first, second = judge_env.batches
+    assert len(input_ids(judge_env, first)) == 30 and len(input_ids(judge_env, second)) == 1
+    (error,) = [r["error"] for r in results(out).values() if r["error"]]
+    assert f"batch {second} line 1 failed: HTTP 500" in error, error
+    assert f"(resubmitted once; first attempt: batch {first} line 1 failed: HTTP 500" in error, error
+    assert runs(out)[0]["errors"] == 1 and judge_env.chat_requests == []
+
+
+def test_collect_only_with_nothing_submitted_does_nothing(prefect_harness, judge_env, tmp_path) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(5))
+    out = tmp_path / "out"
+    result = cli(judge_env, data, out, "--batch", "--collect-only")
+    assert result.exit_code == 0, result.output
+    assert "nothing to collect: no batches were submitted for these parameters and this data" in result.output
+    assert judge_env.uploads == [] and judge_env.batches == {} and judge_env.chat_requests == []
+    assert not (out / "runs").exists() and not list((out / "_pending").glob("*.json"))
+    refused = cli(judge_env, data, out, "--collect-only")
+    assert refused.exit_code == 2 and "--collect-only applies to --batch runs" in refused.output, refused.output

@@ -127,7 +127,7 @@ def test_yaml_is_portable_and_holds_no_secrets():
     raw = yaml.safe_load(YAML.read_text())
     model = PrefectYamlModel.model_validate(raw)
     names = {d.name: d for d in model.deployments}
-    assert set(names) == {"nightly-recall", "index-built-recall"}
+    assert set(names) == {"nightly-recall", "index-built-recall", "nightly-recall-batch-wait", "nightly-recall-batch"}
     for dep in names.values():
         assert dep.entrypoint == "flows/recall_flow.py:recall_benchmark"
         assert dep.work_pool is not None and dep.work_pool.name == "recall-pool"
@@ -156,6 +156,26 @@ def test_yaml_is_portable_and_holds_no_secrets():
     }
     filled["output_uri"] = "s3://b/recall"
     assert RunParams.model_validate(filled).judge == "openai"
+
+    # the two batch examples: every parameter set (the deployment's and each schedule's) is a valid RunParams
+    def run_params(params: dict[str, Any]) -> RunParams:
+        env = {"{{ $RECALL_DATASET_URI }}": "s3://b/d.parquet", "{{ $RECALL_OUTPUT_URI }}": "s3://b/recall"}
+        return RunParams.model_validate({k: env.get(v, v) if isinstance(v, str) else v for k, v in params.items()})
+
+    wait = names["nightly-recall-batch-wait"]
+    waiting = run_params(wait.parameters["params"])
+    assert waiting.batch and waiting.batch_wait and waiting.poll_interval_s == 300
+    (only,) = wait.schedules or []
+    assert not only.parameters and only.active is False
+    split = names["nightly-recall-batch"]
+    submit, collect = split.schedules or []
+    assert submit.active is False and collect.active is False and not submit.parameters
+    submitting = run_params(split.parameters["params"])
+    collecting = run_params(collect.parameters["params"])
+    assert submitting.batch and not submitting.batch_wait and not submitting.batch_collect_only
+    assert collecting.batch_collect_only  # the same parameters otherwise: the same run key, the same batches
+    assert collecting.model_copy(update={"batch_collect_only": False}) == submitting
+    assert waiting.label != submitting.label  # the two examples never share a run key (and so batches)
 
 
 def test_event_helpers_and_cli_command(prefect_server: PrefectServer):
@@ -259,6 +279,18 @@ def test_deploy_then_index_built_events_run_the_flow(
         gcl = nightly.global_concurrency_limit
         assert (gcl.limit if gcl else nightly.concurrency_limit) == 1
         assert not index.schedules
+
+        # the batch examples: deployed paused; the collect schedule holds the same parameters plus collect-only
+        batch_wait = client.read_deployment_by_name(f"{FLOW}/nightly-recall-batch-wait")
+        batch_split = client.read_deployment_by_name(f"{FLOW}/nightly-recall-batch")
+        waiting = RunParams.model_validate(batch_wait.parameters["params"])
+        assert waiting.batch and waiting.batch_wait and waiting.dataset_uri == dataset
+        assert [s.active for s in batch_wait.schedules] == [False]
+        submit, collect = sorted(batch_split.schedules, key=lambda s: bool(s.parameters))
+        assert not submit.active and not collect.active and not submit.parameters
+        assert batch_split.parameters["params"]["dataset_uri"] == dataset
+        assert collect.parameters == {"params": {**batch_split.parameters["params"], "batch_collect_only": True}}
+        assert RunParams.model_validate(collect.parameters["params"]).output_uri == default_output
 
         automations = client.read_resource_related_automations(f"prefect.deployment.{index.id}")
         assert len(automations) == 1

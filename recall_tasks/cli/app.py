@@ -47,14 +47,14 @@ from recall_tasks.cli.runtime import (
 )
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
-from recall_tasks.errors import RecallBenchError, RegressionDetected, RunFailed
+from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
 
-EXIT_CODES = """Exit codes of run: 0 completed (or --batch pending); 2 usage, configuration or dataset error
-(nothing written, no run recorded); 3 regressed against the baseline with --fail-on-regression; 4 the run failed
-(rows committed with status failed: error rate above --max-error-rate, or judging stopped by an outage); 130
-interrupted (143 on SIGTERM)."""
+EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
+configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
+--fail-on-regression; 4 the run failed (rows committed with status failed: error rate above --max-error-rate, or
+judging stopped by an outage); 130 interrupted (143 on SIGTERM)."""
 
 app = typer.Typer(
     add_completion=False,
@@ -181,6 +181,7 @@ RUN_OPTION_FIELDS = {
     "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
     "dataset_uri": "dataset_uri",
     "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
+    "collect_only": "batch_collect_only",
 }  # fmt: skip
 
 
@@ -240,6 +241,7 @@ def run(
     poll_interval: Annotated[float, _opt("poll_interval_s", "--poll-interval")] = _field("poll_interval_s"),
     batch_timeout: Annotated[float | None, _opt("batch_timeout_s", "--batch-timeout")] = _field("batch_timeout_s"),
     batch_fallback: Annotated[str, _opt("batch_fallback")] = _field("batch_fallback"),
+    collect_only: Annotated[bool, _opt("batch_collect_only", "--collect-only")] = _field("batch_collect_only"),
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -266,9 +268,24 @@ def run(
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
                 "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval, "batch_timeout_s": batch_timeout,
-                "batch_fallback": batch_fallback,
+                "batch_fallback": batch_fallback, "batch_collect_only": collect_only,
             }
         )  # fmt: skip
+    except ValidationError as exc:
+        _fail(ValueError(_validation_message(exc)), debug)
+    except RecallBenchError as exc:
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
+    execute(params, output, debug)
+
+
+def execute(params: RunParams, output: str, debug: bool = False, batch_key: str | None = None) -> None:
+    """Run the flow for ``params`` and print its outcome with the exit codes of ``run`` (``batch collect`` too:
+    ``batch_key``, the run key its record was written under, must be the run's, or the data changed)."""
+    try:
         err.print(_judge_line(params), markup=False, highlight=False)
         summary = _run(params, debug, preflight=True)
     except RegressionDetected as exc:
@@ -287,7 +304,13 @@ def run(
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
         _fail_unexpected(exc, debug)
-    if summary.get("status") == "batch_pending":  # submitted or still running: nothing committed yet
+    if batch_key is not None and summary.get("run_key") not in (None, batch_key):
+        _fail(ConfigError(
+            f"the data of {params.dataset_uri} changed since its batches were submitted (run key now "
+            f"{summary.get('run_key')}, recorded {batch_key}): the batches cannot be matched to its rows; "
+            f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
+        ), debug)  # fmt: skip
+    if summary.get("status") in ("batch_pending", "batch_idle"):  # nothing committed (yet)
         from recall_tasks.cli.batch import print_pending
 
         return print_pending(summary, console)

@@ -1,8 +1,9 @@
-"""``run --batch`` output while its batches are pending (nothing committed yet), and ``recall-bench batch status``."""
+"""``run --batch`` output while its batches are pending (nothing committed yet), and ``recall-bench batch``:
+``status`` (the records as last seen, no provider call), ``collect`` (check once and finish the run as the rerun
+of its ``run --batch`` command would) and ``cancel`` (cancel the recorded batches at the provider)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -13,7 +14,9 @@ from recall_tasks.secrets import redact
 
 
 def pending_lines(summary: dict[str, Any]) -> list[str]:
-    """The pending run's batches, one line each, and how to collect them."""
+    """The pending run's batches, one line each, and how to collect them (or why there is nothing to collect)."""
+    if summary.get("status") == "batch_idle":
+        return [f"{summary['reason']} (record {summary.get('record')}); nothing committed"]
     batches = summary.get("batches") or []
     lines = [
         f"run {summary['run_id']} pending: {summary.get('batched_rows', 0)} row(s) in {len(batches)} batch(es) "
@@ -22,9 +25,13 @@ def pending_lines(summary: dict[str, Any]) -> list[str]:
     for b in batches:
         counts = b.get("counts") or {}
         done = f", {counts.get('completed', 0)} done, {counts.get('failed', 0)} failed" if counts.get("total") else ""
-        lines.append(f"  {b['id']}  {b.get('status')}  {b['requests']} request(s){done}")
+        again = " (resubmitted lines)" if b.get("round", 1) > 1 else ""
+        lines.append(f"  {b['id']}  {b.get('status')}  {b['requests']} request(s){again}{done}")
     lines.append(f"record: {summary.get('record')}")
-    lines.append("rerun the same command to collect the results and finish the run (or add --wait to wait)")
+    lines.append(
+        "rerun the same command to collect the results and finish the run (or add --wait to wait; or "
+        f"`recall-bench batch collect -o {summary.get('output')} {summary.get('run_key')}`)"
+    )
     return lines
 
 
@@ -36,38 +43,122 @@ def print_pending(summary: dict[str, Any], console: Console) -> None:
 batch_app = typer.Typer(no_args_is_help=True, help="The Batch API runs under an output (run --batch).")
 
 
-@batch_app.command("status")
-def status(
-    output: Annotated[
-        str, typer.Option("--output", "-o", envvar="RECALL_OUTPUT", help="Where the tables and _batches/ live")
-    ] = "recall-output",
-    storage_option: Annotated[
-        list[str] | None, typer.Option("--storage-option", help="key=value for the object store (repeatable)")
-    ] = None,
-) -> None:
-    """The batches recorded under --output, as last seen (rerun the run command to check and collect them)."""
-    from recall_tasks.io.storage import StorageConfig, filesystem, parse_storage_options
+OutputOption = Annotated[
+    str, typer.Option("--output", "-o", envvar="RECALL_OUTPUT", help="Where the tables and _batches/ live")
+]
+StorageOption = Annotated[
+    list[str] | None, typer.Option("--storage-option", help="key=value for the object store (repeatable)")
+]
+RunKeyArgument = Annotated[
+    str | None, typer.Argument(help="The run key of the record (see batch status); default: the only pending one")
+]
 
-    console, err = Console(), Console(stderr=True)
+
+def _records(output: str, storage_option: list[str] | None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The filesystem and the records under ``output``; an unreadable output: one error line, exit 2."""
+    from recall_tasks.io.storage import StorageConfig, filesystem, parse_storage_options
+    from recall_tasks.pipeline.batch_record import records
+
     try:
         fs, root = filesystem(output, StorageConfig.from_options(parse_storage_options(storage_option or [])))
-        folder = f"{root.rstrip('/')}/_batches"
-        paths = sorted(p for p in fs.find(folder) if p.endswith(".json")) if fs.exists(folder) else []
+        return fs, records(fs, root)
     except Exception as exc:  # noqa: BLE001 - one line, as every command
-        err.print(f"error: cannot read {output}/_batches: {escape(redact(str(exc)))}", highlight=False)
+        Console(stderr=True).print(f"error: cannot read {output}/_batches: {escape(redact(str(exc)))}", highlight=False)
         raise typer.Exit(code=2) from None
-    if not paths:
+
+
+def _say(console: Console, line: str) -> None:
+    console.print(escape(redact(line)), soft_wrap=True, highlight=False)
+
+
+@batch_app.command("status")
+def status(output: OutputOption = "recall-output", storage_option: StorageOption = None) -> None:
+    """The batches recorded under --output, as last seen, no provider call (batch collect checks and collects)."""
+    console = Console()
+    _, found = _records(output, storage_option)
+    if not found:
         console.print(f"no batches recorded under {escape(output)}", highlight=False)
         return
-    for path in paths:
-        with fs.open(path, "r") as fh:
-            record = json.load(fh)
+    for _, record in found:
         failures = len(record.get("failures") or {})
-        head = (f"run {record.get('run_id')}: {record.get('status')}, submitted {record.get('submitted_at')}"
-                + (f", collected {record['collected_at']} ({failures} failed line(s))" if record.get("collected_at")
-                   else ""))  # fmt: skip
-        console.print(escape(redact(head)), soft_wrap=True, highlight=False)
+        head = f"run {record.get('run_id')} (key {record.get('run_key')}): {record.get('status')}, "
+        head += f"submitted {record.get('submitted_at')}"
+        if record.get("collected_at"):
+            head += f", collected {record['collected_at']} ({failures} failed line(s))"
+        if record.get("cancelled_at"):
+            head += f", cancelled {record['cancelled_at']}"
+        _say(console, head)
         for part in record.get("parts") or []:
             batch_id, count = part.get("batch_id") or "(not created)", len(part["custom_ids"])
-            line = f"  {batch_id}  {part.get('status')}  {count} request(s)"
-            console.print(escape(redact(line)), soft_wrap=True, highlight=False)
+            again = " (resubmitted lines)" if part.get("round", 1) > 1 else ""
+            _say(console, f"  {batch_id}  {part.get('status')}  {count} request(s){again}")
+
+
+def _open_record(output: str, storage_option: list[str] | None, run_key: str | None) -> tuple[Any, str, dict[str, Any]]:
+    """The pending record collect/cancel act on; none: a message and exit 0; a wrong or ambiguous key: exit 2."""
+    from recall_tasks.errors import ConfigError
+    from recall_tasks.pipeline.batch_record import choose_open
+
+    fs, found = _records(output, storage_option)
+    try:
+        path, record = choose_open(found, output, run_key)
+    except LookupError as exc:
+        _say(Console(), str(exc))
+        raise typer.Exit(code=0) from None
+    except ConfigError as exc:
+        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    return fs, path, record
+
+
+@batch_app.command("collect")
+def collect(
+    run_key: RunKeyArgument = None,
+    output: OutputOption = "recall-output",
+    storage_option: StorageOption = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show Prefect's logs and full tracebacks")] = False,
+) -> None:
+    """Check the pending batches once and, if they all ended, finish the run exactly as the rerun of its
+    ``run --batch`` command would (the parameters come from the record). Exit codes as ``run``."""
+    from recall_tasks.cli.app import execute
+    from recall_tasks.errors import ConfigError
+    from recall_tasks.io.storage import StorageConfig, filesystem
+    from recall_tasks.pipeline.batch_record import params_of
+
+    _, path, record = _open_record(output, storage_option, run_key)
+    try:
+        params = params_of(record, path).model_copy(update={"batch_wait": False, "batch_collect_only": True})
+        _, root = filesystem(params.output_uri, StorageConfig.from_options(params.storage_options))
+        if f"{root.rstrip('/')}/_batches/{record.get('run_key')}.json" != path:
+            raise ConfigError(
+                f"the batches under {output} were submitted with --output {params.output_uri}, which is another "
+                "location from here: run `batch collect` from the directory the run was submitted from"
+            )
+    except ConfigError as exc:
+        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    if storage_option:  # credentials given here reach this process's AWS_* variables, as with run
+        from recall_tasks.cli.common import _split_storage_options
+
+        _split_storage_options(storage_option)
+    execute(params, output, debug, batch_key=record.get("run_key"))
+
+
+@batch_app.command("cancel")
+def cancel(
+    run_key: RunKeyArgument = None, output: OutputOption = "recall-output", storage_option: StorageOption = None
+) -> None:
+    """Cancel the pending batches of a run at the provider and mark its record cancelled (a later ``run --batch``
+    submits new batches)."""
+    from recall_tasks.errors import RecallBenchError
+    from recall_tasks.pipeline import batch_record
+
+    fs, path, record = _open_record(output, storage_option, run_key)
+    try:
+        cancelled = batch_record.cancel(fs, path, record)
+    except RecallBenchError as exc:
+        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    ids = ", ".join(cancelled) if cancelled else "none was still running"
+    _say(Console(), f"run {record.get('run_id')} (key {record.get('run_key')}): cancelled; batches cancelled: {ids}")
+    _say(Console(), "a later `run --batch` with the same parameters submits new batches")

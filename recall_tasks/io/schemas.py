@@ -141,6 +141,15 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("judge_config", pa.string()),
     pa.field("row_identity", pa.string()),
     pa.field("dataset_id", pa.string()),
+    pa.field("batch_ids", pa.list_(pa.string())),
+    pa.field("batch_wait_s", pa.float64()),
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
-"""Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value."""
+"""Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value.
+
+``batch_ids`` and ``batch_wait_s`` are set by a ``--batch`` run that submitted batches (null for live runs and for
+runs written before the columns existed: Delta merges the schema on append, the parquet reader unifies the files'
+schemas). ``batch_ids`` is a ``list<string>`` rather than a comma-joined string: DuckDB (``list_contains``,
+``unnest``) and Athena/Trino (``contains``, ``CROSS JOIN UNNEST``) query an array natively, with no string
+splitting; ``batch_wait_s`` is the seconds from the first batch's submission to the collect (the resubmission
+included), as wall-clock time across the submitting and collecting processes."""

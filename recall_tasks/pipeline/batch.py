@@ -1,6 +1,7 @@
 """A run judged through the OpenAI Batch API (``--batch``): submit the row-cache misses, collect, then finish live.
 
-The run-level logic; the wire format and the calls are :mod:`recall_tasks.judges.batch`.
+The run-level logic; the wire format and the calls are :mod:`recall_tasks.judges.batch`, the record
+:mod:`recall_tasks.pipeline.batch_record`, the finish :mod:`recall_tasks.pipeline.batch_finish`.
 
 - **Submit** (:func:`settle`, no record yet): every row the row cache cannot serve becomes a request line
   (``custom_id`` = its row-cache key, body = what the live judge would send), split at 50,000 lines / 200 MB,
@@ -11,42 +12,45 @@ The run-level logic; the wire format and the calls are :mod:`recall_tasks.judges
   The run is then **pending**: no commit, not in ``runs``, never a baseline; the flow returns a summary with the
   batch ids and the CLI tells to rerun the same command (the run key, hence the record, ignores the polling
   options).
-- **Collect** (the same command again, every batch ended): output lines are parsed by custom_id into the row
-  cache, with tolerant parsing and one live repair call per unusable reply (``OpenAIJudge.finish_batch_reply``);
-  an unknown custom_id is ignored with a warning. Failed, expired, cancelled or missing lines (a truncated output
-  file) are judged live with ``--batch-fallback live``, else they become row errors naming the batch and the line.
-- **Finish**: the normal chunk loop runs. :func:`install` puts two thin wrappers on the plan: the row cache hides
-  the collected keys and the judge serves them from the row cache, so the rows are recorded with the batch's
-  tokens, requests and (half-price) cost instead of as free cache hits, and no live call is made for them.
+- **Resubmit** (every batch ended, :func:`_resubmit`): the lines without a usable answer (failed or expired
+  lines, the lines of a batch that ended failed, expired or cancelled without output, lines missing from a
+  truncated output file) go ONCE into new batches, round 2 of the same record (``resubmitted`` is recorded with
+  them, so a rerun never resubmits twice and a crash mid-submit is resumed). Not with ``--batch-fallback live``:
+  those lines are judged live instead.
+- **Collect** (every batch of every round ended): output lines are parsed by custom_id into the row cache, with
+  tolerant parsing and one live repair call per unusable reply (``OpenAIJudge.finish_batch_reply``); an unknown
+  custom_id is ignored with a warning. Lines still unanswered become row errors naming their last batch and line
+  (and the first attempt's), or are judged live with ``--batch-fallback live``.
+- **Collect only** (``batch_collect_only``: ``--collect-only``, ``recall-bench batch collect``, a deployment's
+  collect schedule): a run whose parameters have no open record returns :data:`IDLE` and does nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
 import logging
-import os
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError, JudgeResponseError
+from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse
-from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output, request_line, split
+from recall_tasks.judges.batch import ACTIVE, OutputLine, request_line, split
 from recall_tasks.metrics.base import Missing
-from recall_tasks.pipeline.scoring import _case, metric_fingerprint, request_key, row_cache_key
+from recall_tasks.pipeline.batch_record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
+from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
 
 log = logging.getLogger(__name__)
 
 #: The status of a run whose batches are not collected yet (returned by the flow, never committed).
 PENDING = "batch_pending"
+#: The status a ``batch_collect_only`` run returns when its parameters have no pending batches (nothing done).
+IDLE = "batch_idle"
 
 
 def check_batch(params: RunParams, judge: Judge) -> None:
@@ -73,41 +77,19 @@ def check_batch(params: RunParams, judge: Judge) -> None:
     run_sync(probe())
 
 
-# -- the record ------------------------------------------------------------------------------------------
+# -- the record (its format: :mod:`recall_tasks.pipeline.batch_record`) ----------------------------------
 
 
 def record_path(plan: RunPlan) -> str:
-    return plan.store._path("_batches", f"{plan.run_key}.json")
+    return record_file(plan.store, plan.run_key)
 
 
 def read_record(plan: RunPlan) -> dict[str, Any] | None:
-    path = record_path(plan)
-    fs = plan.store.fs
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "r") as fh:
-        data: dict[str, Any] = json.load(fh)
-    return data
+    return read_at(plan.store.fs, record_path(plan))
 
 
 def write_record(plan: RunPlan, record: dict[str, Any]) -> None:
-    """Written whole (local: temp file and rename; object stores: one PUT)."""
-    path = record_path(plan)
-    fs = plan.store.fs
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    text = json.dumps(record, indent=1)
-    if type(fs).__name__ == "LocalFileSystem":
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    else:
-        with fs.open(path, "w") as fh:
-            fh.write(text)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    write_at(plan.store.fs, record_path(plan), record)
 
 
 # -- what the run needs ------------------------------------------------------------------------------------
@@ -140,21 +122,41 @@ def misses(plan: RunPlan) -> dict[str, JudgeRequest]:
 
 @dataclass
 class Settled:
-    """What :func:`settle` found: ``pending`` (a summary to return) or the keys to serve and the failures."""
+    """What :func:`settle` found: ``pending`` (a summary to return) or the keys to serve and the failures, with
+    the batch ids and the seconds from the first submit to the collect (``runs.batch_ids``, ``batch_wait_s``)."""
 
     pending: dict[str, Any] | None = None
     collected: set[str] = field(default_factory=set)
     failures: dict[str, str] = field(default_factory=dict)
+    batch_ids: list[str] | None = None
+    wait_s: float | None = None
+
+
+def _finished(record: dict[str, Any]) -> Settled:
+    """A collected record as :class:`Settled` (the finish of a collected run, or its resumption)."""
+    submitted, collected = record.get("submitted_ts"), record.get("collected_ts")
+    wait = collected - submitted if isinstance(submitted, int | float) and isinstance(collected, int | float) else None
+    return Settled(
+        collected=set(record.get("collected") or []), failures=dict(record.get("failures") or {}),
+        batch_ids=[p["batch_id"] for p in record["parts"] if p.get("batch_id")], wait_s=wait,
+    )  # fmt: skip
 
 
 def settle(plan: RunPlan) -> Settled:
-    """Submit, check or collect the run's batches (see the module docstring); waits with ``--wait``."""
+    """Submit, check, resubmit or collect the run's batches (see the module docstring); waits with ``--wait``."""
     params = plan.params
     record = read_record(plan)
-    if record is not None and record.get("status") == "collected" and record.get("run_id") == plan.run_id:
+    status = record.get("status") if record is not None else None
+    if record is not None and status == "collected" and record.get("run_id") == plan.run_id:
         log.warning("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
-        return Settled(collected=set(record.get("collected") or []), failures=dict(record.get("failures") or {}))
-    if record is not None and record.get("status") == "collected":
+        return _finished(record)
+    if params.batch_collect_only and status not in OPEN:
+        return Settled(pending=idle_summary(plan, record))
+    if record is not None and status == "cancelled":
+        log.warning("the batches of run %s were cancelled at %s; submitting new batches", record.get("run_id"),
+                    record.get("cancelled_at"))  # fmt: skip
+        record = None
+    elif status == "collected":
         record = None  # an earlier run's batches: this run starts its own
     requests = misses(plan)
     if record is None:
@@ -162,10 +164,13 @@ def settle(plan: RunPlan) -> Settled:
             return Settled()
         record = _new_record(plan, requests)
     _submit(plan, record, requests)
+    texts: dict[str, tuple[str, str]] = {}
     deadline = None if params.batch_timeout_s is None else time.monotonic() + params.batch_timeout_s
     while True:
         _refresh(plan, record)
         if not any(p.get("status") in ACTIVE for p in record["parts"]):
+            if _resubmit(plan, record, requests, texts):
+                continue
             break
         if not params.batch_wait or (deadline is not None and time.monotonic() >= deadline):
             if params.batch_wait:
@@ -173,22 +178,50 @@ def settle(plan: RunPlan) -> Settled:
             return Settled(pending=pending_summary(plan, record, len(requests)))
         time.sleep(params.poll_interval_s if deadline is None else
                    max(0.0, min(params.poll_interval_s, deadline - time.monotonic())))  # fmt: skip
-    return _collect(plan, record, requests)
+    return _collect(plan, record, requests, texts)
+
+
+def _parts(plan: RunPlan, requests: Mapping[str, JudgeRequest], keys: list[str], rnd: int) -> list[dict[str, Any]]:
+    judge: Any = plan.metric.judge
+    parts = split((key, request_line(key, judge.batch_body(requests[key]))) for key in keys)
+    tag = "" if rnd == 1 else f"r{rnd}-"
+    return [{"part": i, "round": rnd, "custom_ids": [k for k, _ in part], "uploading": False, "file_id": None,
+             "filename": f"recall-{plan.run_key}-{tag}{i}.jsonl", "batch_id": None, "status": None}
+            for i, part in enumerate(parts)]  # fmt: skip
 
 
 def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest]) -> dict[str, Any]:
     judge: Any = plan.metric.judge
-    lines = ((key, request_line(key, judge.batch_body(r))) for key, r in requests.items())
-    parts = split(lines)
     record = {
-        "run_key": plan.run_key, "run_id": plan.run_id, "status": "submitting", "submitted_at": _now(),
-        "model": judge.model, "endpoint": getattr(judge, "endpoint", None),
-        "parts": [{"part": i, "custom_ids": [k for k, _ in part], "filename": f"recall-{plan.run_key}-{i}.jsonl",
-                   "uploading": False, "file_id": None, "batch_id": None, "status": None}
-                  for i, part in enumerate(parts)],
+        "run_key": plan.run_key, "run_id": plan.run_id, "status": "submitting", "submitted_at": now(),
+        "submitted_ts": time.time(), "model": judge.model, "endpoint": getattr(judge, "endpoint", None),
+        "params": stored_params(plan.params), "parts": _parts(plan, requests, list(requests), 1),
     }  # fmt: skip
     write_record(plan, record)
     return record
+
+
+def _resubmit(
+    plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
+) -> bool:
+    """Every batch ended: submit the lines left unanswered (failed, expired, cancelled, missing) ONCE in new
+    batches (round 2, same record). Not with ``--batch-fallback live`` (those lines are judged live). True if
+    round 2 was submitted now."""
+    if plan.params.batch_fallback == "live" or "resubmitted" in record:
+        return False
+    _download(plan, record, texts)
+    answers, _ = outcomes(record, texts)
+    retry = [k for p in record["parts"] for k in p["custom_ids"] if k not in answers and k in requests]
+    record["resubmitted"] = len(retry)
+    if retry:
+        record["parts"].extend(_parts(plan, requests, retry, 2))
+    write_record(plan, record)  # round 2 recorded before any upload: a crash is resumed by the rerun's _submit
+    if not retry:
+        return False
+    _submit(plan, record, requests)
+    ids = ", ".join(p["batch_id"] for p in record["parts"] if p.get("round") == 2)
+    log.warning("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
+    return True
 
 
 def _submit(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest]) -> None:
@@ -209,7 +242,8 @@ def _submit(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeR
                 write_record(plan, record)
                 part["file_id"] = await client.upload(part["filename"], data)
                 write_record(plan, record)
-            batch = await client.create(part["file_id"], {"recall_bench_run": plan.run_id, "part": str(part["part"])})
+            metadata = {"recall_bench_run": plan.run_id, "part": str(part["part"]), "round": str(part.get("round", 1))}
+            batch = await client.create(part["file_id"], metadata)
             part.update(batch_id=batch["id"], status=batch["status"])
             write_record(plan, record)
 
@@ -246,48 +280,46 @@ def _refresh(plan: RunPlan, record: dict[str, Any]) -> None:
 def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> dict[str, Any]:
     """What the flow returns for a pending run: its batches, nothing committed."""
     return {
-        "status": PENDING, "run_id": plan.run_id, "rows": plan.dataset.num_rows, "batched_rows": rows,
-        "record": record_path(plan), "submitted_at": record.get("submitted_at"),
+        "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
+        "batched_rows": rows, "record": record_path(plan), "output": plan.params.output_uri,
+        "submitted_at": record.get("submitted_at"),
         "batches": [{"id": p["batch_id"], "status": p.get("status"), "requests": len(p["custom_ids"]),
-                     "counts": p.get("request_counts")} for p in record["parts"]],
+                     "round": p.get("round", 1), "counts": p.get("request_counts")} for p in record["parts"]],
     }  # fmt: skip
 
 
-def _collect(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest]) -> Settled:
+def idle_summary(plan: RunPlan, record: dict[str, Any] | None) -> dict[str, Any]:
+    """What a ``batch_collect_only`` run returns when these parameters have no pending batches: nothing done."""
+    if record is None:
+        why = "no batches were submitted for these parameters and this data"
+    else:
+        why = f"the batches of run {record.get('run_id')} are {record.get('status')}"
+    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": record_path(plan),
+            "reason": f"nothing to collect: {why}"}  # fmt: skip
+
+
+def _download(plan: RunPlan, record: dict[str, Any], texts: dict[str, tuple[str, str]]) -> None:
+    """The ended parts' output and error files not downloaded yet, into ``texts`` (file id -> batch id, text)."""
+    judge: Any = plan.metric.judge
+    wanted = [(p[kind], p["batch_id"]) for p in record["parts"] for kind in ("output_file_id", "error_file_id")
+              if p.get(kind) and p[kind] not in texts]  # fmt: skip
+
+    async def run() -> None:
+        client = judge.batch_client()
+        for file_id, batch_id in wanted:
+            texts[file_id] = (batch_id, await client.content(file_id))
+
+    if wanted:
+        plan.scope.run(run())
+
+
+def _collect(
+    plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
+) -> Settled:
     """Every batch ended: parse the outputs into the row cache; the rest are failures (or judged live)."""
     judge: Any = plan.metric.judge
-    answers: dict[str, tuple[str, OutputLine]] = {}
-    failures: dict[str, str] = {}
-
-    async def download() -> dict[str, tuple[str, str]]:
-        client = judge.batch_client()
-        files: dict[str, tuple[str, str]] = {}
-        for part in record["parts"]:
-            for kind in ("output_file_id", "error_file_id"):
-                if part.get(kind):
-                    files[part[kind]] = (part["batch_id"], await client.content(part[kind]))
-        return files
-
-    texts = plan.scope.run(download())
-    owner = {k: p for p in record["parts"] for k in p["custom_ids"]}
-    for file_id, (batch_id, text) in texts.items():
-        lines, problems = parse_output(text)
-        for problem in problems:
-            log.warning("batch %s, file %s: %s", batch_id, file_id, problem)
-        for key, line in lines.items():
-            if key not in owner:
-                log.warning("batch %s, file %s line %d: unknown custom_id %r ignored", batch_id, file_id, line.line,
-                            key)  # fmt: skip
-            elif line.error is not None:
-                failures[key] = f"batch {batch_id} line {line.line} failed: {line.error}"
-            else:
-                answers[key] = (batch_id, line)
-    for key, part in owner.items():
-        if key not in answers and key not in failures:
-            why = {"cancelled": "was cancelled", "failed": "failed", "expired": "expired"}.get(
-                part.get("status") or "", "returned no line for this request (a truncated output file?)"
-            )
-            failures[key] = f"batch {part['batch_id']} {why} (request {part['custom_ids'].index(key) + 1})"
+    _download(plan, record, texts)
+    answers, failures = outcomes(record, texts)
 
     async def finish(key: str, batch_id: str, line: OutputLine) -> tuple[str, JudgeResponse | str]:
         try:
@@ -314,7 +346,8 @@ def _collect(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, Judge
     if plan.cache is not None and collected:
         plan.cache.put_many(collected, flush=False)
         plan.cache.flush()
-    record.update(status="collected", collected_at=_now(), collected=sorted(collected), failures=failures)
+    record.update(status="collected", collected_at=now(), collected_ts=time.time(), collected=sorted(collected),
+                  failures=failures)  # fmt: skip
     record["cost_usd"] = sum(r.cost_usd or 0.0 for r in collected.values())
     write_record(plan, record)
     log.warning(
@@ -322,79 +355,4 @@ def _collect(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, Judge
         ", ".join(p["batch_id"] for p in record["parts"]), len(failures),
         " judged live (--batch-fallback live)" if failures and plan.params.batch_fallback == "live" else "",
     )  # fmt: skip
-    return Settled(collected=set(collected), failures=failures)
-
-
-# -- finishing the run ------------------------------------------------------------------------------------
-
-
-class _HideCollected:
-    """The run's row cache without the keys collected from its batches (the judge below serves them)."""
-
-    def __init__(self, inner: Any, collected: set[str]) -> None:
-        self.inner = inner
-        self.collected = collected
-
-    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
-        found: dict[str, JudgeResponse] = self.inner.get_many([k for k in keys if k not in self.collected])
-        return found
-
-    def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
-        ready: bool = self.inner.put_many({k: v for k, v in entries.items() if k not in self.collected}, flush=flush)
-        return ready
-
-    def __getattr__(self, name: str) -> Any:  # flush, close, stored, claims...
-        return getattr(self.inner, name)
-
-
-class BatchServedJudge:
-    """The live judge, except for the run's batch rows: collected ones are served from memory (read once from the
-    row cache, no call),
-    failed ones raise a row error naming the batch and line, unless ``fallback_live``."""
-
-    def __init__(
-        self, live: Any, served: dict[str, JudgeResponse], fingerprint: str, settled: Settled, *, fallback_live: bool
-    ) -> None:
-        self.live = live
-        self.served = served
-        self.fingerprint = fingerprint
-        self.settled = settled
-        self.fallback_live = fallback_live
-
-    @property
-    def model(self) -> str:
-        return str(self.live.model)
-
-    @property
-    def prompt_version(self) -> str:
-        return str(self.live.prompt_version)
-
-    def config(self) -> dict[str, Any]:
-        return dict(self.live.config())
-
-    def __getattr__(self, name: str) -> Any:  # aclose, prices, endpoint...
-        return getattr(self.live, name)
-
-    async def judge(self, request: JudgeRequest) -> JudgeResponse:
-        key = request_key(self.fingerprint, request)
-        served = self.served.get(key)
-        if served is not None:
-            return served
-        failure = self.settled.failures.get(key)
-        if failure is not None and not self.fallback_live:
-            raise JudgeResponseError(failure, model=self.model)
-        response: JudgeResponse = await self.live.judge(request)
-        return response
-
-
-def install(plan: RunPlan, settled: Settled) -> None:
-    """Serve the collected rows from the row cache through the judge (see the module docstring)."""
-    if plan.cache is None or not (settled.collected or settled.failures):
-        return
-    fingerprint = metric_fingerprint(plan.metric)
-    real = plan.cache
-    served = real.get_many(sorted(settled.collected))  # one read per row group, not one per row (~1-2 KB per row)
-    plan.metric.judge = BatchServedJudge(
-        plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
-    )
-    plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]
+    return _finished(record)

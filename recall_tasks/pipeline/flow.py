@@ -44,7 +44,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import batch, publish, steps, workers
+from recall_tasks.pipeline import batch, batch_finish, publish, steps, workers
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.pipeline.workers import ChunkSpec
@@ -298,10 +298,12 @@ def recall_benchmark(params: RunParams) -> dict[str, Any]:
     announce(plan, logger)
     if params.batch:  # the Batch API first: a pending run returns here, nothing committed
         settled = batch.settle(plan)
-        if settled.pending is not None:
+        if settled.pending is not None:  # pending, or nothing to collect (batch_collect_only): nothing committed
+            if settled.pending["status"] == batch.IDLE and not plan.resumed:
+                steps.finish_run(plan)  # no attempt to resume: the marker begin_run wrote goes
             steps.release(plan)
             return settled.pending
-        batch.install(plan, settled)
+        batch_finish.install(plan, settled)
     with chunk_runner(params, logger) as runner:
         tally = score_chunks(plan, PrefectChunks(plan, runner))
     if tally.served_from_cache:

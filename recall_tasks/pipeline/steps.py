@@ -189,6 +189,7 @@ class RunPlan:
     head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
+    batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -483,7 +484,7 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
         "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        **run_settings(plan),
+        **run_settings(plan), **plan.batch_columns,
     }  # fmt: skip
     stats = summarize(table)
     base.update(run_outcome(plan, table, stats))

@@ -1,0 +1,94 @@
+"""Finishing a collected ``--batch`` run: the collected rows served through the judge, the failed ones as row errors.
+
+:func:`install` puts two thin wrappers on the plan: the row cache hides the collected keys and the judge serves
+them (read once from the row cache), so the rows are recorded with the batch's tokens, requests and (half-price)
+cost instead of as free cache hits, and no live call is made for them. Lines still unanswered after the
+resubmission raise a row error naming the batch and line, or are judged live with ``--batch-fallback live``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recall_tasks.errors import JudgeResponseError
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.pipeline.batch import Settled
+from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
+from recall_tasks.pipeline.steps import RunPlan
+
+# -- finishing the run ------------------------------------------------------------------------------------
+
+
+class _HideCollected:
+    """The run's row cache without the keys collected from its batches (the judge below serves them)."""
+
+    def __init__(self, inner: Any, collected: set[str]) -> None:
+        self.inner = inner
+        self.collected = collected
+
+    def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
+        found: dict[str, JudgeResponse] = self.inner.get_many([k for k in keys if k not in self.collected])
+        return found
+
+    def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
+        ready: bool = self.inner.put_many({k: v for k, v in entries.items() if k not in self.collected}, flush=flush)
+        return ready
+
+    def __getattr__(self, name: str) -> Any:  # flush, close, stored, claims...
+        return getattr(self.inner, name)
+
+
+class BatchServedJudge:
+    """The live judge, except for the run's batch rows: collected ones are served from memory (read once from the
+    row cache, no call),
+    failed ones raise a row error naming the batch and line, unless ``fallback_live``."""
+
+    def __init__(
+        self, live: Any, served: dict[str, JudgeResponse], fingerprint: str, settled: Settled, *, fallback_live: bool
+    ) -> None:
+        self.live = live
+        self.served = served
+        self.fingerprint = fingerprint
+        self.settled = settled
+        self.fallback_live = fallback_live
+
+    @property
+    def model(self) -> str:
+        return str(self.live.model)
+
+    @property
+    def prompt_version(self) -> str:
+        return str(self.live.prompt_version)
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.live.config())
+
+    def __getattr__(self, name: str) -> Any:  # aclose, prices, endpoint...
+        return getattr(self.live, name)
+
+    async def judge(self, request: JudgeRequest) -> JudgeResponse:
+        key = request_key(self.fingerprint, request)
+        served = self.served.get(key)
+        if served is not None:
+            return served
+        failure = self.settled.failures.get(key)
+        if failure is not None and not self.fallback_live:
+            raise JudgeResponseError(failure, model=self.model)
+        response: JudgeResponse = await self.live.judge(request)
+        return response
+
+
+def install(plan: RunPlan, settled: Settled) -> None:
+    """Serve the collected rows from the row cache through the judge (see the module docstring); the run row
+    gets the batch ids and the wait (``runs.batch_ids``, ``runs.batch_wait_s``)."""
+    if settled.batch_ids:
+        plan.batch_columns = {"batch_ids": settled.batch_ids, "batch_wait_s": settled.wait_s}
+    if plan.cache is None or not (settled.collected or settled.failures):
+        return
+    fingerprint = metric_fingerprint(plan.metric)
+    real = plan.cache
+    served = real.get_many(sorted(settled.collected))  # one read per row group, not one per row (~1-2 KB per row)
+    plan.metric.judge = BatchServedJudge(
+        plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
+    )
+    plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]
