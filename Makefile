@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# -n auto: one pytest worker per core (pytest-xdist): most integration tests wait on servers and subprocesses,
+# and the workers overlap those waits. Each worker has its own Prefect test server, fake OpenAI server and
+# SeaweedFS. PYTEST_WORKERS=0 runs serially (a debugger, -x, -s).
+PYTEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 # the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not integration"
 
 demo: $(STAMP)
 	$(BIN)/recall-bench demo
