@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
-from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset, RowBlock, iter_blocks, open_dataset, parse_column_overrides
@@ -131,6 +131,14 @@ def make_metric(params: RunParams, judge: Judge) -> Metric:
     return ContextualRecall(**common)
 
 
+def share_limits(params: RunParams, metric: Metric) -> None:
+    """``--rpm``/``--tpm`` for the whole fleet (:mod:`~recall_tasks.pipeline.fleet`), before any judge call."""
+    if params.requests_per_minute or params.tokens_per_minute:
+        from recall_tasks.pipeline import fleet
+
+        fleet.share_run_limits(params, metric)
+
+
 def check_units(params: RunParams) -> None:
     """``--units claims`` needs contextual recall and an LLM extractor; refused before any call (ConfigError)."""
     if params.units == "sentences":
@@ -203,7 +211,8 @@ class RunPlan:
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
     payload = json.dumps(
-        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS)), dataset.fingerprint], sort_keys=True
+        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS)), dataset.fingerprint],
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
@@ -276,7 +285,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
     takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
     Deployment runs do not plan ahead.
     """
-    plan = plan_run(params, log_notes=False)
+    plan = plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
     _planned[params.model_dump_json()] = plan
     # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every
     # response and broke on the half-imported module ("partially initialized module 'httpx'") in 5 runs of 6.
@@ -284,8 +293,9 @@ def plan_ahead(params: RunParams) -> RunPlan:
     import anyio  # noqa: F401
     import httpx  # noqa: F401
 
+    fleet_limited = bool(params.requests_per_minute or params.tokens_per_minute)  # needs the Prefect API first
     if (
-        plan.retriever is None and params.task_runner == "threads" and not params.batch
+        plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
     ):  # others: not judged here, or not live
         block = next(iter_blocks(plan.dataset, params.chunk_size), None)
         if block is not None:
@@ -340,15 +350,22 @@ def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
 ABORT_WAIT_S = 2.0
 
 
-def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True) -> RunPlan:
-    """Validate the run before anything is judged or written; raise one clear error otherwise."""
+def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True, share: bool = True) -> RunPlan:
+    """Validate the run before anything is judged or written; raise one clear error otherwise.
+
+    ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
+    """
     planned = _planned.pop(params.model_dump_json(), None)
     if planned is not None and run_id in (None, planned.run_id):
         for note in planned.notes:
             log.warning("%s", note)
+        if share:
+            share_limits(params, planned.metric)
         return planned
     checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
+    if share:
+        share_limits(params, metric)
     if log_notes:
         for note in checked.notes:
             log.warning("%s", note)

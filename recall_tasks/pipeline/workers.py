@@ -12,8 +12,9 @@ without ``begin_run``: the run id comes from the spec. It re-reads exactly the b
 is the spec's (the dataset did not change under the run), scores it like the threads path and returns the same
 small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
 
-Per process, not per run: the judge's concurrency and ``--rpm``/``--tpm`` limits, the circuit breaker (a tripped
-worker reports its reason back, and the flow's run takes it). ``--max-requests``/``--max-cost-usd`` are refused
+Per process, not per run: the judge's concurrency, the circuit breaker (a tripped worker reports its reason back,
+and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``pipeline/fleet.py``).
+``--max-requests``/``--max-cost-usd`` are refused
 with these runners (``config.RunParams``). No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
 """
 
@@ -119,6 +120,7 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     judge = steps.make_judge(params)
     metric = steps.make_metric(params, judge)
+    steps.share_limits(params, metric)  # --rpm/--tpm: the fleet's budget, shared with the other workers
     cache = None
     if params.cache:
         cache = RowVerdictCache(
