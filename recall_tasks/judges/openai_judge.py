@@ -401,6 +401,8 @@ class OpenAIJudge:
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.client.close()
+        for source, _ in self._grants.values():
+            await source.aclose()
 
     async def __aenter__(self) -> OpenAIJudge:
         return self

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,26 +30,37 @@ GRANT_S = 0.25
 #: The shortest window a provider is assumed to enforce a per-minute quota over (longer for small quotas).
 WINDOW_S = 10.0
 WINDOW_REQUESTS = 20
-#: Grants the shared limit holds at once (its burst): one in use while the next is acquired, and room for a poll
-#: that comes a little late.
-CAPACITY_GRANTS = 2
+#: At least this many slots of the shared limit per grant (:class:`FleetShape`'s ``scale``).
+SLOTS_PER_GRANT = 100
+#: Grants the shared limit holds at once (its burst): one in use while the next is acquired, and room for
+#: processes that ask a little late (each grant is two round trips to the server).
+CAPACITY_GRANTS = 3
 
 
 class GrantSource(Protocol):
-    """Where a limiter gets more budget: ``grant(n)`` returns once ``n`` units are granted to this caller."""
+    """Where a limiter gets more budget: ``grant(n)`` returns once ``n`` units are granted to this caller;
+    ``aclose()`` releases what the source holds on the running loop (the judge's ``aclose`` calls it)."""
 
     name: str
 
     async def grant(self, amount: int) -> None: ...
 
+    async def aclose(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class FleetShape:
-    """A fleet-wide limit: ``rate`` units/s on average, ``grant`` units per acquire, bursts of ``capacity``."""
+    """A fleet-wide limit: ``rate`` units/s on average, ``grant`` units per acquire, bursts of ``capacity``.
+
+    ``scale``: slots of the shared limit per unit. Prefect decays a limit's slots in whole slots from its last
+    write (``floor``), so each acquire loses half a slot of decay on average: 10 % of a 5-request grant, 0.1 %
+    when a request is 10 slots.
+    """
 
     rate: float
     grant: int
     capacity: int
+    scale: int = 1
 
 
 def fleet_shape(per_minute: float) -> FleetShape:
@@ -60,7 +72,7 @@ def fleet_shape(per_minute: float) -> FleetShape:
     capacity = CAPACITY_GRANTS * grant
     window = max(WINDOW_S, WINDOW_REQUESTS / quota)
     rate = quota - (capacity + grant) / window
-    return FleetShape(rate=rate, grant=grant, capacity=capacity)
+    return FleetShape(rate=rate, grant=grant, capacity=capacity, scale=max(1, math.ceil(SLOTS_PER_GRANT / grant)))
 
 
 def limit_key(base_url: str | None, model: str) -> str:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "recall-bench"
 #: Jitter after a refused grant, as a share of one grant's decay time (uniform between the two).
-RETRY_LOW, RETRY_HIGH = 0.0, 0.5
+RETRY_LOW, RETRY_HIGH = 0.0, 0.25
 
 
 def limit_name(kind: str, key: str) -> str:
@@ -73,7 +73,8 @@ class PrefectGrants:
     write resets the limit's decay clock, and a refusal writes (``denied_slots``) without applying the decay, so
     processes polling with increments (Prefect's ``rate_limit`` does, after the server's ``Retry-After``) starve
     the limit. So each grant reads the limit first (its free slots, decayed, without a write), sleeps until the
-    grant should fit (plus jitter, so processes do not wake together), and increments only then.
+    grant should fit (plus jitter, so processes do not wake together), and increments only then (a refusal, when
+    another process was faster, reads again).
     An answer without the limit (deleted under the run) is an error naming it, never an unlimited request.
     """
 
@@ -105,15 +106,17 @@ class PrefectGrants:
 
         client = await self._client()
         step = amount / self.shape.rate  # one grant's decay time
+        slots, decay = amount * self.shape.scale, self.shape.rate * self.shape.scale
+        read = True
         while True:
             try:  # read first, increment only when the grant should fit: no write resets the decay clock in vain
-                current = await client.read_global_concurrency_limit_by_name(self.name)
-                short = amount - (current.limit - current.active_slots)
-                if short > 0:
-                    self.waits += 1
-                    await asyncio.sleep(short / self.shape.rate + step * random.uniform(RETRY_LOW, RETRY_HIGH))
-                    continue
-                response = await client.increment_concurrency_slots(names=[self.name], slots=amount, mode="rate_limit")
+                if read:
+                    current = await client.read_global_concurrency_limit_by_name(self.name)
+                    short = slots - (current.limit - current.active_slots)
+                    if short > 0:  # sleep until it should fit, then increment without reading again
+                        self.waits += 1
+                        await asyncio.sleep(short / decay + step * random.uniform(RETRY_LOW, RETRY_HIGH))
+                response = await client.increment_concurrency_slots(names=[self.name], slots=slots, mode="rate_limit")
                 if not response.json():
                     raise self._error("the limit does not exist: deleted while the run used it?")
                 return
@@ -121,11 +124,17 @@ class PrefectGrants:
                 if exc.response.status_code != 423:
                     raise self._error(_reason(exc)) from None
                 self.denied += 1  # another process took the room first
-                await asyncio.sleep(step * random.uniform(RETRY_LOW, RETRY_HIGH))
+                read = True
             except JudgeTransientError:
                 raise
             except Exception as exc:  # noqa: BLE001 - unreachable API, deleted limit, timeouts: one line
                 raise self._error(_reason(exc)) from None
+
+    async def aclose(self) -> None:
+        """Close this loop's API client (the judge's ``aclose``)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.__aexit__(None, None, None)
 
     def _error(self, reason: str) -> JudgeTransientError:
         return JudgeTransientError(f"{self.option}: the fleet rate limit {self.name} granted nothing ({reason})")
@@ -141,7 +150,7 @@ _ensured = _Ensured()
 
 def ensure_limit(name: str, shape: FleetShape, option: str, per_minute: int) -> None:
     """Create the limit if missing; set this run's values if another run left other ones. One-line errors."""
-    values = (shape.capacity, round(shape.rate, 6))
+    values = (shape.capacity * shape.scale, round(shape.rate * shape.scale, 6))
     if _ensured.done.get(name) == values:
         return
     from prefect.client.orchestration import get_client
