@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError
-from recall_tasks.judges.ratelimit import FleetShape, RateLimiter, fleet_shape, limit_key
+from recall_tasks.judges.ratelimit import FleetShape, fleet_shape, limit_key
 from recall_tasks.secrets import redact
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def _reason(exc: BaseException) -> str:
     return redact(" ".join(text.split()))[:160]
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: kept in a WeakSet
 class PrefectGrants:
     """A :class:`~recall_tasks.judges.ratelimit.GrantSource` on one Prefect limit with slot decay.
 
@@ -82,6 +82,8 @@ class PrefectGrants:
     shape: FleetShape
     option: str  # "--rpm" or "--tpm", for error texts
     api: str
+    acquires: int = 0  # grants this process acquired, and their units
+    granted: int = 0
     denied: int = 0  # increments refused (another process was faster)
     waits: int = 0  # reads that said "not yet"
     _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = field(
@@ -119,6 +121,8 @@ class PrefectGrants:
                 response = await client.increment_concurrency_slots(names=[self.name], slots=slots, mode="rate_limit")
                 if not response.json():
                     raise self._error("the limit does not exist: deleted while the run used it?")
+                self.acquires += 1
+                self.granted += amount
                 return
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code != 423:
@@ -146,6 +150,7 @@ class _Ensured:
 
 
 _ensured = _Ensured()
+_sources: weakref.WeakSet[PrefectGrants] = weakref.WeakSet()  # this process's, for process_stats()
 
 
 def ensure_limit(name: str, shape: FleetShape, option: str, per_minute: int) -> None:
@@ -221,7 +226,9 @@ def share_limits(params: RunParams, judge: Any) -> list[str]:
         shape = fleet_shape(per_minute)
         name = limit_name(kind, key)
         ensure_limit(name, shape, option, per_minute)
-        sources[kind] = (PrefectGrants(name, shape, option, url), shape.grant)
+        source = PrefectGrants(name, shape, option, url)
+        _sources.add(source)
+        sources[kind] = (source, shape.grant)
     share(sources.get("rpm"), sources.get("tpm"))
     return [source.name for source, _ in sources.values()]
 
@@ -243,16 +250,11 @@ def share_run_limits(params: RunParams, metric: Any) -> None:
             log.info("judge %s: rate limits shared fleet-wide through Prefect (%s)", judge.model, ", ".join(names))
 
 
-def stats(judges: list[Any]) -> list[dict[str, Any]]:
-    """Grants this process acquired per fleet limit (the run's summary, the benchmark)."""
+def process_stats() -> list[dict[str, Any]]:
+    """What this process's grant sources did, per limit: grants acquired, units granted, refusals, waits."""
     out: dict[str, dict[str, Any]] = {}
-    for judge in judges:
-        limiters: list[RateLimiter] = getattr(judge, "rate_limiters", list)()
-        for lim in limiters:
-            if isinstance(lim.source, PrefectGrants):
-                row = out.setdefault(lim.source.name, {"limit": lim.source.name, "acquires": 0, "granted": 0})
-                row["acquires"] += lim.acquires
-                row["granted"] += lim.granted
-                row["denied"] = lim.source.denied
-                row["waits"] = lim.source.waits
+    for source in list(_sources):
+        row = out.setdefault(source.name, {"limit": source.name, "acquires": 0, "granted": 0, "denied": 0, "waits": 0})
+        for k in ("acquires", "granted", "denied", "waits"):
+            row[k] += getattr(source, k)
     return list(out.values())
