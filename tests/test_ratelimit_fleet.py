@@ -104,3 +104,32 @@ def test_a_limit_changed_by_another_run_is_set_back_and_a_deleted_one_fails_the_
 
     with pytest.raises(JudgeTransientError, match=f"fleet rate limit {name} granted nothing"):
         asyncio.run(grant())
+
+
+def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, quota_server, tmp_path, monkeypatch):
+    """Two worker processes at --rpm 240 (40 requests per 10 s): per process they would send up to twice that."""
+    from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    quota_server.rpm_quota = 240
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(60, seed=9), row_group_size=10)
+    summary = recall_benchmark(
+        RunParams(
+            dataset_uri=data,
+            output_uri=str(tmp_path / "out"),
+            judge="openai",
+            base_url=quota_server.base_url,
+            requests_per_minute=240,
+            max_retries=0,
+            chunk_size=10,
+            task_runner="processes",
+            workers=2,
+            rate_limit_key="test-workers",
+            baseline=None,
+        )  # fmt: skip
+    )
+    assert quota_server.quota_429s == 0 and len(quota_server.quota_accepted) == 60
+    assert summary["errors"] == 0  # with limits per process, a third of the rows got a 429 (max_retries=0)
+    span = quota_server.quota_accepted[-1] - quota_server.quota_accepted[0]
+    assert span >= (60 - 40) / 4  # the fleet's pace: the first 10 s window holds at most 40 of the 60
