@@ -203,3 +203,23 @@ def test_a_prefect_api_that_refuses_the_limit_is_one_line_naming_it(monkeypatch)
     text = str(info.value)
     assert "\n" not in text and "--rpm 600" in text and "refused the fleet rate limit recall-bench-rpm-" in text
     assert "HTTP 403" in text and "SECRET" not in text
+
+
+def test_rpm_and_tpm_get_one_limit_each_keyed_by_endpoint_and_model(monkeypatch):
+    ensured: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(fleet, "api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr(fleet, "ensure_limit", lambda name, shape, option, n: ensured.append((name, shape.grant, n)))
+    params = RunParams(dataset_uri="d.parquet", judge="openai", requests_per_minute=1200, tokens_per_minute=600_000)
+    judge = OpenAIJudge(model="gpt-4o", base_url="http://llm.local/v1", api_key="sk-x", requests_per_minute=1200)
+    key = limit_key("http://llm.local/v1", "gpt-4o")
+    names = fleet.share_limits(params, judge)
+    assert names == [f"recall-bench-rpm-{key}", f"recall-bench-tpm-{key}"]
+    assert ensured == [(names[0], 5, 1200), (names[1], 2500, 600_000)]  # a quarter of a second's worth each
+    assert {k: (src.name, grant) for k, (src, grant) in judge._grants.items()} == {
+        "rpm": (names[0], 5),
+        "tpm": (names[1], 2500),
+    }
+    # an explicit key is shared by every judge of the run, whatever its model
+    other = OpenAIJudge(model="gpt-4o-mini", base_url="http://llm.local/v1", api_key="sk-x")
+    shared = params.model_copy(update={"rate_limit_key": "team-a", "tokens_per_minute": None})
+    assert fleet.share_limits(shared, judge) == fleet.share_limits(shared, other) == ["recall-bench-rpm-team-a"]
