@@ -246,11 +246,10 @@ class RunParams(BaseModel):
             if self.workers is not None:
                 raise ValueError("--workers applies to --task-runner processes or dask")
         else:
-            limits = [o for o, v in (("--max-requests", self.max_requests), ("--max-cost-usd", self.max_cost_usd)) if v]
-            if limits:
+            if self.max_cost_usd:  # --max-requests is counted for the whole run (pipeline/fleet_budget.py)
                 raise ValueError(
-                    f"{' and '.join(limits)} would hold per worker process with --task-runner {self.task_runner}, "
-                    "not for the run: use --task-runner threads for a bounded run"
+                    f"--max-cost-usd would hold per worker process with --task-runner {self.task_runner}, not for "
+                    "the run: use --max-requests, or --task-runner threads for a cost-bounded run"
                 )
             if self.retriever:
                 raise ValueError(

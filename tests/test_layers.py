@@ -22,6 +22,7 @@ PREFECT_ALLOWED = (
     "recall_tasks.pipeline.flow",
     "recall_tasks.pipeline.events",
     "recall_tasks.pipeline.fleet",
+    "recall_tasks.pipeline.fleet_budget",
     "recall_tasks.cli.",
 )
 

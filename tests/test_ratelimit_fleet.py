@@ -133,3 +133,39 @@ def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, 
     assert summary["errors"] == 0  # with limits per process, a third of the rows got a 429 (max_retries=0)
     span = quota_server.quota_accepted[-1] - quota_server.quota_accepted[0]
     assert span >= (60 - 40) / 4  # the fleet's pace: the first 10 s window holds at most 40 of the 60
+
+
+def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
+    """Two worker processes, one --max-requests: the run's counter in Prefect, not one budget per worker."""
+    from prefect.client.orchestration import get_client
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(60, seed=11), row_group_size=10)
+    summary = recall_benchmark(
+        RunParams(
+            dataset_uri=data,
+            output_uri=str(tmp_path / "out"),
+            judge="openai",
+            base_url=judge_env.base_url,
+            max_requests=25,
+            chunk_size=10,
+            task_runner="processes",
+            workers=2,
+            baseline=None,
+        )  # fmt: skip
+    )
+    assert len(judge_env.chat_requests) == 25  # per worker, each of the two would have allowed 25
+    assert summary["status"] == "budget_exhausted" and summary["scored"] == 25
+    assert "--max-requests 25, the whole run" in summary["status_reason"]
+    with get_client(sync_client=True) as client:  # the run's counter went with the commit
+        names = [lim.name for lim in client.read_global_concurrency_limits(limit=200)]
+    assert not [n for n in names if n.startswith(f"recall-bench-requests-{summary['run_id']}")]
+
+
+@pytest.fixture
+def judge_env(fake_openai, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    return fake_openai

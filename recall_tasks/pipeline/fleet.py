@@ -52,16 +52,40 @@ def api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def _host(url: str) -> str:
+def host(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.hostname or url}{f':{parts.port}' if parts.port else ''}"
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     text = f"HTTP {status}" if status else (type(exc).__name__ + (f": {exc}" if str(exc) else ""))
     return redact(" ".join(text.split()))[:160]
+
+
+_Clients = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]
+
+
+async def _loop_client(clients: _Clients, api: str) -> Any:
+    """A Prefect client on the running loop, pointed at ``api`` (the judge's loop thread has no settings context)."""
+    loop = asyncio.get_running_loop()
+    client = clients.get(loop)
+    if client is None:
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            client = get_client()
+        await client.__aenter__()
+        clients[loop] = client
+    return client
+
+
+async def _close_loop_client(clients: _Clients) -> None:
+    client = clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.__aexit__(None, None, None)
 
 
 @dataclass(eq=False)  # hashable by identity: kept in a WeakSet
@@ -86,22 +110,10 @@ class PrefectGrants:
     granted: int = 0
     denied: int = 0  # increments refused (another process was faster)
     waits: int = 0  # reads that said "not yet"
-    _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = field(
-        default_factory=weakref.WeakKeyDictionary
-    )
+    _clients: _Clients = field(default_factory=weakref.WeakKeyDictionary)
 
     async def _client(self) -> Any:
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            from prefect.client.orchestration import get_client
-            from prefect.settings import PREFECT_API_URL, temporary_settings
-
-            with temporary_settings(updates={PREFECT_API_URL: self.api}):  # the judge's loop thread has no context
-                client = get_client()
-            await client.__aenter__()
-            self._clients[loop] = client
-        return client
+        return await _loop_client(self._clients, self.api)
 
     async def grant(self, amount: int) -> None:
         import httpx
@@ -126,19 +138,17 @@ class PrefectGrants:
                 return
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code != 423:
-                    raise self._error(_reason(exc)) from None
+                    raise self._error(reason(exc)) from None
                 self.denied += 1  # another process took the room first
                 read = True
             except JudgeTransientError:
                 raise
             except Exception as exc:  # noqa: BLE001 - unreachable API, deleted limit, timeouts: one line
-                raise self._error(_reason(exc)) from None
+                raise self._error(reason(exc)) from None
 
     async def aclose(self) -> None:
         """Close this loop's API client (the judge's ``aclose``)."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.__aexit__(None, None, None)
+        await _close_loop_client(self._clients)
 
     def _error(self, reason: str) -> JudgeTransientError:
         return JudgeTransientError(f"{self.option}: the fleet rate limit {self.name} granted nothing ({reason})")
@@ -194,8 +204,8 @@ def ensure_limit(name: str, shape: FleetShape, option: str, per_minute: int) -> 
                 )
     except Exception as exc:  # noqa: BLE001 - any refusal is one line naming the limit and the API's host
         raise ConfigError(
-            f"{option} {per_minute}: the Prefect API at {_host(url)} refused the fleet rate limit {name} "
-            f"({_reason(exc)}); use a Prefect API that allows global concurrency limits, or run without {option}"
+            f"{option} {per_minute}: the Prefect API at {host(url)} refused the fleet rate limit {name} "
+            f"({reason(exc)}); use a Prefect API that allows global concurrency limits, or run without {option}"
         ) from None
     _ensured.done[name] = values
 

@@ -195,6 +195,7 @@ class RunPlan:
     head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
+    budget_limit: str | None = None  # the run's request counter in Prefect (processes/dask with --max-requests)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -361,6 +362,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
             log.warning("%s", note)
         if share:
             share_limits(params, planned.metric)
+            _count_requests(planned)
         return planned
     checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
@@ -383,7 +385,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
         "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
     }  # fmt: skip
-    return RunPlan(
+    plan = RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
@@ -391,6 +393,17 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
+    if share:
+        _count_requests(plan)
+    return plan
+
+
+def _count_requests(plan: RunPlan) -> None:
+    """``--max-requests`` with worker processes: the run attempt's counter in Prefect (``pipeline/fleet_budget``)."""
+    if plan.budget_limit is None and plan.params.task_runner != "threads" and plan.params.max_requests:
+        from recall_tasks.pipeline import fleet_budget
+
+        plan.budget_limit = fleet_budget.create_counter(plan.params, plan.run_id)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -426,6 +439,7 @@ class ChunkReport:
     not_judged: int | None = None
     pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
     stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
+    budget: str | None = None  # a worker process's exhausted --max-requests, carried back likewise
 
     @property
     def reusable(self) -> bool:
@@ -567,3 +581,7 @@ def release(plan: RunPlan) -> None:
 def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
+    if plan.budget_limit:
+        from recall_tasks.pipeline import fleet_budget
+
+        fleet_budget.delete_counter(plan.budget_limit)
