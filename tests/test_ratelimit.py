@@ -223,3 +223,62 @@ def test_rpm_and_tpm_get_one_limit_each_keyed_by_endpoint_and_model(monkeypatch)
     other = OpenAIJudge(model="gpt-4o-mini", base_url="http://llm.local/v1", api_key="sk-x")
     shared = params.model_copy(update={"rate_limit_key": "team-a", "tokens_per_minute": None})
     assert fleet.share_limits(shared, judge) == fleet.share_limits(shared, other) == ["recall-bench-rpm-team-a"]
+
+
+class _Counter:
+    """A Prefect counter limit without decay, as the API answers it: refuses (423) what does not fit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.active, self.returned = limit, 0, 0
+
+    async def increment_concurrency_slots(self, names: list[str], slots: int, mode: str) -> None:
+        import httpx
+
+        assert mode == "concurrency"
+        if self.active + slots > self.limit:
+            request = httpx.Request("POST", "http://prefect/api/v2/concurrency_limits/increment")
+            raise httpx.HTTPStatusError("locked", request=request, response=httpx.Response(423, request=request))
+        self.active += slots
+
+    async def read_global_concurrency_limit_by_name(self, name: str):
+        return type("Limit", (), {"limit": self.limit, "active_slots": self.active})()
+
+    async def request(self, method: str, path: str, json: dict) -> None:
+        self.active -= json["slots"]
+        self.returned += json["slots"]
+
+
+def test_a_fleet_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
+    from recall_tasks.pipeline import fleet_budget
+
+    counter = _Counter(limit=120)
+
+    async def client(clients, api):
+        return counter
+
+    async def close(clients):
+        return None
+
+    monkeypatch.setattr(fleet, "_loop_client", client)
+    monkeypatch.setattr(fleet, "_close_loop_client", close)
+    a = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
+    b = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
+
+    async def go() -> tuple[int, int]:
+        got_a = got_b = 0
+        for _ in range(100):  # grants of 2 (120 // 50)
+            if await a.reserve():
+                got_a += 1
+                a.release(2 if got_a == 1 else 1, None)  # the first call needed a repair: charged
+        while await b.reserve():
+            got_b += 1
+            b.release(1, None)
+        return got_a, got_b
+
+    got_a, got_b = asyncio.run(go())
+    # a: 100 calls + 1 repair = 101 requests from 51 grants of 2 (one request left); b: the 18 left, then stops
+    assert a.grant == 2 and (got_a, got_b) == (100, 18)
+    assert counter.active == 120 and b.exhausted_reason == "request budget reached (--max-requests 120, the whole run)"
+    assert not a.exhausted_reason and a.allowance == 1
+    asyncio.run(a.give_back())  # a chunk ends: what a still holds goes back
+    assert counter.returned == 1 and counter.active == 119 and a.allowance == 0
