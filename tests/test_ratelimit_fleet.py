@@ -43,8 +43,9 @@ def run_cli(data: str, out: Path, base_url: str, *extra: str) -> subprocess.Pope
 def quota_server(fake_openai):
     fake_openai.set_responder(judge_script.responder)
     fake_openai.rpm_quota = RPM
-    fake_openai.record = False
-    return fake_openai
+    fake_openai.record = False  # not restored by reset(): set back below for the tests after this one
+    yield fake_openai
+    fake_openai.record = True
 
 
 def test_three_runs_sharing_rpm_get_no_429_and_most_of_the_quota(prefect_harness, quota_server, tmp_path):
@@ -156,7 +157,7 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
             baseline=None,
         )  # fmt: skip
     )
-    assert len(judge_env.chat_requests) == 25  # per worker, each of the two would have allowed 25
+    assert len(judge_env.chat_arrivals) == 25  # per worker, each of the two would have allowed 25
     assert summary["status"] == "budget_exhausted" and summary["scored"] == 25
     assert "--max-requests 25, the whole run" in summary["status_reason"]
     with get_client(sync_client=True) as client:  # the run's counter went with the commit
