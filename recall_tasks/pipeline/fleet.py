@@ -121,15 +121,13 @@ class PrefectGrants:
         client = await self._client()
         step = amount / self.shape.rate  # one grant's decay time
         slots, decay = amount * self.shape.scale, self.shape.rate * self.shape.scale
-        read = True
         while True:
             try:  # read first, increment only when the grant should fit: no write resets the decay clock in vain
-                if read:
-                    current = await client.read_global_concurrency_limit_by_name(self.name)
-                    short = slots - (current.limit - current.active_slots)
-                    if short > 0:  # sleep until it should fit, then increment without reading again
-                        self.waits += 1
-                        await asyncio.sleep(short / decay + step * random.uniform(RETRY_LOW, RETRY_HIGH))
+                current = await client.read_global_concurrency_limit_by_name(self.name)
+                short = slots - (current.limit - current.active_slots)
+                if short > 0:  # sleep until it should fit, then increment without reading again
+                    self.waits += 1
+                    await asyncio.sleep(short / decay + step * random.uniform(RETRY_LOW, RETRY_HIGH))
                 response = await client.increment_concurrency_slots(names=[self.name], slots=slots, mode="rate_limit")
                 if not response.json():
                     raise self._error("the limit does not exist: deleted while the run used it?")
@@ -139,8 +137,7 @@ class PrefectGrants:
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code != 423:
                     raise self._error(reason(exc)) from None
-                self.denied += 1  # another process took the room first
-                read = True
+                self.denied += 1  # another process took the room first: read again
             except JudgeTransientError:
                 raise
             except Exception as exc:  # noqa: BLE001 - unreachable API, deleted limit, timeouts: one line
@@ -150,8 +147,8 @@ class PrefectGrants:
         """Close this loop's API client (the judge's ``aclose``)."""
         await _close_loop_client(self._clients)
 
-    def _error(self, reason: str) -> JudgeTransientError:
-        return JudgeTransientError(f"{self.option}: the fleet rate limit {self.name} granted nothing ({reason})")
+    def _error(self, why: str) -> JudgeTransientError:
+        return JudgeTransientError(f"{self.option}: the fleet rate limit {self.name} granted nothing ({why})")
 
 
 @dataclass
