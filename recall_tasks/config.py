@@ -7,18 +7,22 @@ or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (en
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recall_tasks.secrets import looks_secret
+from recall_tasks.secrets import SECRET_ENV_VARS, looks_secret
 
 #: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
 #: of the run key, so the same command with or without them submits and collects the same batches.
 BATCH_CONTROL_FIELDS = frozenset(
     {"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback", "batch_collect_only"}
 )
+
+#: Parameters that only say which fleet-wide limit a run shares: not part of the run key either.
+RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
 
 
 class RunParams(BaseModel):
@@ -48,10 +52,21 @@ class RunParams(BaseModel):
     )
     max_concurrency: int = Field(64, ge=1, le=4096, description="Judge requests in flight at once")
     requests_per_minute: int | None = Field(
-        None, ge=1, description="Judge requests per minute at most (this process), e.g. the provider's RPM quota"
+        None,
+        ge=1,
+        description="The provider's requests-per-minute quota, shared by every process and run with the same "
+        "--rate-limit-key (through Prefect; without a Prefect API, per process)",
     )
     tokens_per_minute: int | None = Field(
-        None, ge=1, description="Judge tokens per minute at most (this process, estimated before each call)"
+        None,
+        ge=1,
+        description="The provider's tokens-per-minute quota (estimated before each call), shared like --rpm",
+    )
+    rate_limit_key: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="Name of the fleet-wide --rpm/--tpm budget (default: a hash of the endpoint URL and model); "
+        "runs with the same key share one budget",
     )
     chunk_size: int = Field(500, ge=1, le=100_000, description="Rows per Prefect task (and per chunk-cache entry)")
     max_workers: int = Field(4, ge=1, le=64, description="Chunk tasks in flight")
@@ -179,6 +194,16 @@ class RunParams(BaseModel):
             )
         return value
 
+    @field_validator("rate_limit_key")
+    @classmethod
+    def _key_is_no_secret(cls, value: str | None) -> str | None:
+        """The key names a Prefect limit anyone with UI access reads: an API key there is refused, never echoed."""
+        if value and (value.startswith(("sk-", "sess-")) or any(
+            len(v) >= 8 and v in value for v in (os.environ.get(n, "") for n in SECRET_ENV_VARS)
+        )):  # fmt: skip
+            raise ValueError("--rate-limit-key looks like an API key: name the budget, e.g. team-gpt4o")
+        return value
+
     @field_validator("output_uri")
     @classmethod
     def _output_has_a_path(cls, value: str) -> str:
@@ -207,6 +232,7 @@ class RunParams(BaseModel):
         "context_from",
         "context_extractor",
         "dask_address",
+        "rate_limit_key",
         mode="before",
     )
     @classmethod
@@ -227,11 +253,10 @@ class RunParams(BaseModel):
             if self.workers is not None:
                 raise ValueError("--workers applies to --task-runner processes or dask")
         else:
-            limits = [o for o, v in (("--max-requests", self.max_requests), ("--max-cost-usd", self.max_cost_usd)) if v]
-            if limits:
+            if self.max_cost_usd:  # --max-requests is counted for the whole run (pipeline/fleet_budget.py)
                 raise ValueError(
-                    f"{' and '.join(limits)} would hold per worker process with --task-runner {self.task_runner}, "
-                    "not for the run: use --task-runner threads for a bounded run"
+                    f"--max-cost-usd would hold per worker process with --task-runner {self.task_runner}, not for "
+                    "the run: use --max-requests, or --task-runner threads for a cost-bounded run"
                 )
             if self.retriever:
                 raise ValueError(

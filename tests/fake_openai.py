@@ -17,6 +17,12 @@ Per request, in order: queued faults (FIFO, one per request) -> ``reject_json_sc
 (``fault_rate`` / ``malformed_rate``) -> the responder.  Every request is recorded in ``requests`` (also
 those answered with a fault), in arrival order.
 
+``rpm_quota = N`` (a provider's requests-per-minute quota, enforced like a sliding window): at most
+``N × quota_window_s / 60`` chat requests are accepted in any ``quota_window_s`` (10 s) window; beyond it the
+request is answered 429 (``rate_limit_exceeded``) with a ``Retry-After`` of the time until the window has room,
+before any other fault or the responder, and does not use the quota. ``quota_429s`` counts them,
+``quota_accepted`` holds the arrival times (``time.monotonic()``) of the accepted ones.
+
 ``hang = True`` (an outage that accepts connections and never answers): every chat request is recorded, then
 held without an answer until ``hang`` is cleared, :meth:`FakeOpenAI.reset` or :meth:`FakeOpenAI.stop`; the
 connection is then dropped.
@@ -29,6 +35,7 @@ an error file. ``batch_supported = False`` answers 404 on both routes (vLLM's Op
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import email.parser
 import email.policy
@@ -376,8 +383,10 @@ class FakeOpenAI:
         seed: int | None = None,
         model_id: str = "gpt-4o-mini",
         hang: bool = False,
+        rpm_quota: int | None = None,
     ) -> None:
         self._defaults = {
+            "rpm_quota": rpm_quota,
             "responder": responder,
             "latency_s": latency_s,
             "reject_json_schema": reject_json_schema,
@@ -386,6 +395,10 @@ class FakeOpenAI:
             "hang": hang,
         }
         self.hang = hang
+        self.rpm_quota = rpm_quota
+        self.quota_window_s = 10.0
+        self.quota_accepted: list[float] = []  # arrivals of chat requests within the quota (rpm_quota set)
+        self.quota_429s = 0
         self.responder: Responder | None = responder
         self.latency_s = latency_s
         self.record = True  # benchmarks turn this off: request bodies are not kept
@@ -457,6 +470,8 @@ class FakeOpenAI:
         with self._lock:
             self.requests.clear()
             self.chat_arrivals.clear()
+            self.quota_accepted.clear()
+            self.quota_429s = 0
             self._faults.clear()
             self.errors.clear()
             self.stats.clear()
@@ -690,6 +705,17 @@ class FakeOpenAI:
 
     # -- request handling (runs in handler threads)
 
+    def _over_quota(self, now: float) -> float | None:
+        """With ``rpm_quota``: None if the request fits the sliding window (it is counted), else seconds to wait."""
+        if not self.rpm_quota:
+            return None
+        allowed = int(self.rpm_quota * self.quota_window_s / 60)
+        start = bisect.bisect_right(self.quota_accepted, now - self.quota_window_s)
+        if len(self.quota_accepted) - start < allowed:
+            self.quota_accepted.append(now)
+            return None
+        return max(0.001, self.quota_accepted[len(self.quota_accepted) - allowed] + self.quota_window_s - now)
+
     def _sleep(self, seconds: float) -> None:
         if seconds > 0:
             self._stopping.wait(seconds)
@@ -704,6 +730,12 @@ class FakeOpenAI:
             self.stats["requests"] += 1
             if is_chat:
                 self.chat_arrivals.append(time.monotonic())
+                over = self._over_quota(self.chat_arrivals[-1])
+                if over is not None:
+                    self.quota_429s += 1
+                    self.stats["quota:429"] += 1
+                    self._cond.notify_all()
+                    return self._status_reply(Status(429, headers={"retry-after": f"{over:.3f}"}))
             fault = self._faults.pop(0) if is_chat and self._faults else None
             # always 4 draws per chat request: counts stay deterministic whatever the arrival order
             draws = [self._rng.random() for _ in range(4)] if is_chat else None

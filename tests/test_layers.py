@@ -17,8 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "recall_tasks"
 LAYERS = ["core", "judges", "metrics", "io", "analysis", "reports", "pipeline", "cli"]
 CORE = {"errors", "models", "config", "settings", "sentences", "secrets", "_logging", "_sync"}
 
-#: The only modules that import Prefect: the adapter, the event helpers and the command line.
-PREFECT_ALLOWED = ("recall_tasks.pipeline.flow", "recall_tasks.pipeline.events", "recall_tasks.cli.")
+#: The only modules that import Prefect: the adapter, the event helpers, the fleet rate limits, the command line.
+PREFECT_ALLOWED = (
+    "recall_tasks.pipeline.flow",
+    "recall_tasks.pipeline.events",
+    "recall_tasks.pipeline.fleet",
+    "recall_tasks.pipeline.fleet_budget",
+    "recall_tasks.cli.",
+)
 
 
 def layer_of(module: str) -> str | None:

@@ -131,7 +131,6 @@ def test_the_spec_pickles_and_holds_no_rows(tmp_path):
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"task_runner": "processes", "max_requests": 10}, "--max-requests would hold per worker process"),
         ({"task_runner": "dask", "max_cost_usd": 1.0}, "--max-cost-usd would hold per worker process"),
         ({"task_runner": "processes", "retriever": "m:f"}, "--retriever runs in the flow's process"),
         ({"task_runner": "processes", "batch": True}, "--batch runs with --task-runner threads only"),
@@ -222,7 +221,7 @@ def test_run_refuses_a_per_process_budget_with_worker_processes_in_one_line(tmp_
 
     from recall_tasks.cli.app import app
 
-    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--max-requests", "5"]
+    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--max-cost-usd", "5"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]

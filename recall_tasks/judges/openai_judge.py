@@ -9,7 +9,8 @@ Decisions worth knowing:
 - ``response_format``: JSON schema (strict) first; if the endpoint rejects it, JSON mode, then none; the
   judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
   ``finish_reason == "length"`` is retried once with twice the completion budget.
-- Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight.
+- Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight. With grant
+  sources (:meth:`OpenAIJudge.share_limits`, the pipeline's fleet-wide limits) the limiters also spend grants.
 - Every HTTP attempt (retries included) is reported to the run's circuit breaker through
   :data:`~recall_tasks.judges.base.attempt_observer` (a wrapper around the HTTP transport): refused, reset,
   DNS and TLS failures, timeouts and 5xx count as failures.
@@ -41,7 +42,7 @@ from recall_tasks.judges import prompts
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
-from recall_tasks.judges.ratelimit import RateLimiter
+from recall_tasks.judges.ratelimit import GrantSource, RateLimiter
 from recall_tasks.secrets import redact, register_secret
 from recall_tasks.settings import settings as env_settings
 
@@ -275,6 +276,7 @@ class OpenAIJudge:
         #: ``host[:port]`` named in error texts and the breaker's reason (never credentials or paths)
         self.endpoint = endpoint_host(self._azure["azure_endpoint"] if self._azure else self.base_url)
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._grants: dict[str, tuple[GrantSource, int]] = {}  # "rpm"/"tpm" -> (source, units per grant)
         weakref.finalize(self, _close_states, self._states)  # a judge dropped without aclose() closes its clients
 
     @classmethod
@@ -303,6 +305,20 @@ class OpenAIJudge:
     @property
     def model(self) -> str:
         return self._model
+
+    def share_limits(self, rpm: tuple[GrantSource, int] | None, tpm: tuple[GrantSource, int] | None) -> None:
+        """Take ``--rpm``/``--tpm`` budget from these grant sources too (source, units per grant); before any call."""
+        self._grants = {k: v for k, v in (("rpm", rpm), ("tpm", tpm)) if v is not None}
+
+    def rate_limiters(self) -> list[RateLimiter]:
+        """The limiters of every loop this judge ran on (their grant counters: logs, benchmarks)."""
+        return [lim for state in list(self._states.values()) for lim in (state.rpm, state.tpm) if lim is not None]
+
+    def _limiter(self, kind: str, per_minute: float | None) -> RateLimiter | None:
+        if not per_minute:
+            return None
+        source, grant = self._grants.get(kind, (None, 1))
+        return RateLimiter(per_minute, source, grant)
 
     @property
     def prompt_version(self) -> str:
@@ -369,8 +385,8 @@ class OpenAIJudge:
             state = _LoopState(
                 client=client,
                 semaphore=asyncio.Semaphore(self.max_concurrency),
-                rpm=RateLimiter(self.requests_per_minute) if self.requests_per_minute else None,
-                tpm=RateLimiter(self.tokens_per_minute) if self.tokens_per_minute else None,
+                rpm=self._limiter("rpm", self.requests_per_minute),
+                tpm=self._limiter("tpm", self.tokens_per_minute),
             )
             self._states[loop] = state
             state.closer = _close_with_loop(self._states, loop)
@@ -389,6 +405,8 @@ class OpenAIJudge:
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
             await state.client.close()
+        for source, _ in self._grants.values():
+            await source.aclose()
 
     async def __aenter__(self) -> OpenAIJudge:
         return self

@@ -114,6 +114,10 @@ class Budget:
             return True
         return False
 
+    async def reserve(self) -> bool:
+        """:meth:`acquire` as the scoring loop calls it (a fleet-wide budget may ask a server for more)."""
+        return self.acquire()
+
     def release(self, requests: int, cost_usd: float | None) -> None:
         self.in_flight -= 1
         self.requests += requests
@@ -264,7 +268,7 @@ async def score_rows(
         if breaker is not None and breaker.tripped_reason is not None:
             outcomes[i] = not_judged(prepared, breaker.tripped_reason)
             return
-        if budget is not None and not budget.acquire():
+        if budget is not None and not await budget.reserve():
             outcomes[i] = not_judged(prepared, budget.exhausted_reason or "budget")
             return
         started = time.perf_counter()
@@ -317,7 +321,7 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
     async def guarded(call: Callable[[], Awaitable[ClaimsReply]]) -> ClaimsReply:
         if breaker is not None and breaker.tripped_reason is not None:
             raise NotJudged(breaker.tripped_reason)
-        if budget is not None and not budget.acquire():
+        if budget is not None and not await budget.reserve():
             raise NotJudged(budget.exhausted_reason or "budget")
         task = asyncio.current_task()
         if breaker is not None and task is not None:

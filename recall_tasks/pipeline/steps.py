@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope, run_sync
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
-from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.io.blocks import RowBlock, iter_blocks
 from recall_tasks.io.cache import RowVerdictCache
@@ -133,6 +133,14 @@ def make_metric(params: RunParams, judge: Judge) -> Metric:
     return ContextualRecall(**common)
 
 
+def share_limits(params: RunParams, metric: Metric) -> None:
+    """``--rpm``/``--tpm`` for the whole fleet (:mod:`~recall_tasks.pipeline.fleet`), before any judge call."""
+    if params.requests_per_minute or params.tokens_per_minute:
+        from recall_tasks.pipeline import fleet
+
+        fleet.share_run_limits(params, metric)
+
+
 def check_units(params: RunParams) -> None:
     """``--units claims`` needs contextual recall and an LLM extractor; refused before any call (ConfigError)."""
     if params.units == "sentences":
@@ -190,6 +198,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
     batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
+    budget_limit: str | None = None  # the run's request counter in Prefect (processes/dask with --max-requests)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -206,7 +215,8 @@ class RunPlan:
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
     payload = json.dumps(
-        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS)), dataset.fingerprint], sort_keys=True
+        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS)), dataset.fingerprint],
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
@@ -279,7 +289,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
     takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
     Deployment runs do not plan ahead.
     """
-    plan = plan_run(params, log_notes=False)
+    plan = plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
     _planned[params.model_dump_json()] = plan
     # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every
     # response and broke on the half-imported module ("partially initialized module 'httpx'") in 5 runs of 6.
@@ -287,8 +297,9 @@ def plan_ahead(params: RunParams) -> RunPlan:
     import anyio  # noqa: F401
     import httpx  # noqa: F401
 
+    fleet_limited = bool(params.requests_per_minute or params.tokens_per_minute)  # needs the Prefect API first
     if (
-        plan.retriever is None and params.task_runner == "threads" and not params.batch
+        plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
     ):  # others: not judged here, or not live
         block = next(iter_blocks(plan.dataset, params.chunk_size), None)
         if block is not None:
@@ -343,15 +354,23 @@ def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
 ABORT_WAIT_S = 2.0
 
 
-def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True) -> RunPlan:
-    """Validate the run before anything is judged or written; raise one clear error otherwise."""
+def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True, share: bool = True) -> RunPlan:
+    """Validate the run before anything is judged or written; raise one clear error otherwise.
+
+    ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
+    """
     planned = _planned.pop(params.model_dump_json(), None)
     if planned is not None and run_id in (None, planned.run_id):
         for note in planned.notes:
             log.warning("%s", note)
+        if share:
+            share_limits(params, planned.metric)
+            _count_requests(planned)
         return planned
     checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
+    if share:
+        share_limits(params, metric)
     if log_notes:
         for note in checked.notes:
             log.warning("%s", note)
@@ -369,7 +388,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
         "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
     }  # fmt: skip
-    return RunPlan(
+    plan = RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
         cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
@@ -377,6 +396,17 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
+    if share:
+        _count_requests(plan)
+    return plan
+
+
+def _count_requests(plan: RunPlan) -> None:
+    """``--max-requests`` with worker processes: the run attempt's counter in Prefect (``pipeline/fleet_budget``)."""
+    if plan.budget_limit is None and plan.params.task_runner != "threads" and plan.params.max_requests:
+        from recall_tasks.pipeline import fleet_budget
+
+        plan.budget_limit = fleet_budget.create_counter(plan.params, plan.run_id)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -412,6 +442,7 @@ class ChunkReport:
     not_judged: int | None = None
     pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
     stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
+    budget: str | None = None  # a worker process's exhausted --max-requests, carried back likewise
 
     @property
     def reusable(self) -> bool:
@@ -553,3 +584,7 @@ def release(plan: RunPlan) -> None:
 def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
+    if plan.budget_limit:
+        from recall_tasks.pipeline import fleet_budget
+
+        fleet_budget.delete_counter(plan.budget_limit)

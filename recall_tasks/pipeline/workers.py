@@ -12,9 +12,10 @@ without ``begin_run``: the run id comes from the spec. It re-reads exactly the b
 is the spec's (the dataset did not change under the run), scores it like the threads path and returns the same
 small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
 
-Per process, not per run: the judge's concurrency and ``--rpm``/``--tpm`` limits, the circuit breaker (a tripped
-worker reports its reason back, and the flow's run takes it). ``--max-requests``/``--max-cost-usd`` are refused
-with these runners (``config.RunParams``). No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
+Per process, not per run: the judge's concurrency, the circuit breaker (a tripped worker reports its reason back,
+and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``pipeline/fleet.py``), ``--max-requests``
+for the run (``pipeline/fleet_budget.py``); ``--max-cost-usd`` is refused with these runners (``config.RunParams``).
+No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
-from recall_tasks.errors import DatasetError
+from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.io.blocks import RowBlock, read_block
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.columns import parse_column_overrides
@@ -37,8 +40,9 @@ from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
 from recall_tasks.io.storage import StorageConfig, join_uri
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.pipeline import steps
+from recall_tasks.pipeline import fleet, steps
 from recall_tasks.pipeline.checks import check_context_source
+from recall_tasks.pipeline.fleet_budget import FleetBudget
 from recall_tasks.pipeline.scoring import Budget, CircuitBreaker
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 
@@ -67,6 +71,7 @@ class ChunkSpec:
     first_row: int
     rows: int
     seen: tuple[tuple[str, int], ...] = ()  # identity hash -> its occurrences before the block (``~N`` ids)
+    budget_limit: str | None = None  # the run's request counter (--max-requests), see pipeline/fleet_budget.py
 
 
 def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
@@ -81,6 +86,7 @@ def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
         params=plan.params, run_id=plan.run_id, run_key=plan.run_key, config_hash=plan.config_hash,
         dataset_fingerprint=plan.dataset.fingerprint, seq=seq, key=key, source=block.source,
         first_row=block.first_row, rows=len(block.row_ids), seen=tuple(sorted(seen.items())),
+        budget_limit=plan.budget_limit,
     )  # fmt: skip
 
 
@@ -121,6 +127,7 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
     judge = steps.make_judge(params)
     metric = steps.make_metric(params, judge)
+    steps.share_limits(params, metric)  # --rpm/--tpm: the fleet's budget, shared with the other workers
     cache = None
     if params.cache:
         cache = RowVerdictCache(
@@ -131,11 +138,21 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
     return RunPlan(
         params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset, metric=metric,
         store=ResultStore(params.output_uri, storage, params.format), started_at=dt.datetime.now(dt.UTC),
-        started_clock=time.perf_counter(), cache=cache, budget=Budget(),
+        started_clock=time.perf_counter(), cache=cache, budget=_budget(spec),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), config_hash=spec.config_hash,
         retrieval=RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None,
         trace=check_context_source(params, dataset),
     )  # fmt: skip
+
+
+def _budget(spec: ChunkSpec) -> Budget:
+    """The worker's share of the run's ``--max-requests`` (a counter in Prefect), else no budget."""
+    if not spec.budget_limit or not spec.params.max_requests:
+        return Budget()
+    url = fleet.api_url()
+    if url is None:
+        raise ConfigError(f"--max-requests: no Prefect API in worker process {os.getpid()} to count requests with")
+    return FleetBudget(spec.params.max_requests, spec.budget_limit, url)
 
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
@@ -149,15 +166,23 @@ def score_spec(spec: ChunkSpec) -> ChunkReport:
             f"{spec.run_id} planned them: the dataset changed under the run; rerun",
             uri=spec.source,
         )
-    report = steps.score_chunk(plan, spec.seq, block, key)
+    try:
+        report = steps.score_chunk(plan, spec.seq, block, key)
+    finally:
+        if isinstance(plan.budget, FleetBudget):
+            run_sync(plan.budget.give_back())
     reason = plan.breaker.tripped_reason if plan.breaker is not None else None
-    return dataclasses.replace(report, stopped=reason) if reason else report
+    spent = plan.budget.exhausted_reason if plan.budget is not None else None
+    return dataclasses.replace(report, stopped=reason, budget=spent) if reason or spent else report
 
 
 def adopt(plan: RunPlan, report: ChunkReport) -> None:
     """The flow's side: a worker's tripped circuit breaker decides the run's outcome as the flow's own would."""
     if report.stopped and plan.breaker is not None and plan.breaker.tripped_reason is None:
         plan.breaker.tripped_reason = report.stopped
+    budget = getattr(report, "budget", None)  # reports cached before the field existed lack it
+    if budget and plan.budget is not None and plan.budget.exhausted_reason is None:
+        plan.budget.exhausted_reason = budget
 
 
 def cache_storage(params: RunParams) -> str | None:

@@ -1,0 +1,284 @@
+"""The grant logic of fleet-wide --rpm/--tpm without a Prefect server: sizing, spending, expiry, keys, refusals.
+
+``tests/test_ratelimit_fleet.py`` runs the real thing (three CLI processes, a Prefect server, the quota-enforcing
+fake server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from pydantic import ValidationError
+
+from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError
+from recall_tasks.judges import ratelimit
+from recall_tasks.judges.openai_judge import OpenAIJudge
+from recall_tasks.judges.ratelimit import RateLimiter, fleet_shape, limit_key
+from recall_tasks.pipeline import fleet
+from recall_tasks.pipeline.steps import _run_key
+
+
+class Grants:
+    """An in-memory grant source: records what was asked; ``hold`` makes it wait before granting."""
+
+    name = "test-grants"
+
+    def __init__(self, hold: float = 0.0) -> None:
+        self.asked: list[int] = []
+        self.hold = hold
+
+    async def grant(self, amount: int) -> None:
+        self.asked.append(amount)
+        if self.hold:
+            await asyncio.sleep(self.hold)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("rpm", [60, 500, 600, 1200, 3500, 10_000, 30_000, 150_000, 2_000_000])
+def test_the_shared_limit_keeps_every_short_window_within_the_quota(rpm):
+    """Burst + one unspent grant + the decay over the window fit the provider's quota over that window."""
+    shape = fleet_shape(rpm)
+    quota = rpm / 60
+    window = max(ratelimit.WINDOW_S, ratelimit.WINDOW_REQUESTS / quota)
+    assert shape.capacity + shape.grant + shape.rate * window <= quota * window + 1e-9
+    assert shape.capacity >= shape.grant >= 1 and shape.rate > 0
+    assert shape.grant * shape.scale >= ratelimit.SLOTS_PER_GRANT  # whole-slot decay loses < 1 % per grant
+    if rpm >= 1200:  # a grant is a quarter of a second's worth; the margin stays near 10 % of the quota
+        assert shape.grant == round(quota * ratelimit.GRANT_S)
+        assert shape.rate >= 0.88 * quota
+
+
+def test_acquires_are_grants_not_requests():
+    async def go() -> tuple[Grants, RateLimiter]:
+        source = Grants()
+        limiter = RateLimiter(60_000, source, grant=4)  # the local bucket never waits here
+        for _ in range(10):
+            await limiter.acquire(1)
+        return source, limiter
+
+    source, limiter = asyncio.run(go())
+    assert source.asked == [4, 4, 4]  # 10 requests: 3 grants of 4, 2 units left
+    assert (limiter.acquires, limiter.granted) == (3, 12)
+
+
+def test_a_large_amount_takes_several_grants_and_no_source_means_no_grants():
+    async def go() -> tuple[Grants, RateLimiter]:
+        source = Grants()
+        limiter = RateLimiter(600_000, source, grant=100)
+        await limiter.acquire(950)  # e.g. a long prompt's estimated tokens
+        plain = RateLimiter(600_000)
+        await plain.acquire(950)
+        return source, plain
+
+    source, plain = asyncio.run(go())
+    assert source.asked == [100] * 10 and plain.acquires == 0
+
+
+def test_an_unspent_balance_expires_after_a_grant_time(monkeypatch):
+    monkeypatch.setattr(ratelimit, "GRANT_S", 0.05)
+
+    async def go() -> tuple[Grants, RateLimiter]:
+        source = Grants()
+        limiter = RateLimiter(60_000, source, grant=10)
+        await limiter.acquire(1)
+        await asyncio.sleep(0.1)  # 9 units held too long: spending them now could burst into a short window
+        await limiter.acquire(1)
+        return source, limiter
+
+    source, limiter = asyncio.run(go())
+    assert source.asked == [10, 10] and limiter.expired == 9
+
+
+def test_callers_wait_for_one_grant_at_a_time():
+    """Concurrent callers share the grant in flight instead of each asking the (slow) source."""
+
+    async def go() -> tuple[Grants, float]:
+        source = Grants(hold=0.05)
+        limiter = RateLimiter(60_000, source, grant=8)
+        t0 = time.monotonic()
+        await asyncio.gather(*(limiter.acquire(1) for _ in range(16)))
+        return source, time.monotonic() - t0
+
+    source, took = asyncio.run(go())
+    assert source.asked == [8, 8] and took < 0.5
+
+
+def test_the_judge_builds_its_limiters_with_the_shared_sources():
+    rpm, tpm = Grants(), Grants()
+    judge = OpenAIJudge(base_url="http://127.0.0.1:9/v1", api_key="sk-x", requests_per_minute=600, tokens_per_minute=1)
+    judge.share_limits((rpm, 3), (tpm, 7))
+
+    async def go() -> list[RateLimiter]:
+        judge._state()
+        limiters = judge.rate_limiters()
+        await judge.aclose()
+        return limiters
+
+    limiters = asyncio.run(go())
+    assert [(lim.source, lim.grant) for lim in limiters] == [(rpm, 3), (tpm, 7)]
+    assert rpm.closed and tpm.closed  # the judge's aclose closes its sources' clients too
+
+
+def test_the_default_key_is_a_short_hash_of_endpoint_and_model_without_the_url():
+    base = limit_key("https://llm.example.com/v1", "gpt-4o")
+    assert len(base) == 12 and int(base, 16) >= 0
+    assert base == limit_key("https://LLM.example.com/v1/", "gpt-4o")  # same endpoint spelled differently
+    assert base != limit_key("https://llm.example.com/v1", "gpt-4o-mini")
+    assert base != limit_key("https://other.example.com/v1", "gpt-4o")
+    assert limit_key(None, "gpt-4o") == limit_key("https://api.openai.com/v1", "gpt-4o")
+    # a query (which may carry a token) is neither in the key nor does it change it
+    assert limit_key("https://llm.example.com/v1?sig=tok-123456", "gpt-4o") == base
+    name = fleet.limit_name("rpm", limit_key("https://llm.example.com/v1?sig=tok-123456", "gpt-4o"))
+    assert "example" not in name and "tok-" not in name and name.startswith("recall-bench-rpm-")
+
+
+def test_a_key_that_looks_like_an_api_key_is_refused_without_echoing_it(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "team-secret-value-123")
+    for bad in ("sk-proj-abcdef123456", "prefix-team-secret-value-123"):
+        with pytest.raises(ValidationError) as info:
+            RunParams(dataset_uri="d.parquet", rate_limit_key=bad)
+        assert "looks like an API key" in str(info.value) and bad not in str(info.value)
+    with pytest.raises(ValidationError):
+        RunParams(dataset_uri="d.parquet", rate_limit_key="has spaces")
+    assert RunParams(dataset_uri="d.parquet", rate_limit_key="team-gpt4o").rate_limit_key == "team-gpt4o"
+
+
+def test_the_rate_limit_key_is_not_part_of_the_run_key():
+    class Data:
+        fingerprint = "f"
+
+    a = RunParams(dataset_uri="d.parquet", requests_per_minute=600)
+    b = a.model_copy(update={"rate_limit_key": "team-a"})
+    assert _run_key(a, Data()) == _run_key(b, Data())  # type: ignore[arg-type]
+    assert _run_key(a, Data()) != _run_key(a.model_copy(update={"requests_per_minute": 60}), Data())  # type: ignore[arg-type]
+
+
+def test_without_a_prefect_api_the_limits_stay_per_process(monkeypatch):
+    monkeypatch.setattr(fleet, "api_url", lambda: None)
+    params = RunParams(dataset_uri="d.parquet", judge="openai", requests_per_minute=600)
+    judge = OpenAIJudge(base_url="http://127.0.0.1:9/v1", api_key="sk-x", requests_per_minute=600)
+    assert fleet.share_limits(params, judge) == [] and judge._grants == {}
+    # nothing to share without --rpm/--tpm, even with an API
+    monkeypatch.setattr(fleet, "api_url", lambda: "http://127.0.0.1:9/api")
+    assert fleet.share_limits(params.model_copy(update={"requests_per_minute": None}), judge) == []
+
+
+class _Refuse(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(403)
+        self.send_header("content-type", "application/json")
+        body = b'{"detail": "forbidden"}'
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_prefect_api_that_refuses_the_limit_is_one_line_naming_it(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-refused-SECRET-0123456789")
+    params = RunParams(dataset_uri="d.parquet", judge="openai", requests_per_minute=600)
+    judge = OpenAIJudge(base_url="http://127.0.0.1:9/v1", requests_per_minute=600)
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: url}), pytest.raises(ConfigError) as info:
+            fleet.share_limits(params, judge)
+    finally:
+        server.shutdown()
+        server.server_close()
+    text = str(info.value)
+    assert "\n" not in text and "--rpm 600" in text and "refused the fleet rate limit recall-bench-rpm-" in text
+    assert "HTTP 403" in text and "SECRET" not in text
+
+
+def test_rpm_and_tpm_get_one_limit_each_keyed_by_endpoint_and_model(monkeypatch):
+    ensured: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(fleet, "api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr(fleet, "ensure_limit", lambda name, shape, option, n: ensured.append((name, shape.grant, n)))
+    params = RunParams(dataset_uri="d.parquet", judge="openai", requests_per_minute=1200, tokens_per_minute=600_000)
+    judge = OpenAIJudge(model="gpt-4o", base_url="http://llm.local/v1", api_key="sk-x", requests_per_minute=1200)
+    key = limit_key("http://llm.local/v1", "gpt-4o")
+    names = fleet.share_limits(params, judge)
+    assert names == [f"recall-bench-rpm-{key}", f"recall-bench-tpm-{key}"]
+    assert ensured == [(names[0], 5, 1200), (names[1], 2500, 600_000)]  # a quarter of a second's worth each
+    assert {k: (src.name, grant) for k, (src, grant) in judge._grants.items()} == {
+        "rpm": (names[0], 5),
+        "tpm": (names[1], 2500),
+    }
+    # an explicit key is shared by every judge of the run, whatever its model
+    other = OpenAIJudge(model="gpt-4o-mini", base_url="http://llm.local/v1", api_key="sk-x")
+    shared = params.model_copy(update={"rate_limit_key": "team-a", "tokens_per_minute": None})
+    assert fleet.share_limits(shared, judge) == fleet.share_limits(shared, other) == ["recall-bench-rpm-team-a"]
+
+
+class _Counter:
+    """A Prefect counter limit without decay, as the API answers it: refuses (423) what does not fit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.active, self.returned = limit, 0, 0
+
+    async def increment_concurrency_slots(self, names: list[str], slots: int, mode: str) -> None:
+        import httpx
+
+        assert mode == "concurrency"
+        if self.active + slots > self.limit:
+            request = httpx.Request("POST", "http://prefect/api/v2/concurrency_limits/increment")
+            raise httpx.HTTPStatusError("locked", request=request, response=httpx.Response(423, request=request))
+        self.active += slots
+
+    async def read_global_concurrency_limit_by_name(self, name: str):
+        return type("Limit", (), {"limit": self.limit, "active_slots": self.active})()
+
+    async def request(self, method: str, path: str, json: dict) -> None:
+        self.active -= json["slots"]
+        self.returned += json["slots"]
+
+
+def test_a_fleet_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
+    from recall_tasks.pipeline import fleet_budget
+
+    counter = _Counter(limit=120)
+
+    async def client(clients, api):
+        return counter
+
+    async def close(clients):
+        return None
+
+    monkeypatch.setattr(fleet, "_loop_client", client)
+    monkeypatch.setattr(fleet, "_close_loop_client", close)
+    a = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
+    b = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
+
+    async def go() -> tuple[int, int]:
+        got_a = got_b = 0
+        for _ in range(100):  # grants of 2 (120 // 50)
+            if await a.reserve():
+                got_a += 1
+                a.release(2 if got_a == 1 else 1, None)  # the first call needed a repair: charged
+        while await b.reserve():
+            got_b += 1
+            b.release(1, None)
+        return got_a, got_b
+
+    got_a, got_b = asyncio.run(go())
+    # a: 100 calls + 1 repair = 101 requests from 51 grants of 2 (one request left); b: the 18 left, then stops
+    assert a.grant == 2 and (got_a, got_b) == (100, 18)
+    assert counter.active == 120 and b.exhausted_reason == "request budget reached (--max-requests 120, the whole run)"
+    assert not a.exhausted_reason and a.allowance == 1
+    asyncio.run(a.give_back())  # a chunk ends: what a still holds goes back
+    assert counter.returned == 1 and counter.active == 119 and a.allowance == 0
