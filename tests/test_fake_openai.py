@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,9 +36,23 @@ MESSAGES: list[Any] = [
 ]
 
 
+_OPEN: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Close the test's sync clients: their pooled sockets would otherwise be collected (ResourceWarning) in
+    whichever later test the garbage collector happens to run."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _client(srv: FakeOpenAI, **kw: Any) -> openai.OpenAI:
     kw.setdefault("max_retries", 0)
-    return openai.OpenAI(base_url=srv.base_url, api_key="sk-test", **kw)
+    client = openai.OpenAI(base_url=srv.base_url, api_key="sk-test", **kw)
+    _OPEN.append(client)
+    return client
 
 
 def _aclient(srv: FakeOpenAI, **kw: Any) -> openai.AsyncOpenAI:
