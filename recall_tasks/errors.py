@@ -34,7 +34,10 @@ Every message says what to fix. No message ever contains an API key or a storage
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from recall_tasks.summaries import RunSummary
 
 
 class RecallBenchError(Exception):
@@ -107,17 +110,17 @@ class StorageError(RecallBenchError):
 class RegressionDetected(RecallBenchError):
     """The run regressed against its baseline and ``fail_on_regression`` is set; results are committed."""
 
-    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, summary: RunSummary | None = None) -> None:
         super().__init__(message)
-        self.summary = summary or {}
+        self.summary: RunSummary = summary if summary is not None else cast("RunSummary", {})  # {}: unpickled
 
 
 class RunFailed(RecallBenchError):
     """The run was committed with status ``failed``; ``summary`` is its run summary (what the CLI prints)."""
 
-    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, summary: RunSummary | None = None) -> None:
         super().__init__(message)
-        self.summary = summary or {}
+        self.summary: RunSummary = summary if summary is not None else cast("RunSummary", {})  # {}: unpickled
 
 
 class RunInterrupted(RecallBenchError):

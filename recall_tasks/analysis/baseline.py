@@ -7,6 +7,7 @@ Pure functions over the ``runs`` table; the comparison rules are in docs/regress
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -57,7 +58,7 @@ def find_baseline(
     metric: str,
     spec: str = "latest",
     exclude_run_id: str | None = None,
-    current: dict[str, Any] | None = None,
+    current: Mapping[str, Any] | None = None,
     dataset_id: str | None = None,
 ) -> dict[str, Any] | None:
     """The overall ``runs`` row of the baseline run chosen by ``spec``, or None when there is none yet.

@@ -6,6 +6,7 @@ gets the verdict ``incomparable`` with the reasons). The rule is in docs/regress
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from recall_tasks.io.datasets import ROW_ID_COLUMN_IDENTITY
@@ -31,7 +32,7 @@ MIN_PAIRED_SHARE = 0.9
 """Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
 
 
-def incomparable_reasons(current_run: dict[str, Any], baseline_run: dict[str, Any]) -> list[str]:
+def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[str, Any]) -> list[str]:
     """What makes two runs' scores incomparable (empty when they are comparable); see docs/regression.md."""
     reasons = []
     differs = set()

@@ -11,7 +11,7 @@ segments, context precision, worst rows, cost) are in docs/regression.md.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -211,7 +211,7 @@ class Comparison(BaseModel):
 # -- comparison -----------------------------------------------------------------------------------
 
 
-def _run_id(run: dict[str, Any], table: pa.Table, label: str) -> str:
+def _run_id(run: Mapping[str, Any], table: pa.Table, label: str) -> str:
     value = run.get("run_id")
     if value:
         return str(value)
@@ -329,7 +329,7 @@ def compare_runs(
     current: pa.Table,
     baseline: pa.Table,
     *,
-    current_run: dict[str, Any],
+    current_run: Mapping[str, Any],
     baseline_run: dict[str, Any],
     tolerance: float = 0.02,
     alpha: float = 0.05,

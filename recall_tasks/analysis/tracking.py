@@ -14,6 +14,7 @@ import pyarrow.dataset as pads
 
 from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.analysis.regression import Comparison, WorstRow, compare_runs, lost_statements
+from recall_tasks.summaries import RunRow
 
 RESULT_COLUMNS = ["row_id", "score", "success", "context_precision"]
 
@@ -39,7 +40,7 @@ def fill_lost(results: pads.Dataset, current_id: str, baseline_id: str, worst: l
         w.lost = lost_statements(base.get(w.row_id), current.get(w.row_id))
 
 
-def compare_with_baseline(plan: Any, summary: dict[str, Any]) -> Comparison | None:
+def compare_with_baseline(plan: Any, summary: RunRow) -> Comparison | None:
     """Compare the committed run with its baseline (``params.baseline``); None when there is none."""
     spec = plan.params.baseline
     if not spec:
@@ -82,7 +83,7 @@ def largest_drops(store: Any, run_id: str, baseline_id: str, limit: int = 10) ->
     return comparison.worst_rows
 
 
-def run_event_payload(summary: dict[str, Any]) -> dict[str, Any]:
+def run_event_payload(summary: RunRow) -> dict[str, Any]:
     """The JSON-safe payload of ``recall.run.completed``."""
     keys = ["run_id", "dataset", "dataset_uri", "label", "index_version", "metric", "judge_model", "rows",
             "scored", "errors", "skipped", "cached", "mean_score", "ci_low", "ci_high", "pass_rate", "cost_usd",

@@ -50,6 +50,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
+from recall_tasks.summaries import FlowSummary, RunSummary
 
 EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
 configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
@@ -90,7 +91,7 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _print_summary(summary: dict[str, Any], output: str) -> None:
+def _print_summary(summary: RunSummary, output: str) -> None:
     """The run's summary table and where to look next; values are plain text (never markup), redacted."""
     from recall_tasks.cli.output import print_table
     from recall_tasks.reports.summary import summary_rows
@@ -103,7 +104,7 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
 
 
-def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> dict[str, Any]:
+def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> FlowSummary:
     """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up.
 
     ``preflight``: the run's checks first (before Prefect starts), inside the same interrupt handling.
@@ -306,15 +307,15 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
         raise
     except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
         _fail_unexpected(exc, debug)
-    if batch_key is not None and summary.get("run_key") not in (None, batch_key):
-        _fail(ConfigError(
-            f"the data of {params.dataset_uri} changed since its batches were submitted (run key now "
-            f"{summary.get('run_key')}, recorded {batch_key}): the batches cannot be matched to its rows; "
-            f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
-        ), debug)  # fmt: skip
-    if summary.get("status") in ("batch_pending", "batch_idle"):  # nothing committed (yet)
+    if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
         from recall_tasks.cli.batch import print_pending
 
+        if batch_key is not None and summary["run_key"] != batch_key:
+            _fail(ConfigError(
+                f"the data of {params.dataset_uri} changed since its batches were submitted (run key now "
+                f"{summary['run_key']}, recorded {batch_key}): the batches cannot be matched to its rows; "
+                f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
+            ), debug)  # fmt: skip
         return print_pending(summary, console)
     _print_outcome(summary, output)
 
@@ -344,7 +345,7 @@ def verdict_line(comparison: dict[str, Any]) -> str:
     return f"{head} ({', '.join(parts)})"
 
 
-def _print_outcome(summary: dict[str, Any], output: str) -> None:
+def _print_outcome(summary: RunSummary, output: str) -> None:
     """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4)."""
     if not summary:
         return
@@ -355,17 +356,20 @@ def _print_outcome(summary: dict[str, Any], output: str) -> None:
         for warning in comparison.get("warnings") or []:
             err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
     elif summary.get("status") == "failed":
-        console.print("not compared with a baseline: a failed run is never compared nor used as a baseline")
+        console.print(
+            "not compared with a baseline: a failed run is never compared nor used as a baseline", soft_wrap=True
+        )
     else:
-        console.print("first run of its series: no baseline to compare with")
+        console.print("first run of its series: no baseline to compare with", soft_wrap=True)
     if summary.get("top_error"):
         err.print(
             f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
-            f"rows): {escape(redact(str(summary['top_error'])))}[/]"
+            f"rows): {escape(redact(str(summary['top_error'])))}[/]",
+            soft_wrap=True,
         )
     if summary.get("status") == "budget_exhausted":
         reason = escape(redact(str(summary["status_reason"])))
-        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]")
+        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]", soft_wrap=True)
 
 
 @app.command()
@@ -400,6 +404,8 @@ def demo(
     err.print(_judge_line(params), markup=False, highlight=False)
     try:
         summary = _run(params, debug)
+        if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # the demo never batches
+            raise RuntimeError(f"the demo run ended {summary['status']}")
         _print_summary(summary, output)
         console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
         # ties broken by row_id: the demo prints the same table every time (the README test compares it)

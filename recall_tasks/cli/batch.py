@@ -11,31 +11,32 @@ from rich.console import Console
 from rich.markup import escape
 
 from recall_tasks.secrets import redact
+from recall_tasks.summaries import IdleSummary, PendingSummary
 
 
-def pending_lines(summary: dict[str, Any]) -> list[str]:
+def pending_lines(summary: PendingSummary | IdleSummary) -> list[str]:
     """The pending run's batches, one line each, and how to collect them (or why there is nothing to collect)."""
-    if summary.get("status") == "batch_idle":
-        return [f"{summary['reason']} (record {summary.get('record')}); nothing committed"]
-    batches = summary.get("batches") or []
+    if summary["status"] == "batch_idle":
+        return [f"{summary['reason']} (record {summary['record']}); nothing committed"]
+    batches = summary["batches"]
     lines = [
-        f"run {summary['run_id']} pending: {summary.get('batched_rows', 0)} row(s) in {len(batches)} batch(es) "
-        f"of the Batch API (submitted {summary.get('submitted_at')}); nothing committed yet"
+        f"run {summary['run_id']} pending: {summary['batched_rows']} row(s) in {len(batches)} batch(es) "
+        f"of the Batch API (submitted {summary['submitted_at']}); nothing committed yet"
     ]
     for b in batches:
         counts = b.get("counts") or {}
         done = f", {counts.get('completed', 0)} done, {counts.get('failed', 0)} failed" if counts.get("total") else ""
-        again = " (resubmitted lines)" if b.get("round", 1) > 1 else ""
-        lines.append(f"  {b['id']}  {b.get('status')}  {b['requests']} request(s){again}{done}")
-    lines.append(f"record: {summary.get('record')}")
+        again = " (resubmitted lines)" if b["round"] > 1 else ""
+        lines.append(f"  {b['id']}  {b['status']}  {b['requests']} request(s){again}{done}")
+    lines.append(f"record: {summary['record']}")
     lines.append(
         "rerun the same command to collect the results and finish the run (or add --wait to wait; or "
-        f"`recall-bench batch collect -o {summary.get('output')} {summary.get('run_key')}`)"
+        f"`recall-bench batch collect -o {summary['output']} {summary['run_key']}`)"
     )
     return lines
 
 
-def print_pending(summary: dict[str, Any], console: Console) -> None:
+def print_pending(summary: PendingSummary | IdleSummary, console: Console) -> None:
     for line in pending_lines(summary):
         console.print(escape(redact(line)), soft_wrap=True, highlight=False)
 

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from recall_tasks.io.storage import join_uri, normalize_uri
+from recall_tasks.summaries import RunRow
 
 LINK_EXPIRY_S = 7 * 24 * 3600
 
@@ -32,7 +33,7 @@ def artifact_key(kind: str, dataset: str, metric: str) -> str:
     return slug[:200]
 
 
-def summary_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def summary_table(summary: RunRow) -> list[dict[str, Any]]:
     """The run summary as field/value rows, numbers kept as numbers (timestamps as ISO text)."""
     rows = []
     for key in SUMMARY_FIELDS:

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
@@ -44,13 +44,14 @@ from recall_tasks.metrics.base import Missing
 from recall_tasks.pipeline.batch_record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
 from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
+from recall_tasks.summaries import IdleSummary, PendingSummary
 
 log = logging.getLogger(__name__)
 
 #: The status of a run whose batches are not collected yet (returned by the flow, never committed).
-PENDING = "batch_pending"
+PENDING: Literal["batch_pending"] = "batch_pending"
 #: The status a ``batch_collect_only`` run returns when its parameters have no pending batches (nothing done).
-IDLE = "batch_idle"
+IDLE: Literal["batch_idle"] = "batch_idle"
 
 
 def check_batch(params: RunParams, judge: Judge) -> None:
@@ -125,7 +126,7 @@ class Settled:
     """What :func:`settle` found: ``pending`` (a summary to return) or the keys to serve and the failures, with
     the batch ids and the seconds from the first submit to the collect (``runs.batch_ids``, ``batch_wait_s``)."""
 
-    pending: dict[str, Any] | None = None
+    pending: PendingSummary | IdleSummary | None = None
     collected: set[str] = field(default_factory=set)
     failures: dict[str, str] = field(default_factory=dict)
     batch_ids: list[str] | None = None
@@ -277,7 +278,7 @@ def _refresh(plan: RunPlan, record: dict[str, Any]) -> None:
     write_record(plan, record)
 
 
-def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> dict[str, Any]:
+def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> PendingSummary:
     """What the flow returns for a pending run: its batches, nothing committed."""
     return {
         "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
@@ -288,7 +289,7 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> dict[st
     }  # fmt: skip
 
 
-def idle_summary(plan: RunPlan, record: dict[str, Any] | None) -> dict[str, Any]:
+def idle_summary(plan: RunPlan, record: dict[str, Any] | None) -> IdleSummary:
     """What a ``batch_collect_only`` run returns when these parameters have no pending batches: nothing done."""
     if record is None:
         why = "no batches were submitted for these parameters and this data"

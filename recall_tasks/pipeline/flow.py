@@ -48,6 +48,7 @@ from recall_tasks.pipeline import batch, batch_finish, publish, steps, workers
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.pipeline.workers import ChunkSpec
+from recall_tasks.summaries import FlowSummary
 
 _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
 
@@ -291,7 +292,7 @@ def _flow_run_name() -> str:
     flow_run_name=_flow_run_name,
     task_runner=ThreadPoolTaskRunner(max_workers=16),  # type: ignore[arg-type]
 )
-def recall_benchmark(params: RunParams) -> dict[str, Any]:
+def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
     plan = steps.plan_run(params)

@@ -15,7 +15,7 @@ A failed run is neither compared nor used as a baseline; its tables and reports 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
@@ -24,6 +24,7 @@ from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_
 from recall_tasks.reports.comparison import comparison_markdown
 from recall_tasks.reports.html import write_report
 from recall_tasks.reports.summary import markdown_report, run_results
+from recall_tasks.summaries import RunRow, RunSummary
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Publication:
     events: list[Event] = field(default_factory=list)
 
 
-def log_commit(plan: Any, summary: dict[str, Any], logger: Any) -> None:
+def log_commit(plan: Any, summary: RunRow, logger: Any) -> None:
     """The committed counts, and the status reason (an error for a failed run)."""
     logger.info(
         "run %s committed: %s rows, %s scored, %s errors, %s skipped, %s cached, mean %s, status %s",
@@ -66,7 +67,7 @@ def log_commit(plan: Any, summary: dict[str, Any], logger: Any) -> None:
         log("run %s %s: %s", plan.run_id, summary["status"], summary["status_reason"])
 
 
-def compare(plan: Any, summary: dict[str, Any], logger: Any) -> Comparison | None:
+def compare(plan: Any, summary: RunRow, logger: Any) -> Comparison | None:
     """The comparison with the baseline (None for a failed run or the first of a series), logged."""
     if summary["status"] == "failed":
         logger.info("run %s failed: not compared with a baseline, and never used as one", plan.run_id)
@@ -82,19 +83,20 @@ def compare(plan: Any, summary: dict[str, Any], logger: Any) -> Comparison | Non
     return comparison
 
 
-def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[str, Any], Publication]:
+def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Publication]:
     """Log, compare, write the reports; the summary the flow returns and what to send to Prefect."""
-    log_commit(plan, summary, logger)
+    summary = cast("RunSummary", {**row})  # comparison and report_uri are added below
+    log_commit(plan, row, logger)
     out = Publication()
     rows = run_results(plan)  # one scan of the run for both reports
     keys = {
         k: artifact_key(k, plan.dataset.name, plan.params.metric) for k in ("summary", "report", "regression", "html")
     }
-    out.artifacts.append(Artifact("table", keys["summary"], summary_table(summary), f"run {plan.run_id}"))
+    out.artifacts.append(Artifact("table", keys["summary"], summary_table(row), f"run {plan.run_id}"))
     out.artifacts.append(Artifact("link", "recall-results", plan.store.results_uri, link_text="results table"))
-    comparison = compare(plan, summary, logger)
+    comparison = compare(plan, row, logger)
     resource = {"prefect.resource.id": f"recall.dataset.{plan.dataset.name}", "recall.run_id": plan.run_id}
-    out.events.append(Event("recall.run.completed", resource, tracking.run_event_payload(summary)))
+    out.events.append(Event("recall.run.completed", resource, tracking.run_event_payload(row)))
     if comparison is not None:
         out.artifacts.append(
             Artifact(
@@ -102,7 +104,7 @@ def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[s
                 f"run {plan.run_id} vs {comparison.baseline_run_id}",
             )
         )  # fmt: skip
-        summary = {**summary, "comparison": comparison.event_payload()}
+        summary["comparison"] = comparison.event_payload()
         if comparison.verdict == "regressed":
             out.events.append(Event("recall.regression.detected", resource, comparison.event_payload()))
     drops = [w.model_dump() for w in comparison.worst_rows] if comparison is not None else []
@@ -118,10 +120,11 @@ def publish_run(plan: Any, summary: dict[str, Any], logger: Any) -> tuple[dict[s
         )
     )  # fmt: skip
     out.artifacts.append(Artifact("link", keys["html"], link, link_text=f"HTML report ({link_note})"))
-    return {**summary, "report_uri": report_uri}, out
+    summary["report_uri"] = report_uri
+    return summary, out
 
 
-def raise_for_outcome(plan: Any, summary: dict[str, Any]) -> None:
+def raise_for_outcome(plan: Any, summary: RunSummary) -> None:
     """End the flow run Failed for a failed run (exit 4) or, with ``fail_on_regression``, a regression (exit 3)."""
     if summary["status"] == "failed":
         raise RunFailed(f"run {plan.run_id} failed: {summary['status_reason']}", summary)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks.reports.markdown import md_code, md_text
+from recall_tasks.summaries import RunSummary
 
 
 def _fmt(value: Any) -> str:
@@ -21,7 +22,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def summary_rows(summary: dict[str, Any]) -> list[dict[str, str]]:
+def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
     """The run summary as two-column rows (Prefect table artifact, CLI table)."""
     keys = [
         "run_id",
@@ -78,7 +79,7 @@ def worst_rows(plan: Any, limit: int = 10, results: pa.Table | None = None) -> l
     return out
 
 
-def markdown_report(plan: Any, summary: dict[str, Any], limit: int = 10, results: pa.Table | None = None) -> str:
+def markdown_report(plan: Any, summary: RunSummary, limit: int = 10, results: pa.Table | None = None) -> str:
     """Markdown: headline figures, then the worst rows and the sentences their context lacks."""
     lines = [
         f"# Contextual recall run {md_code(summary['run_id'])}",
