@@ -7,13 +7,12 @@ or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (en
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recall_tasks.secrets import SECRET_ENV_VARS, looks_secret
+from recall_tasks.secrets import looks_secret, redact
 
 #: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
 #: of the run key, so the same command with or without them submits and collects the same batches.
@@ -198,9 +197,7 @@ class RunParams(BaseModel):
     @classmethod
     def _key_is_no_secret(cls, value: str | None) -> str | None:
         """The key names a Prefect limit anyone with UI access reads: an API key there is refused, never echoed."""
-        if value and (value.startswith(("sk-", "sess-")) or any(
-            len(v) >= 8 and v in value for v in (os.environ.get(n, "") for n in SECRET_ENV_VARS)
-        )):  # fmt: skip
+        if value and (value.startswith(("sk-", "sess-")) or redact(value) != value):  # redact: the live secrets
             raise ValueError("--rate-limit-key looks like an API key: name the budget, e.g. team-gpt4o")
         return value
 
