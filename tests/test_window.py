@@ -12,7 +12,7 @@ import pytest
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunInterrupted
 from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.pipeline import steps
+from recall_tasks.pipeline import head_start, steps
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from tests.test_pipeline import make_rows, write_parquet
@@ -194,8 +194,8 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
 
     monkeypatch.setattr(steps, "score_block", counting)
     params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=5)
-    steps.preflight(params)
-    ahead = steps.plan_ahead(params)
+    head_start.preflight(params)
+    ahead = head_start.plan_ahead(params)
     assert ahead.head_start is not None
     first = ahead.head_start.future.result(timeout=30)  # judged before any flow exists
     assert judged == [f"r{i:04d}" for i in range(5)]
@@ -206,4 +206,4 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
     assert plan.head_start is None  # taken by chunk 0's task
     assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: chunk 0 was not judged again
     assert tally.parts[0].path == first.path and tally.done_rows == 45
-    assert steps.abandon(params) == 0  # nothing left to abandon once the flow took the plan
+    assert head_start.abandon(params) == 0  # nothing left to abandon once the flow took the plan

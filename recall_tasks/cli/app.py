@@ -111,7 +111,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recall_tasks.pipeline import steps
+    from recall_tasks.pipeline import head_start, steps
 
     cached: list[int] = []
     with _interrupts() as state, contextlib.ExitStack() as stack:
@@ -125,8 +125,8 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                 # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
                 if os.environ.get("PREFECT_API_URL"):
                     _check_reachable(os.environ["PREFECT_API_URL"])
-                steps.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
-                stack.callback(steps.abandon, params)  # a no-op once the flow took the plan
+                head_start.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
+                stack.callback(head_start.abandon, params)  # a no-op once the flow took the plan
             stack.enter_context(_prefect_api())
             from recall_tasks.pipeline.flow import recall_benchmark
 
@@ -154,7 +154,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             if not _is_interrupt(exc) and state["signal"] is None:
                 raise
             sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
-            steps.abandon(params)  # interrupted before the flow took the plan: its rows count below
+            head_start.abandon(params)  # interrupted before the flow took the plan: its rows count below
             err.print(
                 f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
                 highlight=False,
@@ -322,9 +322,9 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
 
 def _preflight(params: RunParams) -> list[str]:
     """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
-    from recall_tasks.pipeline import steps
+    from recall_tasks.pipeline import head_start
 
-    return steps.preflight(params)
+    return head_start.preflight(params)
 
 
 def verdict_line(comparison: dict[str, Any]) -> str:

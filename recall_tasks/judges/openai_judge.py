@@ -9,41 +9,40 @@ Decisions worth knowing:
 - ``response_format``: JSON schema (strict) first; if the endpoint rejects it, JSON mode, then none; the
   judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
   ``finish_reason == "length"`` is retried once with twice the completion budget.
+- HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http`.
 - Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight. With grant
   sources (:meth:`OpenAIJudge.share_limits`, the pipeline's fleet-wide limits) the limiters also spend grants.
-- Every HTTP attempt (retries included) is reported to the run's circuit breaker through
-  :data:`~recall_tasks.judges.base.attempt_observer` (a wrapper around the HTTP transport): refused, reset,
-  DNS and TLS failures, timeouts and 5xx count as failures.
-- Error texts say what happened, read from the exception chain under the SDK's error (the aiohttp transport
-  maps a refused connection to a *timeout*): "connection refused", "DNS lookup failed", "TLS error", "no answer
-  within N s" only for real timeouts, the HTTP status otherwise. The endpoint is named by host and port only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import json
 import logging
-import socket
-import ssl
 import weakref
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import httpx2
 import openai
 
-from recall_tasks.errors import JudgeConfigError, JudgeResponseError, JudgeTransientError
+from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import prompts
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
+from recall_tasks.judges._openai_http import (
+    _attempts,
+    _close_states,
+    _close_with_loop,
+    _error_text,
+    _LoopState,
+    build_client,
+    endpoint_host,
+    translate_error,
+)
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
+from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
 from recall_tasks.judges.ratelimit import GrantSource, RateLimiter
-from recall_tasks.secrets import redact, register_secret
+from recall_tasks.secrets import register_secret
 from recall_tasks.settings import settings as env_settings
 
 if TYPE_CHECKING:
@@ -51,176 +50,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: USD per million tokens (input, output). Override with ``OpenAIJudge(prices={...})``.
-PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
-    "gpt-4o-mini": (0.15, 0.60),
-    "gpt-4o": (2.50, 10.00),
-    "gpt-4.1": (2.00, 8.00),
-    "gpt-4.1-mini": (0.40, 1.60),
-    "gpt-4.1-nano": (0.10, 0.40),
-    "gpt-5": (1.25, 10.00),
-    "gpt-5-mini": (0.25, 2.00),
-    "gpt-5-nano": (0.05, 0.40),
-    "o4-mini": (1.10, 4.40),
-}
-
 _FORMATS = ("json_schema", "json_object", "none")
 _VERDICTS = ("recall_verdicts", prompts.RESPONSE_SCHEMA)
 _CLAIMS = ("recall_claims", prompts.CLAIMS_SCHEMA)
-_attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
-
-
-#: Share of the live price a Batch API request costs (OpenAI's and Azure's global batch: 50 % off).
-BATCH_PRICE_FACTOR = 0.5
 
 
 def _budget(request: JudgeRequest) -> int:
     """Completion tokens asked for a verdict request (doubled once on truncation)."""
     return 64 + len(request.statements) * (48 if request.include_reason else 24)
-
-
-def price_for(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
-    """Exact model name first, then the longest known prefix (dated snapshots share their family's price)."""
-    if model in prices:
-        return prices[model]
-    best = max((name for name in prices if model.startswith(name)), key=len, default=None)
-    return prices[best] if best else None
-
-
-@dataclass
-class _LoopState:
-    client: openai.AsyncOpenAI
-    semaphore: asyncio.Semaphore
-    rpm: RateLimiter | None
-    tpm: RateLimiter | None
-    closer: AsyncGenerator[None, None] | None = None
-
-
-def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
-    """A judge was garbage-collected: close its clients on the loops still running (the shared background loop of
-    the sync API). A loop shutting down (``asyncio.run``) closes them through :func:`_close_with_loop`."""
-    for loop in list(states):
-        if not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-                loop.call_soon_threadsafe(_schedule_close, states, loop)
-
-
-_closing: set[asyncio.Task[None]] = set()  # close tasks of dropped judges, held until done
-
-
-def _schedule_close(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: Any) -> None:
-    state = states.get(loop)
-    if state is not None:
-        task = loop.create_task(state.client.close())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-
-
-async def _close_with_loop(
-    states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: asyncio.AbstractEventLoop
-) -> AsyncGenerator[None]:
-    """Closes the loop's client when the loop shuts down, for callers that never ``aclose()``.
-
-    ``asyncio.run`` (and any loop closed with ``shutdown_asyncgens``) closes the async generators still
-    suspended on it: this one's ``finally`` then closes the HTTP sessions (again, harmlessly, if a dropped
-    judge's close already ran), so a plain ``asyncio.run`` script leaves nothing unclosed. The state holds
-    the generator (the loop only holds it weakly).
-    """
-    try:
-        yield
-    finally:
-        state = states.pop(loop, None)
-        if state is not None:
-            await state.client.close()
-
-
-async def _count_attempt(request: httpx2.Request) -> None:
-    counter = _attempts.get()
-    if counter is not None:
-        counter[0] += 1
-
-
-async def _quota_is_final(response: httpx2.Response) -> None:
-    # The SDK retries every 429; an exhausted quota will not come back in seconds.
-    if response.status_code == 429:
-        await response.aread()
-        if b"insufficient_quota" in response.content:
-            response.headers["x-should-retry"] = "false"
-
-
-def endpoint_host(url: str | None, default: str = "api.openai.com") -> str:
-    """``host[:port]`` of an endpoint URL: never its user, password, path or query."""
-    if not url:
-        return default
-    parts = urlsplit(url if "://" in url else f"//{url}")
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    host = parts.hostname or default
-    return f"{host}:{port}" if port else host
-
-
-def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
-    """What an HTTP attempt's exception means, and whether it was a real timeout.
-
-    Reads the whole ``__cause__``/``__context__`` chain: the SDK's ``APITimeoutError`` wraps an httpx error that
-    wraps the aiohttp/OS error which says what happened (the aiohttp transport maps refused connections,
-    resets and DNS failures to ``ConnectTimeout``).
-    """
-    chain: list[BaseException] = []
-    e: BaseException | None = exc
-    while e is not None and len(chain) < 10 and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for e in chain:
-        if isinstance(e, socket.gaierror) or type(e).__name__ == "ClientConnectorDNSError":
-            return "DNS lookup failed (name not resolved)", False
-        if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSL" in type(e).__name__:
-            reasons = [x.reason for x in chain if isinstance(x, ssl.SSLError) and getattr(x, "reason", None)]
-            detail = reasons[-1] if reasons else " ".join(str(e).split())[:120]  # the OpenSSL name, e.g. CERT_...
-            return f"TLS error ({detail})", False
-        if isinstance(e, ConnectionRefusedError):
-            return "connection refused", False
-        if isinstance(e, ConnectionResetError | BrokenPipeError):
-            return "connection reset by the server", False
-        if type(e).__name__ == "ServerDisconnectedError":
-            return "the server closed the connection without answering", False
-    for e in chain:
-        if isinstance(e, TimeoutError | httpx2.TimeoutException):
-            return f"no answer within {timeout_s:g} s", True
-    for e in chain:
-        if isinstance(e, OSError) and e.strerror:
-            return f"connection error ({e.strerror})", False
-    return f"connection error ({' '.join(str(exc).split())[:120] or type(exc).__name__})", False
-
-
-class _ObservedTransport(httpx2.AsyncBaseTransport):
-    """Reports each HTTP attempt's outcome to the run's :data:`attempt_observer` (the circuit breaker)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: str, timeout_s: float) -> None:
-        self._inner = inner
-        self._endpoint = endpoint
-        self._timeout_s = timeout_s
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        observer = attempt_observer.get()
-        try:
-            response = await self._inner.handle_async_request(request)
-        except Exception as exc:
-            if observer is not None:
-                cause, timed_out = describe_failure(exc, self._timeout_s)
-                observer.attempt_failed(self._endpoint, cause, timed_out=timed_out)
-            raise
-        if observer is not None:
-            if response.status_code >= 500:
-                observer.attempt_failed(self._endpoint, f"HTTP {response.status_code}")
-            elif response.status_code != 429:  # rate limiting says nothing about an outage
-                observer.attempt_ok()
-        return response
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 class OpenAIJudge:
@@ -343,45 +180,15 @@ class OpenAIJudge:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
-            hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
-            http: httpx2.AsyncClient
-            try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
-                connections = max(self.max_concurrency, 10)  # its default pool stops at 100 connections
-                http = openai.DefaultAioHttpClient(
-                    timeout=self.timeout_s,
-                    event_hooks=hooks,
-                    limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
-                )
-            except (RuntimeError, ImportError):
-                http = httpx2.AsyncClient(
-                    timeout=self.timeout_s,
-                    limits=httpx2.Limits(
-                        max_connections=max(self.max_concurrency, 10),
-                        max_keepalive_connections=max(self.max_concurrency, 10),
-                    ),
-                    event_hooks=hooks,
-                )
-            # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
-            http._transport = _ObservedTransport(http._transport, self.endpoint, self.timeout_s)
-            http._mounts = {
-                pattern: None if t is None else _ObservedTransport(t, self.endpoint, self.timeout_s)
-                for pattern, t in http._mounts.items()
-            }
-            common: dict[str, Any] = {
-                "api_key": self._api_key or "no-key",  # a self-hosted endpoint without auth
-                "timeout": self.timeout_s,
-                "max_retries": self.max_retries,
-                "http_client": http,
-            }
-            client: openai.AsyncOpenAI
-            if self._azure:
-                client = openai.AsyncAzureOpenAI(
-                    azure_endpoint=self._azure["azure_endpoint"],
-                    api_version=self._azure["api_version"],
-                    **common,
-                )
-            else:
-                client = openai.AsyncOpenAI(base_url=self.base_url, **common)
+            client = build_client(
+                self.base_url,
+                self._api_key,
+                self._azure,
+                self.endpoint,
+                self.timeout_s,
+                self.max_retries,
+                self.max_concurrency,
+            )
             state = _LoopState(
                 client=client,
                 semaphore=asyncio.Semaphore(self.max_concurrency),
@@ -648,59 +455,4 @@ class OpenAIJudge:
 
     def _translate(self, exc: Exception) -> Exception:
         """Map SDK errors to recall-bench's typed errors with a message that says what to fix."""
-        where = self.endpoint
-        text = redact(_error_text(exc), extra=[self._api_key] if self._api_key else ())
-        status = getattr(exc, "status_code", None)
-        model = self._model
-        if isinstance(exc, openai.AuthenticationError):
-            return JudgeConfigError(
-                f"{where} rejected the API key (401): set OPENAI_API_KEY (AZURE_OPENAI_API_KEY for Azure) to a "
-                f"valid key for this endpoint. {text}",
-                model=model,
-                status=401,
-            )
-        if isinstance(exc, openai.PermissionDeniedError):
-            return JudgeConfigError(f"{where} denied access to model {model} (403): {text}", model=model, status=403)
-        if isinstance(exc, openai.NotFoundError):
-            return JudgeConfigError(
-                f"{where} does not serve model {model!r} (404): check --model and --base-url. {text}",
-                model=model,
-                status=404,
-            )
-        if isinstance(exc, openai.RateLimitError):
-            if "insufficient_quota" in text:
-                return JudgeConfigError(
-                    f"{where}: quota exhausted (insufficient_quota); add credit or use another key. {text}",
-                    model=model,
-                    status=429,
-                )
-            return JudgeTransientError(
-                f"{where} kept rate-limiting (429) after {self.max_retries} retries; lower --max-concurrency "
-                f"or set requests_per_minute. {text}",
-                model=model,
-                status=429,
-            )
-        if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included: the chain says what happened
-            cause, timed_out = describe_failure(exc, self.timeout_s)
-            if timed_out:
-                return JudgeTransientError(f"{where}: {cause} ({self.max_retries} retries)", model=model)
-            return JudgeTransientError(f"cannot connect to {where}: {cause} ({self.max_retries} retries)", model=model)
-        if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
-            return JudgeTransientError(
-                f"{where} failed with {status} after {self.max_retries} retries: {text}",
-                model=model,
-                status=status,
-            )
-        if isinstance(exc, openai.APIStatusError):
-            return JudgeConfigError(f"{where} rejected the request ({status}): {text}", model=model, status=status)
-        return JudgeTransientError(f"judge call failed: {text}", model=model)
-
-
-def _error_text(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            parts = [str(error.get(k)) for k in ("message", "code", "param") if error.get(k)]
-            return "; ".join(parts) or json.dumps(error)[:300]
-    return str(getattr(exc, "message", None) or exc)[:300]
+        return translate_error(exc, self.endpoint, self._model, self._api_key, self.max_retries, self.timeout_s)

@@ -178,7 +178,7 @@ def cancel(fs: Any, path: str, record: dict[str, Any]) -> list[str]:
 
     Returns the cancelled batch ids. The endpoint and model come from the record's parameters, the key from the
     environment (as for the run)."""
-    from recall_tasks.pipeline.steps import make_judge, release_judge
+    from recall_tasks.pipeline.components import make_judge, release_judge
 
     params = params_of(record, path)
     judge: Any = make_judge(params)

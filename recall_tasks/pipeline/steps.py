@@ -2,22 +2,20 @@
 
 ``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
 judge configuration and reachability, the baseline reference: :func:`check_run`, the checks themselves in
-:mod:`~recall_tasks.pipeline.checks`) before any judge call or write; ``preflight`` runs the same checks for
-the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results. ``commit_run``
+:mod:`~recall_tasks.pipeline.checks`) before any judge call or write; ``head_start.preflight`` runs the same checks
+for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results. ``commit_run``
 aggregates the staged results, commits them and the run rows at once, with the run's status decided by
 :func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``, ``budget_exhausted`` or ``completed``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
 import os
 import secrets as pysecrets
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,11 +25,11 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recall_tasks._sync import Cancelled, CancelScope, run_sync
+from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
-from recall_tasks.io.blocks import RowBlock, iter_blocks
+from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.columns import parse_column_overrides
 from recall_tasks.io.datasets import Dataset, open_dataset
@@ -40,8 +38,7 @@ from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retrieve
 from recall_tasks.io.schemas import CHUNK_FIELDS
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
-from recall_tasks.judges.base import Judge
-from recall_tasks.metrics import ContextCoverage, ContextualRecall
+from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
 from recall_tasks.pipeline.checks import (
     Checked,
@@ -51,6 +48,7 @@ from recall_tasks.pipeline.checks import (
     check_results_schema,
     check_segments,
 )
+from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.scoring import NOT_JUDGED, Budget, CircuitBreaker, metric_fingerprint, score_block
@@ -88,76 +86,6 @@ def add_abort_listener(fn: AbortListener) -> None:
 def remove_abort_listener(fn: AbortListener) -> None:
     if fn in _abort_listeners:
         _abort_listeners.remove(fn)
-
-
-def make_judge(params: RunParams) -> Judge:
-    """The judge a run asks for; keys come from the environment, never from parameters."""
-    if params.judge == "lexical":
-        from recall_tasks.judges.lexical import LexicalJudge
-
-        return LexicalJudge()
-    from recall_tasks.judges.openai_judge import OpenAIJudge
-
-    return OpenAIJudge(
-        model=params.model,
-        base_url=params.base_url,
-        max_concurrency=params.max_concurrency,
-        timeout_s=params.timeout_s,
-        max_retries=params.max_retries,
-        requests_per_minute=params.requests_per_minute,
-        tokens_per_minute=params.tokens_per_minute,
-    )
-
-
-def make_extractor(params: RunParams, judge: Judge) -> Any:
-    """The claim extractor of ``--units claims``: the judge itself, or an OpenAI judge on ``--extractor-model``."""
-    if not params.extractor_model or params.extractor_model == judge.model:
-        return judge
-    from recall_tasks.judges.openai_judge import OpenAIJudge
-
-    return OpenAIJudge(
-        model=params.extractor_model, base_url=params.base_url, max_concurrency=params.max_concurrency,
-        timeout_s=params.timeout_s, max_retries=params.max_retries,
-        requests_per_minute=params.requests_per_minute, tokens_per_minute=params.tokens_per_minute,
-    )  # fmt: skip
-
-
-def make_metric(params: RunParams, judge: Judge) -> Metric:
-    common: dict[str, Any] = {
-        "judge": judge, "threshold": params.threshold, "scale": params.scale,
-        "include_reason": params.include_reason, "strict_mode": params.strict_mode, "on_missing": params.on_missing,
-    }  # fmt: skip
-    if params.metric != "contextual_recall":
-        return ContextCoverage(**common)
-    if params.units == "claims":
-        return ContextualRecall(**common, units="claims", claim_extractor=make_extractor(params, judge))
-    return ContextualRecall(**common)
-
-
-def share_limits(params: RunParams, metric: Metric) -> None:
-    """``--rpm``/``--tpm`` for the whole fleet (:mod:`~recall_tasks.pipeline.fleet`), before any judge call."""
-    if params.requests_per_minute or params.tokens_per_minute:
-        from recall_tasks.pipeline import fleet
-
-        fleet.share_run_limits(params, metric)
-
-
-def check_units(params: RunParams) -> None:
-    """``--units claims`` needs contextual recall and an LLM extractor; refused before any call (ConfigError)."""
-    if params.units == "sentences":
-        if params.extractor_model:
-            raise ConfigError("--extractor-model applies to --units claims only")
-        return
-    if params.metric != "contextual_recall":
-        raise ConfigError(
-            "--units claims applies to contextual_recall only: context coverage decides the retrieved context "
-            "items, which are not split into units"
-        )
-    if params.judge == "lexical":
-        raise ConfigError(
-            "--units claims needs an LLM to extract the claims and the lexical judge has none: use --judge openai "
-            "(optionally --extractor-model M), or --units sentences"
-        )
 
 
 def new_run_id() -> str:
@@ -262,94 +190,13 @@ def check_run(params: RunParams) -> Checked:
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 
-#: What :func:`preflight` checked, handed to :func:`plan_run` of the same parameters in the same process (the
-#: CLI's ad-hoc runs), so the dataset footers and the judge endpoint are not checked twice seconds apart.
+#: What ``head_start.preflight`` checked, handed to :func:`plan_run` of the same parameters in the same process
+#: (the CLI's ad-hoc runs), so the dataset footers and the judge endpoint are not checked twice seconds apart.
 #: Deployment runs have no pre-flight and check in the flow.
-_preflighted: dict[str, Checked] = {}
+PREFLIGHTED: dict[str, Checked] = {}
 
-
-def preflight(params: RunParams) -> list[str]:
-    """The checks of :func:`check_run` (the CLI runs them before Prefect starts); returns the notes."""
-    checked = check_run(params)
-    _preflighted.clear()
-    _preflighted[params.model_dump_json()] = checked
-    return checked.notes
-
-
-#: Plans ``plan_ahead`` built for the flow about to run in this process (the CLI's ad-hoc path).
-_planned: dict[str, RunPlan] = {}
-
-
-def plan_ahead(params: RunParams) -> RunPlan:
-    """The CLI's head start: plan the run and start judging its first chunk before Prefect is imported.
-
-    Importing Prefect and creating the flow run take ~1.5 s of an ad-hoc run's start-up; the first chunk's judge
-    calls wait on the network meanwhile instead of after it. The flow's :func:`plan_run` takes this plan, and
-    the first chunk's task takes the head start's result (:func:`score_chunk`): the chunk loop is unchanged,
-    each row is judged once. Not with a run-time retriever (its calls would run twice). If the flow never
-    takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
-    Deployment runs do not plan ahead.
-    """
-    plan = plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
-    _planned[params.model_dump_json()] = plan
-    # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every
-    # response and broke on the half-imported module ("partially initialized module 'httpx'") in 5 runs of 6.
-    # Imported here first, it is complete before the two threads overlap (Prefect would import it anyway).
-    import anyio  # noqa: F401
-    import httpx  # noqa: F401
-
-    fleet_limited = bool(params.requests_per_minute or params.tokens_per_minute)  # needs the Prefect API first
-    if (
-        plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
-    ):  # others: not judged here, or not live
-        block = next(iter_blocks(plan.dataset, params.chunk_size), None)
-        if block is not None:
-            block = plan.prepare_block(block)
-            key = chunk_key(plan, block)
-            future: Future[ChunkReport] = Future()
-
-            def first_chunk() -> None:
-                try:
-                    future.set_result(_score_chunk(plan, 0, block, key))
-                except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
-                    future.set_exception(exc)
-
-            plan.head_start = HeadStart(key, future)
-            threading.Thread(target=first_chunk, name="recall-bench-head-start", daemon=True).start()
-    return plan
-
-
-def abandon(params: RunParams) -> int:
-    """A plan made ahead that no flow took: cancel its judge calls, keep what was judged; rows cached."""
-    plan = _planned.pop(params.model_dump_json(), None)
-    if plan is None:
-        return 0
-    abort(plan)
-    if plan.head_start is not None:
-        with contextlib.suppress(BaseException):
-            plan.head_start.future.exception(timeout=ABORT_WAIT_S)
-    try:
-        return keep_judged(plan)
-    finally:
-        release(plan)
-
-
-def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
-    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file.
-
-    Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
-    """
-    head, plan.head_start = plan.head_start, None
-    if head is None:
-        return
-    try:
-        report = head.future.result()
-    except BaseException:  # noqa: BLE001 - the cached report stands; an error here changes nothing
-        return
-    if report.path != kept.path:
-        with contextlib.suppress(Exception):
-            plan.store.fs.rm(report.path)
-
+#: Plans ``head_start.plan_ahead`` built for the flow about to run in this process (the CLI's ad-hoc path).
+PLANNED: dict[str, RunPlan] = {}
 
 #: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.
 ABORT_WAIT_S = 2.0
@@ -360,7 +207,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
 
     ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
     """
-    planned = _planned.pop(params.model_dump_json(), None)
+    planned = PLANNED.pop(params.model_dump_json(), None)
     if planned is not None and run_id in (None, planned.run_id):
         for note in planned.notes:
             log.warning("%s", note)
@@ -368,7 +215,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
             share_limits(params, planned.metric)
             _count_requests(planned)
         return planned
-    checked = _preflighted.pop(params.model_dump_json(), None) or check_run(params)
+    checked = PREFLIGHTED.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
     if share:
         share_limits(params, metric)
@@ -467,6 +314,11 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
         plan.head_start = None
         return head.future.result()
     return _score_chunk(plan, seq, block, key)
+
+
+def score_first_chunk(plan: RunPlan, block: RowBlock, key: str) -> ChunkReport:
+    """The head start's chunk 0 (``head_start.plan_ahead``): scored as any chunk, before its task exists."""
+    return _score_chunk(plan, 0, block, key)
 
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
@@ -568,13 +420,6 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
         "row_identity": plan.dataset.row_identity,
         "dataset_id": plan.dataset.identity,
     }
-
-
-def release_judge(judge: Judge) -> None:
-    """Close a judge's HTTP client (it lives on the shared background loop)."""
-    close = getattr(judge, "aclose", None)
-    if close is not None:
-        run_sync(close())
 
 
 def release(plan: RunPlan) -> None:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from recall_tasks.io.blocks import RowBlock, iter_blocks
 from recall_tasks.io.results import ChunkPart
-from recall_tasks.pipeline import steps
+from recall_tasks.pipeline import head_start, steps
 from recall_tasks.pipeline.steps import ABORT_WAIT_S, ChunkReport, RunPlan
 
 #: While waiting for a chunk, the flow's thread wakes this often: Python runs a signal handler only when the
@@ -123,7 +123,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
             cached = None if not params.cache or params.refresh_cache else executor.cached(key)
             if cached is not None and served_from_cache(plan, cached, block):
                 if seq == 0:
-                    steps.drop_head_start(plan, cached)
+                    head_start.drop_head_start(plan, cached)
                 tally.served_from_cache += 1
                 record(seq, cached, reused=is_reused(plan, cached))
                 continue

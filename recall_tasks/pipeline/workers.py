@@ -40,7 +40,7 @@ from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
 from recall_tasks.io.storage import StorageConfig, join_uri
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.pipeline import fleet, steps
+from recall_tasks.pipeline import components, fleet, steps
 from recall_tasks.pipeline.checks import check_context_source
 from recall_tasks.pipeline.fleet_budget import FleetBudget
 from recall_tasks.pipeline.scoring import Budget, CircuitBreaker
@@ -125,9 +125,9 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
         )
     if params.dataset_name:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
-    judge = steps.make_judge(params)
-    metric = steps.make_metric(params, judge)
-    steps.share_limits(params, metric)  # --rpm/--tpm: the fleet's budget, shared with the other workers
+    judge = components.make_judge(params)
+    metric = components.make_metric(params, judge)
+    components.share_limits(params, metric)  # --rpm/--tpm: the fleet's budget, shared with the other workers
     cache = None
     if params.cache:
         cache = RowVerdictCache(

@@ -1,0 +1,287 @@
+"""The OpenAI judge's HTTP side: its clients and their life cycle, what a failed attempt means, SDK errors.
+
+Split from :mod:`recall_tasks.judges.openai_judge` (the judge: prompts, budgets, parsing, costs), which builds
+one client per event loop with :func:`build_client` and maps SDK errors with :func:`translate_error`.
+
+- Every HTTP attempt (retries included) is reported to the run's circuit breaker through
+  :data:`~recall_tasks.judges.base.attempt_observer` (a wrapper around the HTTP transport): refused, reset,
+  DNS and TLS failures, timeouts and 5xx count as failures.
+- Error texts say what happened, read from the exception chain under the SDK's error (the aiohttp transport
+  maps a refused connection to a *timeout*): "connection refused", "DNS lookup failed", "TLS error", "no answer
+  within N s" only for real timeouts, the HTTP status otherwise. The endpoint is named by host and port only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import socket
+import ssl
+import weakref
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import openai
+
+from recall_tasks.errors import JudgeConfigError, JudgeTransientError
+from recall_tasks.judges.base import attempt_observer
+from recall_tasks.judges.ratelimit import RateLimiter
+from recall_tasks.secrets import redact
+
+#: HTTP attempts of the judge call running in this context (retries included): the request hook counts them.
+_attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
+
+
+@dataclass
+class _LoopState:
+    client: openai.AsyncOpenAI
+    semaphore: asyncio.Semaphore
+    rpm: RateLimiter | None
+    tpm: RateLimiter | None
+    closer: AsyncGenerator[None, None] | None = None
+
+
+def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
+    """A judge was garbage-collected: close its clients on the loops still running (the shared background loop of
+    the sync API). A loop shutting down (``asyncio.run``) closes them through :func:`_close_with_loop`."""
+    for loop in list(states):
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
+                loop.call_soon_threadsafe(_schedule_close, states, loop)
+
+
+_closing: set[asyncio.Task[None]] = set()  # close tasks of dropped judges, held until done
+
+
+def _schedule_close(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: Any) -> None:
+    state = states.get(loop)
+    if state is not None:
+        task = loop.create_task(state.client.close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+
+async def _close_with_loop(
+    states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: asyncio.AbstractEventLoop
+) -> AsyncGenerator[None]:
+    """Closes the loop's client when the loop shuts down, for callers that never ``aclose()``.
+
+    ``asyncio.run`` (and any loop closed with ``shutdown_asyncgens``) closes the async generators still
+    suspended on it: this one's ``finally`` then closes the HTTP sessions (again, harmlessly, if a dropped
+    judge's close already ran), so a plain ``asyncio.run`` script leaves nothing unclosed. The state holds
+    the generator (the loop only holds it weakly).
+    """
+    try:
+        yield
+    finally:
+        state = states.pop(loop, None)
+        if state is not None:
+            await state.client.close()
+
+
+async def _count_attempt(request: httpx2.Request) -> None:
+    counter = _attempts.get()
+    if counter is not None:
+        counter[0] += 1
+
+
+async def _quota_is_final(response: httpx2.Response) -> None:
+    # The SDK retries every 429; an exhausted quota will not come back in seconds.
+    if response.status_code == 429:
+        await response.aread()
+        if b"insufficient_quota" in response.content:
+            response.headers["x-should-retry"] = "false"
+
+
+def endpoint_host(url: str | None, default: str = "api.openai.com") -> str:
+    """``host[:port]`` of an endpoint URL: never its user, password, path or query."""
+    if not url:
+        return default
+    parts = urlsplit(url if "://" in url else f"//{url}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or default
+    return f"{host}:{port}" if port else host
+
+
+def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
+    """What an HTTP attempt's exception means, and whether it was a real timeout.
+
+    Reads the whole ``__cause__``/``__context__`` chain: the SDK's ``APITimeoutError`` wraps an httpx error that
+    wraps the aiohttp/OS error which says what happened (the aiohttp transport maps refused connections,
+    resets and DNS failures to ``ConnectTimeout``).
+    """
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 10 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        if isinstance(e, socket.gaierror) or type(e).__name__ == "ClientConnectorDNSError":
+            return "DNS lookup failed (name not resolved)", False
+        if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSL" in type(e).__name__:
+            reasons = [x.reason for x in chain if isinstance(x, ssl.SSLError) and getattr(x, "reason", None)]
+            detail = reasons[-1] if reasons else " ".join(str(e).split())[:120]  # the OpenSSL name, e.g. CERT_...
+            return f"TLS error ({detail})", False
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused", False
+        if isinstance(e, ConnectionResetError | BrokenPipeError):
+            return "connection reset by the server", False
+        if type(e).__name__ == "ServerDisconnectedError":
+            return "the server closed the connection without answering", False
+    for e in chain:
+        if isinstance(e, TimeoutError | httpx2.TimeoutException):
+            return f"no answer within {timeout_s:g} s", True
+    for e in chain:
+        if isinstance(e, OSError) and e.strerror:
+            return f"connection error ({e.strerror})", False
+    return f"connection error ({' '.join(str(exc).split())[:120] or type(exc).__name__})", False
+
+
+class _ObservedTransport(httpx2.AsyncBaseTransport):
+    """Reports each HTTP attempt's outcome to the run's :data:`attempt_observer` (the circuit breaker)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: str, timeout_s: float) -> None:
+        self._inner = inner
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        observer = attempt_observer.get()
+        try:
+            response = await self._inner.handle_async_request(request)
+        except Exception as exc:
+            if observer is not None:
+                cause, timed_out = describe_failure(exc, self._timeout_s)
+                observer.attempt_failed(self._endpoint, cause, timed_out=timed_out)
+            raise
+        if observer is not None:
+            if response.status_code >= 500:
+                observer.attempt_failed(self._endpoint, f"HTTP {response.status_code}")
+            elif response.status_code != 429:  # rate limiting says nothing about an outage
+                observer.attempt_ok()
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def build_client(
+    base_url: str | None,
+    api_key: str,
+    azure: dict[str, str],
+    endpoint: str,
+    timeout_s: float,
+    max_retries: int,
+    max_concurrency: int,
+) -> openai.AsyncOpenAI:
+    """One ``AsyncOpenAI`` (``AsyncAzureOpenAI`` with ``azure``) for the running loop, on the aiohttp transport,
+    every attempt observed (:class:`_ObservedTransport`) and counted (``_attempts``)."""
+    hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
+    http: httpx2.AsyncClient
+    try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
+        connections = max(max_concurrency, 10)  # its default pool stops at 100 connections
+        http = openai.DefaultAioHttpClient(
+            timeout=timeout_s,
+            event_hooks=hooks,
+            limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
+        )
+    except (RuntimeError, ImportError):
+        http = httpx2.AsyncClient(
+            timeout=timeout_s,
+            limits=httpx2.Limits(
+                max_connections=max(max_concurrency, 10),
+                max_keepalive_connections=max(max_concurrency, 10),
+            ),
+            event_hooks=hooks,
+        )
+    # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
+    http._transport = _ObservedTransport(http._transport, endpoint, timeout_s)
+    http._mounts = {
+        pattern: None if t is None else _ObservedTransport(t, endpoint, timeout_s)
+        for pattern, t in http._mounts.items()
+    }
+    common: dict[str, Any] = {
+        "api_key": api_key or "no-key",  # a self-hosted endpoint without auth
+        "timeout": timeout_s,
+        "max_retries": max_retries,
+        "http_client": http,
+    }
+    client: openai.AsyncOpenAI
+    if azure:
+        client = openai.AsyncAzureOpenAI(
+            azure_endpoint=azure["azure_endpoint"],
+            api_version=azure["api_version"],
+            **common,
+        )
+    else:
+        client = openai.AsyncOpenAI(base_url=base_url, **common)
+    return client
+
+
+def translate_error(
+    exc: Exception, endpoint: str, model: str, api_key: str, max_retries: int, timeout_s: float
+) -> Exception:
+    """Map SDK errors to recall-bench's typed errors with a message that says what to fix."""
+    where = endpoint
+    text = redact(_error_text(exc), extra=[api_key] if api_key else ())
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, openai.AuthenticationError):
+        return JudgeConfigError(
+            f"{where} rejected the API key (401): set OPENAI_API_KEY (AZURE_OPENAI_API_KEY for Azure) to a "
+            f"valid key for this endpoint. {text}",
+            model=model,
+            status=401,
+        )
+    if isinstance(exc, openai.PermissionDeniedError):
+        return JudgeConfigError(f"{where} denied access to model {model} (403): {text}", model=model, status=403)
+    if isinstance(exc, openai.NotFoundError):
+        return JudgeConfigError(
+            f"{where} does not serve model {model!r} (404): check --model and --base-url. {text}",
+            model=model,
+            status=404,
+        )
+    if isinstance(exc, openai.RateLimitError):
+        if "insufficient_quota" in text:
+            return JudgeConfigError(
+                f"{where}: quota exhausted (insufficient_quota); add credit or use another key. {text}",
+                model=model,
+                status=429,
+            )
+        return JudgeTransientError(
+            f"{where} kept rate-limiting (429) after {max_retries} retries; lower --max-concurrency "
+            f"or set requests_per_minute. {text}",
+            model=model,
+            status=429,
+        )
+    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included: the chain says what happened
+        cause, timed_out = describe_failure(exc, timeout_s)
+        if timed_out:
+            return JudgeTransientError(f"{where}: {cause} ({max_retries} retries)", model=model)
+        return JudgeTransientError(f"cannot connect to {where}: {cause} ({max_retries} retries)", model=model)
+    if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:
+        return JudgeTransientError(
+            f"{where} failed with {status} after {max_retries} retries: {text}",
+            model=model,
+            status=status,
+        )
+    if isinstance(exc, openai.APIStatusError):
+        return JudgeConfigError(f"{where} rejected the request ({status}): {text}", model=model, status=status)
+    return JudgeTransientError(f"judge call failed: {text}", model=model)
+
+
+def _error_text(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            parts = [str(error.get(k)) for k in ("message", "code", "param") if error.get(k)]
+            return "; ".join(parts) or json.dumps(error)[:300]
+    return str(getattr(exc, "message", None) or exc)[:300]

@@ -1,0 +1,96 @@
+"""The CLI's ad-hoc path before Prefect starts: the pre-flight checks and the head start on the first chunk.
+
+Deployment runs use neither: their flow checks and plans the run itself. What these functions build is handed
+to the flow's :func:`~recall_tasks.pipeline.steps.plan_run` through ``steps.PREFLIGHTED`` and ``steps.PLANNED``
+(same parameters, same process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from concurrent.futures import Future
+
+from recall_tasks.config import RunParams
+from recall_tasks.io.blocks import iter_blocks
+from recall_tasks.pipeline import steps
+from recall_tasks.pipeline.steps import PLANNED, PREFLIGHTED, ChunkReport, HeadStart, RunPlan
+
+
+def preflight(params: RunParams) -> list[str]:
+    """The checks of ``steps.check_run`` (the CLI runs them before Prefect starts); returns the notes."""
+    checked = steps.check_run(params)
+    PREFLIGHTED.clear()
+    PREFLIGHTED[params.model_dump_json()] = checked
+    return checked.notes
+
+
+def plan_ahead(params: RunParams) -> RunPlan:
+    """The CLI's head start: plan the run and start judging its first chunk before Prefect is imported.
+
+    Importing Prefect and creating the flow run take ~1.5 s of an ad-hoc run's start-up; the first chunk's judge
+    calls wait on the network meanwhile instead of after it. The flow's ``steps.plan_run`` takes this plan, and
+    the first chunk's task takes the head start's result (``steps.score_chunk``): the chunk loop is unchanged,
+    each row is judged once. Not with a run-time retriever (its calls would run twice). If the flow never
+    takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
+    Deployment runs do not plan ahead.
+    """
+    plan = steps.plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
+    PLANNED[params.model_dump_json()] = plan
+    # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every
+    # response and broke on the half-imported module ("partially initialized module 'httpx'") in 5 runs of 6.
+    # Imported here first, it is complete before the two threads overlap (Prefect would import it anyway).
+    import anyio  # noqa: F401
+    import httpx  # noqa: F401
+
+    fleet_limited = bool(params.requests_per_minute or params.tokens_per_minute)  # needs the Prefect API first
+    if (
+        plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
+    ):  # others: not judged here, or not live
+        block = next(iter_blocks(plan.dataset, params.chunk_size), None)
+        if block is not None:
+            block = plan.prepare_block(block)
+            key = steps.chunk_key(plan, block)
+            future: Future[ChunkReport] = Future()
+
+            def first_chunk() -> None:
+                try:
+                    future.set_result(steps.score_first_chunk(plan, block, key))
+                except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
+                    future.set_exception(exc)
+
+            plan.head_start = HeadStart(key, future)
+            threading.Thread(target=first_chunk, name="recall-bench-head-start", daemon=True).start()
+    return plan
+
+
+def abandon(params: RunParams) -> int:
+    """A plan made ahead that no flow took: cancel its judge calls, keep what was judged; rows cached."""
+    plan = PLANNED.pop(params.model_dump_json(), None)
+    if plan is None:
+        return 0
+    steps.abort(plan)
+    if plan.head_start is not None:
+        with contextlib.suppress(BaseException):
+            plan.head_start.future.exception(timeout=steps.ABORT_WAIT_S)
+    try:
+        return steps.keep_judged(plan)
+    finally:
+        steps.release(plan)
+
+
+def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
+    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file.
+
+    Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
+    """
+    head, plan.head_start = plan.head_start, None
+    if head is None:
+        return
+    try:
+        report = head.future.result()
+    except BaseException:  # noqa: BLE001 - the cached report stands; an error here changes nothing
+        return
+    if report.path != kept.path:
+        with contextlib.suppress(Exception):
+            plan.store.fs.rm(report.path)
