@@ -47,7 +47,7 @@ from recall_tasks.cli.runtime import (
 )
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
+from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
 from recall_tasks.summaries import FlowSummary
@@ -55,7 +55,8 @@ from recall_tasks.summaries import FlowSummary
 EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
 configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
 --fail-on-regression; 4 the run failed (rows committed with status failed: error rate above --max-error-rate, or
-judging stopped by an outage); 130 interrupted (143 on SIGTERM)."""
+judging stopped by an outage; or a worker process died: nothing committed, rerun to resume); 130 interrupted (143
+on SIGTERM)."""
 
 app = typer.Typer(
     add_completion=False,
@@ -286,6 +287,8 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
         print_outcome(exc.summary, output)
         err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
         raise typer.Exit(code=4) from None
+    except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+        _fail(exc, debug, code=4)
     except ValidationError as exc:
         _fail(ValueError(_validation_message(exc)), debug)
     except RecallBenchError as exc:
