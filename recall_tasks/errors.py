@@ -16,8 +16,10 @@ The tree, and what the pipeline does with each branch::
     │                                 (raised after everything is written)
     ├── RunFailed                     the run was recorded with status failed (too many row errors, or an
     │                                 outage stopped judging): raised after everything is written
-    └── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
-                                      nothing committed, judged rows kept in the row cache
+    ├── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
+    │                                 nothing committed, judged rows kept in the row cache
+    └── WorkerDied                    a worker process of --task-runner processes died (SIGKILL, out of memory):
+                                      the pool is gone, nothing committed, finished chunks cached for the rerun
 
 Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the flow run's state):
 
@@ -25,7 +27,8 @@ Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the f
          --collect-only nothing to collect
     2    usage, configuration or dataset error: nothing was judged or written, no run recorded
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
-    4    the run failed: its rows are committed with status failed (flow run Failed)
+    4    the run failed: its rows are committed with status failed (flow run Failed); or a worker process
+         died (WorkerDied): nothing committed, the rerun resumes
     130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
 
 Every message says what to fix. No message ever contains an API key or a storage secret
@@ -125,3 +128,11 @@ class RunFailed(RecallBenchError):
 
 class RunInterrupted(RecallBenchError):
     """The run's judging was cancelled (an interrupt): nothing is committed, judged rows stay in the row cache."""
+
+
+class WorkerDied(RecallBenchError):
+    """A worker process of the run's process pool died mid-run: the pool is broken, nothing is committed.
+
+    The chunks that finished before are in Prefect's chunk cache and their rows in the row cache: the same
+    command resumes the run (its ``_pending`` marker stays).
+    """

@@ -246,3 +246,84 @@ def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
     assert len(judge_env.chat_requests) == 30  # each row once: no head start judging chunk 0 in the flow too
     assert table(tmp_path / "p") == table(tmp_path / "threads")
     assert os.getpid() not in {pid for _, pid in record_pids} and len({pid for _, pid in record_pids}) >= 2
+
+
+def _children(parent: int) -> list[int]:
+    """The live processes multiprocessing spawned from ``parent`` (the pool's workers), from ``/proc``."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                spawned = b"multiprocessing.spawn" in f.read()
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(ppid) == parent and spawned and state != "Z":
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once(prefect_harness, judge_env, tmp_path):
+    """``kill -9`` of one pool worker mid-run: one ``error:`` line, exit 4, nothing committed, no worker left;
+    the same command then resumes the run: every row once, the threads run's scores, fewer judge calls."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_caching import ROOT, cli_env
+
+    rows = make_rows(120, seed=21)
+    data = write_parquet(tmp_path / "eval.parquet", rows, row_group_size=40)
+    assert run(data, tmp_path / "threads", judge_env.base_url)["scored"] == 120
+    fresh = len(judge_env.chat_requests)  # a fresh run's judge calls: one per row
+
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
+           "--base-url", judge_env.base_url, "--chunk-size", "10", "--max-concurrency", "4",
+           "--task-runner", "processes", "--workers", "2"]  # fmt: skip
+    judge_env.latency_s = 0.1  # ~0.3 s a chunk: the kill lands with chunks done and chunks in flight
+    proc = subprocess.Popen(cmd, env=cli_env(judge_env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    assert judge_env.wait_for_requests(30, timeout=90), proc.communicate()[0] if proc.poll() is not None else ""
+    pool = _children(proc.pid)
+    assert len(pool) == 2, pool
+    os.kill(pool[0], signal.SIGKILL)  # one worker, not the flow's process
+    output, _ = proc.communicate(timeout=60)
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert proc.returncode == 4, output
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in output and len(lines) <= 3, output
+    assert errors[0].startswith("error: a worker process died (") and errors[0].endswith(
+        "nothing committed; rerun the same command to resume"
+    ), errors[0]
+    assert not _alive(pool[1])  # the pool took its other worker down: no orphan judging on
+    assert not (out / "results").exists() and not (out / "runs").exists()  # nothing committed, nothing half
+    (marker,) = (out / "_pending").glob("*.json")
+    killed_run_id = json.loads(marker.read_text())["run_id"]
+    before = len(judge_env.chat_requests)
+    assert before < fresh
+
+    judge_env.latency_s = 0.0
+    rerun = subprocess.run(cmd, env=cli_env(judge_env), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    again = len(judge_env.chat_requests) - before
+    assert 0 < again < fresh  # the chunks finished before the kill were not judged again
+    assert before + again <= fresh + 2 * 10  # at most the two chunks in flight at the kill judged twice
+    runs = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
+    assert [r["run_id"] for r in runs] == [killed_run_id]  # the rerun resumed the killed run
+    ids = DeltaTable(str(out / "results")).to_pyarrow_table().column("row_id").to_pylist()
+    assert sorted(ids) == sorted(r["row_id"] for r in rows)  # every row exactly once
+    assert table(out) == table(tmp_path / "threads")
+    assert not list((out / "_pending").glob("*.json"))

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from rich.text import Text
 
 from recall_tasks.cli import report, server_cmd, tables
 from recall_tasks.cli.batch import batch_app
@@ -37,6 +36,7 @@ from recall_tasks.cli.common import (
     console,
     err,
 )
+from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_summary
 from recall_tasks.cli.runtime import (
     _check_reachable,
     _interrupts,
@@ -47,15 +47,16 @@ from recall_tasks.cli.runtime import (
 )
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed
+from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
 from recall_tasks.pipeline import events
 from recall_tasks.secrets import redact
-from recall_tasks.summaries import FlowSummary, RunSummary
+from recall_tasks.summaries import FlowSummary
 
 EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
 configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
 --fail-on-regression; 4 the run failed (rows committed with status failed: error rate above --max-error-rate, or
-judging stopped by an outage); 130 interrupted (143 on SIGTERM)."""
+judging stopped by an outage; or a worker process died: nothing committed, rerun to resume); 130 interrupted (143
+on SIGTERM)."""
 
 app = typer.Typer(
     add_completion=False,
@@ -89,19 +90,6 @@ def _validation_message(exc: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
-
-
-def _print_summary(summary: RunSummary, output: str) -> None:
-    """The run's summary table and where to look next; values are plain text (never markup), redacted."""
-    from recall_tasks.cli.output import print_table
-    from recall_tasks.reports.summary import summary_rows
-
-    cells = [[row["field"], redact(row["value"])] for row in summary_rows(summary)]
-    print_table(["field", "value"], cells, console, title=f"run {summary['run_id']}", show_header=False)
-    query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
-    console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
-    if summary.get("report_uri"):
-        console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
 
 
 def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> FlowSummary:
@@ -289,16 +277,18 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
     """Run the flow for ``params`` and print its outcome with the exit codes of ``run`` (``batch collect`` too:
     ``batch_key``, the run key its record was written under, must be the run's, or the data changed)."""
     try:
-        err.print(_judge_line(params), markup=False, highlight=False)
+        err.print(judge_line_of(params), markup=False, highlight=False)
         summary = _run(params, debug, preflight=True)
     except RegressionDetected as exc:
-        _print_outcome(exc.summary, output)
+        print_outcome(exc.summary, output)
         err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
         raise typer.Exit(code=3) from None
     except RunFailed as exc:
-        _print_outcome(exc.summary, output)
+        print_outcome(exc.summary, output)
         err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
         raise typer.Exit(code=4) from None
+    except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+        _fail(exc, debug, code=4)
     except ValidationError as exc:
         _fail(ValueError(_validation_message(exc)), debug)
     except RecallBenchError as exc:
@@ -317,7 +307,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
                 f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
             ), debug)  # fmt: skip
         return print_pending(summary, console)
-    _print_outcome(summary, output)
+    print_outcome(summary, output)
 
 
 def _preflight(params: RunParams) -> list[str]:
@@ -325,51 +315,6 @@ def _preflight(params: RunParams) -> list[str]:
     from recall_tasks.pipeline import head_start
 
     return head_start.preflight(params)
-
-
-def verdict_line(comparison: dict[str, Any]) -> str:
-    """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass,
-    300 paired)``, or the reason a comparison is incomparable."""
-    head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
-    if comparison.get("verdict") == "incomparable":
-        return f"{head} ({comparison.get('reason')})"
-    parts = []
-    if comparison.get("mean_delta") is not None:
-        parts.append(f"mean delta {comparison['mean_delta']:+.4f}")
-    lo, hi = (comparison.get("ci") or [None, None])[:2]
-    if lo is not None and hi is not None:
-        parts.append(f"95 % CI {lo:+.4f}..{hi:+.4f}")
-    flips = comparison.get("flips") or {}
-    parts.append(f"{flips.get('pass_to_fail', 0)} pass->fail / {flips.get('fail_to_pass', 0)} fail->pass")
-    parts.append(f"{comparison.get('n_paired', 0)} paired")
-    return f"{head} ({', '.join(parts)})"
-
-
-def _print_outcome(summary: RunSummary, output: str) -> None:
-    """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4)."""
-    if not summary:
-        return
-    _print_summary(summary, output)
-    comparison = summary.get("comparison")
-    if comparison:
-        console.print(escape(verdict_line(comparison)), soft_wrap=True)
-        for warning in comparison.get("warnings") or []:
-            err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
-    elif summary.get("status") == "failed":
-        console.print(
-            "not compared with a baseline: a failed run is never compared nor used as a baseline", soft_wrap=True
-        )
-    else:
-        console.print("first run of its series: no baseline to compare with", soft_wrap=True)
-    if summary.get("top_error"):
-        err.print(
-            f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
-            f"rows): {escape(redact(str(summary['top_error'])))}[/]",
-            soft_wrap=True,
-        )
-    if summary.get("status") == "budget_exhausted":
-        reason = escape(redact(str(summary["status_reason"])))
-        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]", soft_wrap=True)
 
 
 @app.command()
@@ -401,12 +346,12 @@ def demo(
         segment_by=["category"],
         chunk_size=4,
     )
-    err.print(_judge_line(params), markup=False, highlight=False)
+    err.print(judge_line_of(params), markup=False, highlight=False)
     try:
         summary = _run(params, debug)
         if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # the demo never batches
             raise RuntimeError(f"the demo run ended {summary['status']}")
-        _print_summary(summary, output)
+        print_summary(summary, output)
         console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
         # ties broken by row_id: the demo prints the same table every time (the README test compares it)
         _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
@@ -423,12 +368,6 @@ _DEMO_WORST_ROWS = (
     "list_filter(verdicts, lambda v: v.verdict <> 'yes'), lambda v: v.statement), ' / '), ''), reason) "
     "AS not_supported FROM results ORDER BY score NULLS FIRST, row_id LIMIT 5"
 )
-
-
-def _judge_line(params: RunParams) -> str:
-    from recall_tasks.cli.output import judge_line
-
-    return redact(judge_line(params.judge, params.model, params.base_url))
 
 
 # The commands defined elsewhere, after run and demo: --help lists them in this order.

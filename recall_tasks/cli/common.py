@@ -73,12 +73,12 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
     return plain
 
 
-def _fail(exc: BaseException, debug: bool = False) -> NoReturn:
-    """One line, ``error: …``, exit 2; ``--debug`` prints the (redacted) traceback before it."""
+def _fail(exc: BaseException, debug: bool = False, code: int = 2) -> NoReturn:
+    """One line, ``error: …``, exit ``code`` (2); ``--debug`` prints the (redacted) traceback before it."""
     if debug and exc.__traceback__ is not None:
         err.print(escape(redact("".join(traceback.format_exception(exc)))), soft_wrap=True, highlight=False)
     err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
 
 
 def _fail_unexpected(exc: Exception, debug: bool) -> NoReturn:

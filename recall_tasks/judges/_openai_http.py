@@ -20,7 +20,7 @@ import json
 import socket
 import ssl
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +35,21 @@ from recall_tasks.secrets import redact
 
 #: HTTP attempts of the judge call running in this context (retries included): the request hook counts them.
 _attempts: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_attempts", default=None)
+
+
+@contextlib.contextmanager
+def counted_attempts(already: int = 0) -> Iterator[list[int]]:
+    """Count the HTTP attempts of one judge call (``counter[0]``); a failed or cancelled call's exception carries
+    them, plus ``already``, as ``exc.requests``: they count in the run's requests."""
+    counter = [0]
+    token = _attempts.set(counter)
+    try:
+        yield counter
+    except BaseException as exc:
+        exc.requests = already + counter[0]  # type: ignore[attr-defined]
+        raise
+    finally:
+        _attempts.reset(token)
 
 
 @dataclass

@@ -28,12 +28,12 @@ import openai
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import prompts
 from recall_tasks.judges._openai_http import (
-    _attempts,
     _close_states,
     _close_with_loop,
     _error_text,
     _LoopState,
     build_client,
+    counted_attempts,
     endpoint_host,
     translate_error,
 )
@@ -229,17 +229,10 @@ class OpenAIJudge:
         msgs = prompts.messages(request, self._prompt_version)
         budget = _budget(request)
         usage = [0, 0]
-        counter = [0]
-        token = _attempts.set(counter)
-        try:
+        with counted_attempts() as counter:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage)
                 verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
-        except BaseException as exc:  # the attempts of a failed (or cancelled) call count in the run's requests
-            exc.requests = counter[0]  # type: ignore[attr-defined]
-            raise
-        finally:
-            _attempts.reset(token)
         return self._response(request, verdicts, summary, flags, usage, counter[0], self._cost(usage))
 
     async def _parse_or_repair(
@@ -324,18 +317,11 @@ class OpenAIJudge:
         msgs = prompts.messages(request, self._prompt_version)
         budget = _budget(request)
         usage = [0, 0]
-        counter = [0]
-        token = _attempts.set(counter)
-        try:
+        with counted_attempts(already=1) as counter:  # the batch line was the first request
             async with state.semaphore:
                 if finish_reason == "length":
                     content = await self._complete(state, msgs, budget * 2, usage)
                 verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
-        except BaseException as exc:
-            exc.requests = 1 + counter[0]  # type: ignore[attr-defined]
-            raise
-        finally:
-            _attempts.reset(token)
         batch_cost, live_cost = self._cost(list(batch_usage), BATCH_PRICE_FACTOR), self._cost(usage)
         cost = None if batch_cost is None or live_cost is None else batch_cost + live_cost
         total = [batch_usage[0] + usage[0], batch_usage[1] + usage[1]]
@@ -365,16 +351,9 @@ class OpenAIJudge:
             msgs = prompts.claims_messages(reference, previous=retry.previous, problem=retry.problem, limit=retry.limit)
         budget = 128 + len(reference) // 2
         usage = [0, 0]
-        counter = [0]
-        token = _attempts.set(counter)
-        try:
+        with counted_attempts() as counter:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage, _CLAIMS)
-        except BaseException as exc:
-            exc.requests = counter[0]  # type: ignore[attr-defined]
-            raise
-        finally:
-            _attempts.reset(token)
         try:
             claims, problem = parse_claims(content), None
         except ParseError as exc:

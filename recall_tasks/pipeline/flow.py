@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, cast
 from uuid import UUID
 
@@ -42,7 +43,7 @@ from prefect.utilities.annotations import quote
 
 from recall_tasks import _logging
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError
+from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline import batch, batch_finish, publish, steps, workers
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
@@ -262,7 +263,12 @@ def announce(plan: RunPlan, logger: Any) -> None:
 
 @contextlib.contextmanager
 def chunk_runner(params: RunParams, logger: Any) -> Iterator[TaskRunner[Any] | None]:
-    """The run's ``--task-runner`` for the chunk tasks, started for the chunk loop (None: the flow's threads)."""
+    """The run's ``--task-runner`` for the chunk tasks, started for the chunk loop (None: the flow's threads).
+
+    A worker process that dies (SIGKILL, out of memory) breaks the whole pool: every chunk in flight fails with
+    ``BrokenProcessPool``, which becomes one :class:`WorkerDied` (the chunk loop has already aborted and kept
+    the judged rows; nothing is committed and the run's marker stays, so the same command resumes it).
+    """
     runner = task_runner(params)
     if runner is None:
         yield None
@@ -271,7 +277,12 @@ def chunk_runner(params: RunParams, logger: Any) -> Iterator[TaskRunner[Any] | N
     if warning:
         logger.warning("%s", warning)
     with runner:
-        yield runner
+        try:
+            yield runner
+        except BrokenProcessPool as exc:
+            raise WorkerDied(
+                f"a worker process died ({str(exc).rstrip('.')}): nothing committed; rerun the same command to resume"
+            ) from exc
 
 
 def flow_run_id() -> str | None:

@@ -1,0 +1,76 @@
+"""What ``run``, ``demo`` and ``batch collect`` print about a run: the judge line, the summary table, the verdict
+against the baseline and the warnings. Values are plain text (never markup) and redacted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+from rich.text import Text
+
+from recall_tasks.cli.common import console, err
+from recall_tasks.cli.output import judge_line, print_table
+from recall_tasks.config import RunParams
+from recall_tasks.secrets import redact
+from recall_tasks.summaries import RunSummary
+
+
+def print_summary(summary: RunSummary, output: str) -> None:
+    """The run's summary table and where to look next; values are plain text (never markup), redacted."""
+    from recall_tasks.reports.summary import summary_rows
+
+    cells = [[row["field"], redact(row["value"])] for row in summary_rows(summary)]
+    print_table(["field", "value"], cells, console, title=f"run {summary['run_id']}", show_header=False)
+    query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
+    console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
+    if summary.get("report_uri"):
+        console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
+
+
+def verdict_line(comparison: dict[str, Any]) -> str:
+    """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass,
+    300 paired)``, or the reason a comparison is incomparable."""
+    head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
+    if comparison.get("verdict") == "incomparable":
+        return f"{head} ({comparison.get('reason')})"
+    parts = []
+    if comparison.get("mean_delta") is not None:
+        parts.append(f"mean delta {comparison['mean_delta']:+.4f}")
+    lo, hi = (comparison.get("ci") or [None, None])[:2]
+    if lo is not None and hi is not None:
+        parts.append(f"95 % CI {lo:+.4f}..{hi:+.4f}")
+    flips = comparison.get("flips") or {}
+    parts.append(f"{flips.get('pass_to_fail', 0)} pass->fail / {flips.get('fail_to_pass', 0)} fail->pass")
+    parts.append(f"{comparison.get('n_paired', 0)} paired")
+    return f"{head} ({', '.join(parts)})"
+
+
+def print_outcome(summary: RunSummary, output: str) -> None:
+    """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4)."""
+    if not summary:
+        return
+    print_summary(summary, output)
+    comparison = summary.get("comparison")
+    if comparison:
+        console.print(escape(verdict_line(comparison)), soft_wrap=True)
+        for warning in comparison.get("warnings") or []:
+            err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
+    elif summary.get("status") == "failed":
+        console.print(
+            "not compared with a baseline: a failed run is never compared nor used as a baseline", soft_wrap=True
+        )
+    else:
+        console.print("first run of its series: no baseline to compare with", soft_wrap=True)
+    if summary.get("top_error"):
+        err.print(
+            f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
+            f"rows): {escape(redact(str(summary['top_error'])))}[/]",
+            soft_wrap=True,
+        )
+    if summary.get("status") == "budget_exhausted":
+        reason = escape(redact(str(summary["status_reason"])))
+        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]", soft_wrap=True)
+
+
+def judge_line_of(params: RunParams) -> str:
+    return redact(judge_line(params.judge, params.model, params.base_url))
