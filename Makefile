@@ -16,11 +16,13 @@ $(STAMP): pyproject.toml
 
 # -n auto: one pytest worker per core (pytest-xdist): most integration tests wait on servers and subprocesses,
 # and the workers overlap those waits. Each worker has its own Prefect test server, fake OpenAI server and
-# SeaweedFS. PYTEST_WORKERS=0 runs serially (a debugger, -x, -s).
+# SeaweedFS. PYTEST_WORKERS=0 runs serially (a debugger, -x, -s). Tests marked serial measure a share of a rate
+# quota, which a second worker's load would cut: they run alone after the rest.
 PYTEST_WORKERS ?= auto
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 # the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)
 test-fast: $(STAMP)

@@ -40,6 +40,10 @@ def main(rows: int = 10_000, latency_s: float = 0.2) -> None:
             summary = recall_benchmark(params)
             submitted = time.perf_counter() - started
             if mode == "batch":
+                from recall_tasks.cli.batch import pending_lines
+
+                if summary["status"] == "batch_pending":  # what `run --batch` prints after the submit
+                    print("\n".join(pending_lines(summary)))
                 fake.finish_batches()  # the provider's part, not timed
                 started = time.perf_counter()
                 summary = recall_benchmark(params)  # the fake finished at once: this collects
@@ -49,6 +53,8 @@ def main(rows: int = 10_000, latency_s: float = 0.2) -> None:
             print(f"{mode}: {summary['rows']} rows, {summary['requests']} requests recorded, {chat} live chat "
                   f"calls, {fake.stats['batch:create']} batch(es), cost ${summary['cost_usd']:.4f}, "
                   f"wall {total:.1f} s, mean {summary['mean_score']:.4f}")  # fmt: skip
+            if summary["status"] != "batch_pending" and summary["status"] != "batch_idle" and mode == "batch":
+                print(f"runs.batch_ids {summary['batch_ids']}, runs.batch_wait_s {summary['batch_wait_s']:.1f}")
 
 
 if __name__ == "__main__":
