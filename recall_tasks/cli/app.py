@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -90,6 +91,22 @@ def _validation_message(exc: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def one_line_errors(debug: bool) -> Iterator[None]:
+    """Every error of ``run`` and ``batch collect`` as one ``error:`` line, exit 2 (``--debug``: the traceback);
+    ``typer.Exit`` and ``Abort`` (the codes already decided) pass."""
+    try:
+        yield
+    except ValidationError as exc:
+        _fail(ValueError(_validation_message(exc)), debug)
+    except RecallBenchError as exc:
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
 
 
 def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> FlowSummary:
@@ -237,7 +254,7 @@ def run(
     """Score a dataset and commit results and run aggregates."""
     from recall_tasks.io.columns import parse_column_overrides
 
-    try:
+    with one_line_errors(debug):
         params = RunParams.model_validate(
             {
                 "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
@@ -262,41 +279,26 @@ def run(
                 "batch_fallback": batch_fallback, "batch_collect_only": collect_only,
             }
         )  # fmt: skip
-    except ValidationError as exc:
-        _fail(ValueError(_validation_message(exc)), debug)
-    except RecallBenchError as exc:
-        _fail(exc, debug)
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
-        _fail_unexpected(exc, debug)
     execute(params, output, debug)
 
 
 def execute(params: RunParams, output: str, debug: bool = False, batch_key: str | None = None) -> None:
     """Run the flow for ``params`` and print its outcome with the exit codes of ``run`` (``batch collect`` too:
     ``batch_key``, the run key its record was written under, must be the run's, or the data changed)."""
-    try:
-        err.print(judge_line_of(params), markup=False, highlight=False)
-        summary = _run(params, debug, preflight=True)
-    except RegressionDetected as exc:
-        print_outcome(exc.summary, output)
-        err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
-        raise typer.Exit(code=3) from None
-    except RunFailed as exc:
-        print_outcome(exc.summary, output)
-        err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
-        raise typer.Exit(code=4) from None
-    except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
-        _fail(exc, debug, code=4)
-    except ValidationError as exc:
-        _fail(ValueError(_validation_message(exc)), debug)
-    except RecallBenchError as exc:
-        _fail(exc, debug)
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
-        _fail_unexpected(exc, debug)
+    with one_line_errors(debug):
+        try:
+            err.print(judge_line_of(params), markup=False, highlight=False)
+            summary = _run(params, debug, preflight=True)
+        except RegressionDetected as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
+            raise typer.Exit(code=3) from None
+        except RunFailed as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
+            raise typer.Exit(code=4) from None
+        except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+            _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
         from recall_tasks.cli.batch import print_pending
 

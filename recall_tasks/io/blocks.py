@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError
-from recall_tasks.io.datasets import Dataset, one_line
+from recall_tasks.io.datasets import Dataset, DatasetFile, one_line
 from recall_tasks.io.storage import translate_storage_error
 
 
@@ -84,11 +85,8 @@ def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[
         f = files.get(uri)
         if f is None:
             continue
-        with ds.fs.open(f.path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            starts = [0]
-            for g in range(pf.num_row_groups):
-                starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+        with _parquet(ds, f) as pf:
+            starts = _group_starts(pf)
             by_group: dict[int, list[tuple[int, str | None]]] = {}
             for row, digest in wanted:
                 if 0 <= row < starts[-1]:
@@ -106,16 +104,11 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
     if block_rows < 1:
         raise DatasetError(f"chunk size must be at least 1, got {block_rows}")
-    role_cols = {role: col for role, col in ds.columns.items()}
-    read_cols = list(dict.fromkeys([*role_cols.values(), *ds.passthrough]))
+    role_cols = dict(ds.columns)
+    read_cols = _read_columns(ds)
     seen: dict[str, int] = {}
     for f in ds.files:
-        try:
-            fh = ds.fs.open(f.path, "rb")
-        except Exception as exc:  # noqa: BLE001
-            raise translate_storage_error(exc, f.uri) from None
-        with fh:
-            pf = pq.ParquetFile(fh)
+        with _parquet(ds, f) as pf:
             offset = 0
             for g in range(pf.num_row_groups):
                 try:
@@ -182,16 +175,9 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
     f = next((f for f in ds.files if f.uri == source), None)
     if f is None:
         raise DatasetError(f"no file {source} in the dataset any more: it changed during the run", uri=ds.uri)
-    read_cols = list(dict.fromkeys([*ds.columns.values(), *ds.passthrough]))
-    try:
-        fh = ds.fs.open(f.path, "rb")
-    except Exception as exc:  # noqa: BLE001
-        raise translate_storage_error(exc, f.uri) from None
-    with fh:
-        pf = pq.ParquetFile(fh)
-        starts = [0]
-        for g in range(pf.num_row_groups):
-            starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+    read_cols = _read_columns(ds)
+    with _parquet(ds, f) as pf:
+        starts = _group_starts(pf)
         if not 0 <= first_row < starts[-1]:
             raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
         g = bisect.bisect_right(starts, first_row) - 1
@@ -203,3 +189,27 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
             raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
     part = group.slice(first_row - starts[g], rows)
     return _block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
+
+
+def _read_columns(ds: Dataset) -> list[str]:
+    """The columns a block reads: the roles' and the pass-through ones, each once."""
+    return list(dict.fromkeys([*ds.columns.values(), *ds.passthrough]))
+
+
+@contextlib.contextmanager
+def _parquet(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
+    """One dataset file open for reading; a storage error is named by the storage layer with the file's URI."""
+    try:
+        fh = ds.fs.open(f.path, "rb")
+    except Exception as exc:  # noqa: BLE001 - any fsspec backend's error, translated
+        raise translate_storage_error(exc, f.uri) from None
+    with fh:
+        yield pq.ParquetFile(fh)
+
+
+def _group_starts(pf: pq.ParquetFile) -> list[int]:
+    """The first row of each row group, and the file's row count last."""
+    starts = [0]
+    for g in range(pf.num_row_groups):
+        starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+    return starts
