@@ -1,7 +1,8 @@
 """The OpenAI judge's HTTP side: its clients and their life cycle, what a failed attempt means, SDK errors.
 
-Split from :mod:`recall_tasks.judges.openai_judge` (the judge: prompts, budgets, parsing, costs), which builds
-one client per event loop with :func:`build_client` and maps SDK errors with :func:`translate_error`.
+Split from :mod:`recall_tasks.judges.openai_judge` (the judge: prompts, budgets, costs; its wire format in
+:mod:`~recall_tasks.judges._openai_wire`), which builds one client per event loop with :func:`build_client` and
+maps SDK errors with :func:`translate_error`.
 
 - Every HTTP attempt (retries included) is reported to the run's circuit breaker through
   :data:`~recall_tasks.judges.base.attempt_observer` (a wrapper around the HTTP transport): refused, reset,

@@ -9,7 +9,8 @@ Decisions worth knowing:
 - ``response_format``: JSON schema (strict) first; if the endpoint rejects it, JSON mode, then none; the
   judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
   ``finish_reason == "length"`` is retried once with twice the completion budget.
-- HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http`.
+- The wire format (request body, reading a reply, the repair request): :mod:`recall_tasks.judges._openai_wire`;
+  HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http`.
 - Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight. With grant
   sources (:meth:`OpenAIJudge.share_limits`, the pipeline's fleet-wide limits) the limiters also spend grants.
 """
@@ -17,7 +18,6 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,7 @@ import httpx2
 import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
+from recall_tasks.judges import _openai_wire as wire
 from recall_tasks.judges import prompts
 from recall_tasks.judges._openai_http import (
     _close_states,
@@ -39,7 +40,7 @@ from recall_tasks.judges._openai_http import (
 )
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
-from recall_tasks.judges.parsing import ParseError, parse_claims, parse_verdicts
+from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
 from recall_tasks.judges.ratelimit import GrantSource, RateLimiter
 from recall_tasks.secrets import register_secret
@@ -49,15 +50,6 @@ if TYPE_CHECKING:
     from recall_tasks.judges.batch import BatchClient
 
 log = logging.getLogger(__name__)
-
-_FORMATS = ("json_schema", "json_object", "none")
-_VERDICTS = ("recall_verdicts", prompts.RESPONSE_SCHEMA)
-_CLAIMS = ("recall_claims", prompts.CLAIMS_SCHEMA)
-
-
-def _budget(request: JudgeRequest) -> int:
-    """Completion tokens asked for a verdict request (doubled once on truncation)."""
-    return 64 + len(request.statements) * (48 if request.include_reason else 24)
 
 
 class OpenAIJudge:
@@ -82,8 +74,8 @@ class OpenAIJudge:
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
-        if response_format not in _FORMATS:
-            raise ValueError(f"response_format must be one of {_FORMATS}")
+        if response_format not in wire.FORMATS:
+            raise ValueError(f"response_format must be one of {wire.FORMATS}")
         self._model = model
         env = env_settings()
         self.base_url = base_url or env.openai_base_url or None
@@ -227,77 +219,28 @@ class OpenAIJudge:
         """Ask the endpoint for one verdict per statement; one request in the normal path."""
         state = self._state()
         msgs = prompts.messages(request, self._prompt_version)
-        budget = _budget(request)
+        budget = wire.verdict_budget(request)
         usage = [0, 0]
         with counted_attempts() as counter:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage)
-                verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
-        return self._response(request, verdicts, summary, flags, usage, counter[0], self._cost(usage))
-
-    async def _parse_or_repair(
-        self,
-        state: _LoopState,
-        request: JudgeRequest,
-        msgs: list[dict[str, str]],
-        content: str,
-        budget: int,
-        usage: list[int],
-    ) -> tuple[list[Any], str, list[str]]:
-        """Parse a reply; an unusable one gets one repair request (the judge's and the batch collection's rule)."""
-        try:
-            return parse_verdicts(content, len(request.statements), len(request.evidence))
-        except ParseError as first:
-            log.info("judge reply unusable (%s); sending one repair request", first)
-            repair = [
-                *msgs,
-                {"role": "assistant", "content": content[:4000]},
-                {"role": "user", "content": prompts.repair_prompt(str(first), len(request.statements))},
-            ]
-            content = await self._complete(state, repair, budget, usage)
-            try:
-                verdicts, summary, flags = parse_verdicts(content, len(request.statements), len(request.evidence))
-            except ParseError as second:
-                raise JudgeResponseError(
-                    f"judge {self._model} gave an unusable reply twice (after one repair request): {second}",
-                    model=self._model,
-                ) from None
-            return verdicts, summary, ["repaired after an unusable first reply", *flags]
+                parsed = await wire.parse_or_repair(
+                    request, msgs, content, self._model, lambda repair: self._complete(state, repair, budget, usage)
+                )
+        cost = self._cost(usage)
+        return wire.verdict_response(
+            request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version
+        )
 
     def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
         price = price_for(self._model, self.prices)
         return None if price is None else factor * (usage[0] * price[0] + usage[1] * price[1]) / 1e6
 
-    def _response(
-        self,
-        request: JudgeRequest,
-        verdicts: list[Any],
-        summary: str,
-        flags: list[str],
-        usage: list[int],
-        requests: int,
-        cost: float | None,
-    ) -> JudgeResponse:
-        if not request.include_reason:
-            verdicts = [v.model_copy(update={"reason": ""}) for v in verdicts]
-            summary = ""
-        return JudgeResponse(
-            verdicts=verdicts,
-            summary=summary,
-            model=self._model,
-            prompt_version=self._prompt_version,
-            prompt_tokens=usage[0],
-            completion_tokens=usage[1],
-            cost_usd=cost,
-            requests=requests,
-            flags=flags,
-        )
-
     # -- the Batch API (see recall_tasks.judges.batch and recall_tasks.pipeline.batch) ------------
 
     def batch_body(self, request: JudgeRequest) -> dict[str, Any]:
         """The request body :meth:`judge` would send first for ``request``: a batch line's ``body``, byte for byte."""
-        return self._request_kwargs(prompts.messages(request, self._prompt_version), _budget(request))
+        return self._request_kwargs(prompts.messages(request, self._prompt_version), wire.verdict_budget(request))
 
     def batch_client(self) -> BatchClient:
         """The Batch API (files and batches) on this judge's client of the running loop."""
@@ -315,17 +258,21 @@ class OpenAIJudge:
         """
         state = self._state()
         msgs = prompts.messages(request, self._prompt_version)
-        budget = _budget(request)
+        budget = wire.verdict_budget(request)
         usage = [0, 0]
         with counted_attempts(already=1) as counter:  # the batch line was the first request
             async with state.semaphore:
                 if finish_reason == "length":
                     content = await self._complete(state, msgs, budget * 2, usage)
-                verdicts, summary, flags = await self._parse_or_repair(state, request, msgs, content, budget, usage)
+                parsed = await wire.parse_or_repair(
+                    request, msgs, content, self._model, lambda repair: self._complete(state, repair, budget, usage)
+                )
         batch_cost, live_cost = self._cost(list(batch_usage), BATCH_PRICE_FACTOR), self._cost(usage)
         cost = None if batch_cost is None or live_cost is None else batch_cost + live_cost
         total = [batch_usage[0] + usage[0], batch_usage[1] + usage[1]]
-        return self._response(request, verdicts, summary, flags, total, 1 + counter[0], cost)
+        return wire.verdict_response(
+            request, parsed, total, 1 + counter[0], cost, model=self._model, prompt_version=self._prompt_version
+        )
 
     # -- claim extraction (the claims units of contextual recall) -------------------------------
 
@@ -353,7 +300,7 @@ class OpenAIJudge:
         usage = [0, 0]
         with counted_attempts() as counter:
             async with state.semaphore:
-                content = await self._complete(state, msgs, budget, usage, _CLAIMS)
+                content = await self._complete(state, msgs, budget, usage, wire.CLAIMS)
         try:
             claims, problem = parse_claims(content), None
         except ParseError as exc:
@@ -365,19 +312,13 @@ class OpenAIJudge:
         )  # fmt: skip
 
     def _request_kwargs(
-        self, msgs: list[dict[str, str]], budget: int, schema: tuple[str, dict[str, Any]] = _VERDICTS
+        self, msgs: list[dict[str, str]], budget: int, schema: tuple[str, dict[str, Any]] = wire.VERDICTS
     ) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self._model, "messages": msgs, self.max_tokens_param: budget}
-        if self.temperature is not None:
-            kwargs["temperature"] = self.temperature
-        if self._format == "json_schema":
-            kwargs["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": schema[0], "strict": True, "schema": schema[1]},
-            }
-        elif self._format == "json_object":
-            kwargs["response_format"] = {"type": "json_object"}
-        return kwargs
+        """The request body (:func:`~recall_tasks.judges._openai_wire.request_body`) in this judge's format."""
+        return wire.request_body(
+            self._model, msgs, budget, max_tokens_param=self.max_tokens_param, temperature=self.temperature,
+            response_format=self._format, schema=schema,
+        )  # fmt: skip
 
     async def _complete(
         self,
@@ -385,7 +326,7 @@ class OpenAIJudge:
         msgs: list[dict[str, str]],
         budget: int,
         usage: list[int],
-        schema: tuple[str, dict[str, Any]] = _VERDICTS,
+        schema: tuple[str, dict[str, Any]] = wire.VERDICTS,
     ) -> str:
         """One logical completion: format fallback, one retry on truncation; returns the content."""
         truncated_once = False
@@ -401,26 +342,14 @@ class OpenAIJudge:
                 )
             except openai.BadRequestError as exc:
                 if self._format != "none" and "response_format" in _error_text(exc):
-                    fallback = _FORMATS[_FORMATS.index(self._format) + 1]
+                    fallback = wire.FORMATS[wire.FORMATS.index(self._format) + 1]
                     log.warning("endpoint rejected response_format=%s; falling back to %s", self._format, fallback)
                     self._format = fallback
                     continue
                 raise self._translate(exc) from None
             except openai.OpenAIError as exc:
                 raise self._translate(exc) from None
-            try:
-                reply = json.loads(raw.content)
-                usage_data = reply.get("usage") or {}
-                usage[0] += int(usage_data.get("prompt_tokens") or 0)
-                usage[1] += int(usage_data.get("completion_tokens") or 0)
-                choice = reply["choices"][0]
-                content = (choice.get("message") or {}).get("content") or ""
-                finish_reason = choice.get("finish_reason")
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-                raise JudgeResponseError(
-                    f"judge {self._model} returned a body that is not a chat completion: {raw.text[:200]!r}",
-                    model=self._model,
-                ) from None
+            content, finish_reason = wire.read_completion(raw, self._model, usage)
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(
