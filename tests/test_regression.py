@@ -14,7 +14,7 @@ import pytest
 
 from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.analysis.comparability import incomparable_reasons
-from recall_tasks.analysis.regression import compare_runs, lost_statements
+from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.analysis.statistics import (
     MCNEMAR_EXACT_MAX,
     _binomial_tail_exact,
@@ -22,6 +22,7 @@ from recall_tasks.analysis.statistics import (
     mcnemar_exact_p,
     paired_mean_ci,
 )
+from recall_tasks.analysis.worst_rows import lost_statements
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import RUN_SCHEMA
 from recall_tasks.io.schemas import COMPARISON_SCHEMA, VERDICT_TYPE
@@ -576,7 +577,7 @@ def test_outputs() -> None:
 
 def test_regression_still_exports_the_moved_names() -> None:
     """Users' ``from recall_tasks.analysis.regression import ...`` keeps working after the split."""
-    from recall_tasks.analysis import baseline, comparability, regression, statistics
+    from recall_tasks.analysis import baseline, comparability, regression, statistics, worst_rows
 
     assert regression.find_baseline is baseline.find_baseline
     assert regression.incomparable_reasons is comparability.incomparable_reasons
@@ -584,6 +585,8 @@ def test_regression_still_exports_the_moved_names() -> None:
     assert regression.mcnemar_exact_p is statistics.mcnemar_exact_p
     assert regression.paired_mean_ci is statistics.paired_mean_ci
     assert regression.MCNEMAR_EXACT_MAX == statistics.MCNEMAR_EXACT_MAX
+    assert regression.WorstRow is worst_rows.WorstRow
+    assert regression.lost_statements is worst_rows.lost_statements
     assert all(hasattr(regression, name) for name in regression.__all__)
 
 

@@ -4,8 +4,9 @@ Pure functions over pyarrow tables (no Prefect, no I/O): :func:`compare_runs` co
 rows and returns a :class:`Comparison` (rows for the ``comparisons`` table, a small event payload; the Markdown
 view is ``recall_tasks.reports.comparison``). The statistics are in :mod:`~recall_tasks.analysis.statistics`,
 the baseline selection in :mod:`~recall_tasks.analysis.baseline`, what makes two runs comparable in
-:mod:`~recall_tasks.analysis.comparability`. The rules (pairing, interval, McNemar, verdict, comparability,
-segments, context precision, worst rows, cost) are in docs/regression.md.
+:mod:`~recall_tasks.analysis.comparability`, the worst rows in :mod:`~recall_tasks.analysis.worst_rows`. The
+rules (pairing, interval, McNemar, verdict, comparability, segments, context precision, worst rows, cost) are in
+docs/regression.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from recall_tasks.analysis.comparability import (
 )
 from recall_tasks.analysis.pairing import Pairs, pair_rows
 from recall_tasks.analysis.statistics import BOOTSTRAP_MAX_N, MCNEMAR_EXACT_MAX, mcnemar_exact_p, paired_mean_ci
+from recall_tasks.analysis.worst_rows import WorstRow, lost_statements, worst_rows
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.schemas import COMPARISON_SCHEMA
 
@@ -75,29 +77,6 @@ def _verdict_of(fig: dict[str, Any], *, tolerance: float, alpha: float) -> tuple
     return "unchanged", False
 
 
-def lost_statements(
-    baseline_verdicts: Sequence[dict[str, Any]] | None, current_verdicts: Sequence[dict[str, Any]] | None
-) -> list[str]:
-    """Statements judged "yes" in the baseline and "no" or absent in the current verdicts (by statement text).
-
-    Baseline order is kept; a statement repeated in the baseline is listed once.
-    """
-
-    def is_yes(v: dict[str, Any]) -> bool:
-        return str(v.get("verdict") or "").strip().lower() == "yes"
-
-    still_yes = {v.get("statement") for v in current_verdicts or () if is_yes(v)}
-    lost: list[str] = []
-    seen: set[str] = set()
-    for v in baseline_verdicts or ():
-        statement = v.get("statement")
-        if statement is None or not is_yes(v) or statement in still_yes or statement in seen:
-            continue
-        seen.add(statement)
-        lost.append(statement)
-    return lost
-
-
 # -- result model ---------------------------------------------------------------------------------
 
 
@@ -116,16 +95,6 @@ class SegmentDelta(BaseModel):
     flips_fail_to_pass: int = 0
     mcnemar_p: float = 1.0
     verdict: ComparisonVerdict = "unchanged"
-
-
-class WorstRow(BaseModel):
-    """One of the paired rows whose score dropped the most."""
-
-    row_id: str
-    score_baseline: float
-    score_current: float
-    delta: float
-    lost: list[str] = Field(default_factory=list)
 
 
 class Comparison(BaseModel):
@@ -294,37 +263,6 @@ def _segments(
     return segments
 
 
-def _worst_rows(pairs: Pairs, worst: int) -> list[WorstRow]:
-    """Up to ``worst`` pairs whose score dropped, most negative first (ties: current order), with lost statements."""
-    if worst <= 0 or len(pairs.cur_pos) == 0:
-        return []
-    sc, sb = pairs.score_current, pairs.score_baseline
-    deltas = sc - sb
-    dropped = np.flatnonzero(deltas < 0)
-    if len(dropped) > worst:
-        # the `worst` smallest deltas, with every row tied at the cut-off, then a stable full order
-        cut = np.partition(deltas[dropped], worst - 1)[worst - 1]
-        dropped = dropped[deltas[dropped] <= cut]
-    chosen = dropped[np.lexsort((dropped, deltas[dropped]))][:worst]
-    take_cur = pa.array(pairs.cur_pos[chosen])
-    take_base = pa.array(pairs.base_pos[chosen])
-    ids = pairs.row_ids.take(take_cur).to_pylist()
-    current, baseline = pairs.current, pairs.baseline
-    has_verdicts = "verdicts" in current.column_names and "verdicts" in baseline.column_names
-    cur_v = current.column("verdicts").take(take_cur).to_pylist() if has_verdicts else [None] * len(chosen)
-    base_v = baseline.column("verdicts").take(take_base).to_pylist() if has_verdicts else [None] * len(chosen)
-    return [
-        WorstRow(
-            row_id=str(ids[k]),
-            score_baseline=float(sb[i]),
-            score_current=float(sc[i]),
-            delta=float(deltas[i]),
-            lost=lost_statements(base_v[k], cur_v[k]),
-        )
-        for k, i in enumerate(chosen)
-    ]
-
-
 def compare_runs(
     current: pa.Table,
     baseline: pa.Table,
@@ -398,7 +336,7 @@ def compare_runs(
         n_removed=n_baseline - n_matched,
         n_unpaired_unscored=n_matched - len(pairs.cur_pos),
         segments=segments,
-        worst_rows=_worst_rows(pairs, worst),
+        worst_rows=worst_rows(pairs, worst),
         context_precision_delta=precision_delta,
         **fig,
     )

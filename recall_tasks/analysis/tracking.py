@@ -13,7 +13,8 @@ from typing import Any
 import pyarrow.dataset as pads
 
 from recall_tasks.analysis.baseline import find_baseline
-from recall_tasks.analysis.regression import Comparison, WorstRow, compare_runs, lost_statements
+from recall_tasks.analysis.regression import Comparison, compare_runs
+from recall_tasks.analysis.worst_rows import WorstRow, lost_statements
 from recall_tasks.summaries import RunRow
 
 RESULT_COLUMNS = ["row_id", "score", "success", "context_precision"]
