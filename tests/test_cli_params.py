@@ -62,7 +62,7 @@ def test_every_option_of_every_command_has_help() -> None:
 def test_options_reach_the_run_parameters(monkeypatch, tmp_path, argv, field, value) -> None:
     from typer.testing import CliRunner
 
-    from recall_tasks.cli import app as cli
+    from recall_tasks.cli import run_flow
 
     seen: list[RunParams] = []
 
@@ -70,7 +70,7 @@ def test_options_reach_the_run_parameters(monkeypatch, tmp_path, argv, field, va
         seen.append(params)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli, "_run", fake_run)
+    monkeypatch.setattr(run_flow, "_run", fake_run)
     result = CliRunner().invoke(app, ["run", str(tmp_path / "d.parquet"), "-o", str(tmp_path / "o"), *argv])
     assert result.exit_code == 0, result.output
     assert getattr(seen[0], field) == value

@@ -203,6 +203,7 @@ def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected)
     from typer.testing import CliRunner
 
     from recall_tasks.cli import app as cli
+    from recall_tasks.cli import run_flow
 
     seen: list[RunParams] = []
 
@@ -210,7 +211,7 @@ def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected)
         seen.append(params)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli, "_run", fake_run)
+    monkeypatch.setattr(run_flow, "_run", fake_run)
     result = CliRunner().invoke(cli.app, ["run", str(tmp_path / "d.parquet"), "-o", str(tmp_path / "o"), *argv])
     assert result.exit_code == 0, result.output
     assert {k: getattr(seen[0], k) for k in expected} == expected

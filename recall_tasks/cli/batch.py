@@ -121,7 +121,7 @@ def collect(
 ) -> None:
     """Check the pending batches once and, if they all ended, finish the run exactly as the rerun of its
     ``run --batch`` command would (the parameters come from the record). Exit codes as ``run``."""
-    from recall_tasks.cli.app import execute
+    from recall_tasks.cli.run_flow import execute
     from recall_tasks.errors import ConfigError
     from recall_tasks.io.storage import StorageConfig, filesystem
     from recall_tasks.pipeline.batch_record import params_of

@@ -1,6 +1,6 @@
 """The process a run lives in: the Prefect API it talks to, SIGINT/SIGTERM, console logging kept quiet.
 
-``app._run`` (the ``run`` and ``demo`` commands) enters each of these for the length of one run.
+``run_flow._run`` (the ``run`` and ``demo`` commands) enters each of these for the length of one run.
 """
 
 from __future__ import annotations

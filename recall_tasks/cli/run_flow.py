@@ -1,0 +1,156 @@
+"""How ``run``, ``demo`` and ``batch collect`` run the benchmark flow: pre-flight, progress bar, exit codes.
+
+:func:`execute` runs the flow for validated parameters and prints its outcome with the exit codes of ``run``
+(``EXIT_CODES`` in :mod:`recall_tasks.cli.app`); :func:`one_line_errors` turns every error into one ``error:``
+line. The process around a run (Prefect API, signals, quiet console logging) is :mod:`recall_tasks.cli.runtime`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+import typer
+from pydantic import ValidationError
+from rich.markup import escape
+
+from recall_tasks.cli.common import _fail, _fail_unexpected, console, err
+from recall_tasks.cli.outcome import judge_line_of, print_outcome
+from recall_tasks.cli.runtime import (
+    _check_reachable,
+    _interrupts,
+    _is_interrupt,
+    _prefect_api,
+    _printed_notes,
+    _quiet_prefect_console,
+)
+from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
+from recall_tasks.secrets import redact
+from recall_tasks.summaries import FlowSummary
+
+#: Set by ``_run`` once an interrupt's clean-up is done (``app.console_main`` then exits at once).
+INTERRUPTED: list[int] = []
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(map(str, e["loc"]))
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+@contextlib.contextmanager
+def one_line_errors(debug: bool) -> Iterator[None]:
+    """Every error of ``run`` and ``batch collect`` as one ``error:`` line, exit 2 (``--debug``: the traceback);
+    ``typer.Exit`` and ``Abort`` (the codes already decided) pass."""
+    try:
+        yield
+    except ValidationError as exc:
+        _fail(ValueError(_validation_message(exc)), debug)
+    except RecallBenchError as exc:
+        _fail(exc, debug)
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
+        _fail_unexpected(exc, debug)
+
+
+def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> FlowSummary:
+    """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up.
+
+    ``preflight``: the run's checks first (before Prefect starts), inside the same interrupt handling.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from recall_tasks.pipeline import head_start, steps
+
+    cached: list[int] = []
+    with _interrupts() as state, contextlib.ExitStack() as stack:
+        try:
+            steps.add_abort_listener(cached.append)
+            stack.callback(steps.remove_abort_listener, cached.append)
+            if preflight:
+                for note in _preflight(params):
+                    _printed_notes.add(note)
+                    err.print(f"[yellow]note:[/] {escape(redact(note))}")
+                # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
+                if os.environ.get("PREFECT_API_URL"):
+                    _check_reachable(os.environ["PREFECT_API_URL"])
+                head_start.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
+                stack.callback(head_start.abandon, params)  # a no-op once the flow took the plan
+            stack.enter_context(_prefect_api())
+            from recall_tasks.pipeline.flow import recall_benchmark
+
+            stack.enter_context(_quiet_prefect_console(debug))
+            progress = stack.enter_context(
+                Progress(
+                    TextColumn("scoring"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=err,
+                    transient=True,
+                    disable=not err.is_terminal,
+                )
+            )
+            bar = progress.add_task("rows", total=None)
+
+            def listener(done: int, total: int) -> None:
+                progress.update(bar, completed=done, total=total)
+
+            steps.add_progress_listener(listener)
+            stack.callback(steps.remove_progress_listener, listener)
+            return recall_benchmark(params)
+        except BaseException as exc:
+            if not _is_interrupt(exc) and state["signal"] is None:
+                raise
+            sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
+            head_start.abandon(params)  # interrupted before the flow took the plan: its rows count below
+            err.print(
+                f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
+                highlight=False,
+            )
+            INTERRUPTED.append(int(sig))
+            raise typer.Exit(code=128 + int(sig)) from None
+
+
+def execute(params: RunParams, output: str, debug: bool = False, batch_key: str | None = None) -> None:
+    """Run the flow for ``params`` and print its outcome with the exit codes of ``run`` (``batch collect`` too:
+    ``batch_key``, the run key its record was written under, must be the run's, or the data changed)."""
+    with one_line_errors(debug):
+        try:
+            err.print(judge_line_of(params), markup=False, highlight=False)
+            summary = _run(params, debug, preflight=True)
+        except RegressionDetected as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
+            raise typer.Exit(code=3) from None
+        except RunFailed as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
+            raise typer.Exit(code=4) from None
+        except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+            _fail(exc, debug, code=4)
+    if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
+        from recall_tasks.cli.batch import print_pending
+
+        if batch_key is not None and summary["run_key"] != batch_key:
+            _fail(ConfigError(
+                f"the data of {params.dataset_uri} changed since its batches were submitted (run key now "
+                f"{summary['run_key']}, recorded {batch_key}): the batches cannot be matched to its rows; "
+                f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
+            ), debug)  # fmt: skip
+        return print_pending(summary, console)
+    print_outcome(summary, output)
+
+
+def _preflight(params: RunParams) -> list[str]:
+    """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
+    from recall_tasks.pipeline import head_start
+
+    return head_start.preflight(params)
