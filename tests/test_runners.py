@@ -221,6 +221,26 @@ def test_budgets_hold_for_the_run_with_every_runner():
         assert (params.max_cost_usd, params.max_requests) == (1.0, 10)
 
 
+def test_an_unpriced_judge_model_under_max_cost_usd_is_noted_before_the_run():
+    """Its calls cost None, counted as nothing by the budget on every runner: said, never silent."""
+    from types import SimpleNamespace
+
+    from recall_tasks.judges.pricing import PRICES_PER_MTOK
+    from recall_tasks.pipeline.checks import unpriced_cost_note
+
+    judge = SimpleNamespace(prices=PRICES_PER_MTOK)
+
+    def note(**kw):
+        return unpriced_cost_note(RunParams(dataset_uri="d.parquet", **kw), judge)
+
+    said = note(model="llama-3-70b", max_cost_usd=1.0, task_runner="processes")
+    assert said and "no price is known for model llama-3-70b" in said and "count 0 USD" in said
+    assert note(model="gpt-4o-mini-2024-07-18", max_cost_usd=1.0) is None  # a dated snapshot: its family's price
+    assert "gpt-x" in (note(units="claims", extractor_model="gpt-x", max_cost_usd=1.0) or "")
+    assert note(model="llama-3-70b") is None  # no cost budget: nothing to say
+    assert unpriced_cost_note(RunParams(dataset_uri="d.parquet", max_cost_usd=1.0), object()) is None  # lexical
+
+
 def test_run_refuses_an_option_the_runner_cannot_honour_in_one_line(tmp_path):
     from typer.testing import CliRunner
 

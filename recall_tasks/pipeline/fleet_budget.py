@@ -28,7 +28,7 @@ calls in flight are at most the rows of the chunks in flight: ``--max-workers x 
 extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in flight.
 Under-use: at most one grant per worker is held when the others stop.
 A call without a price (``cost_usd`` None: a model :mod:`~recall_tasks.judges.pricing` does not know, a failed
-call) is charged nothing, as the threads path charges it.
+call) is charged nothing, as the threads path charges it; the pre-flight notes an unpriced judge model.
 """
 
 from __future__ import annotations

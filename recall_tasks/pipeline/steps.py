@@ -47,6 +47,7 @@ from recall_tasks.pipeline.checks import (
     check_output_location,
     check_results_schema,
     check_segments,
+    unpriced_cost_note,
 )
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
@@ -184,6 +185,9 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
+    cost_note = unpriced_cost_note(params, judge)
+    if cost_note:
+        notes.append(cost_note)
     if params.batch:
         from recall_tasks.pipeline.batch import check_batch
 
