@@ -245,16 +245,15 @@ class RunParams(BaseModel):
 
     @model_validator(mode="after")
     def _runner_options(self) -> RunParams:
-        """Options a task runner cannot honour are refused, never silently weakened."""
+        """Options a task runner cannot honour are refused, never silently weakened.
+
+        ``--max-requests`` and ``--max-cost-usd`` hold for the whole run with every runner (processes/dask: counters
+        in Prefect, ``pipeline/fleet_budget.py``).
+        """
         if self.task_runner == "threads":
             if self.workers is not None:
                 raise ValueError("--workers applies to --task-runner processes or dask")
         else:
-            if self.max_cost_usd:  # --max-requests is counted for the whole run (pipeline/fleet_budget.py)
-                raise ValueError(
-                    f"--max-cost-usd would hold per worker process with --task-runner {self.task_runner}, not for "
-                    "the run: use --max-requests, or --task-runner threads for a cost-bounded run"
-                )
             if self.retriever:
                 raise ValueError(
                     f"--retriever runs in the flow's process and cannot feed --task-runner {self.task_runner}: "

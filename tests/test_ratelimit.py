@@ -261,8 +261,9 @@ def test_a_fleet_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
 
     monkeypatch.setattr(fleet, "_loop_client", client)
     monkeypatch.setattr(fleet, "_close_loop_client", close)
-    a = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
-    b = fleet_budget.FleetBudget(120, "recall-bench-requests-r", "http://prefect/api")
+    counters = {"requests": "recall-bench-requests-r"}
+    a = fleet_budget.FleetBudget(counters, "http://prefect/api", max_requests=120)
+    b = fleet_budget.FleetBudget(counters, "http://prefect/api", max_requests=120)
 
     async def go() -> tuple[int, int]:
         got_a = got_b = 0
@@ -277,8 +278,104 @@ def test_a_fleet_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
 
     got_a, got_b = asyncio.run(go())
     # a: 100 calls + 1 repair = 101 requests from 51 grants of 2 (one request left); b: the 18 left, then stops
-    assert a.grant == 2 and (got_a, got_b) == (100, 18)
+    share = a.shares[0]
+    assert share.grant == 2 and (got_a, got_b) == (100, 18)
     assert counter.active == 120 and b.exhausted_reason == "request budget reached (--max-requests 120, the whole run)"
-    assert not a.exhausted_reason and a.allowance == 1
+    assert not a.exhausted_reason and share.allowance == 1
     asyncio.run(a.give_back())  # a chunk ends: what a still holds goes back
-    assert counter.returned == 1 and counter.active == 119 and a.allowance == 0
+    assert counter.returned == 1 and counter.active == 119 and share.allowance == 0
+
+
+def _fake_counters(monkeypatch, **limits: int) -> dict[str, _Counter]:
+    counters = {name: _Counter(limit) for name, limit in limits.items()}
+
+    class Client:  # one API, several counters: each call goes to the counter it names
+        async def increment_concurrency_slots(self, names: list[str], slots: int, mode: str) -> None:
+            await counters[names[0]].increment_concurrency_slots(names, slots, mode)
+
+        async def read_global_concurrency_limit_by_name(self, name: str):
+            return await counters[name].read_global_concurrency_limit_by_name(name)
+
+        async def request(self, method: str, path: str, json: dict) -> None:
+            await counters[json["names"][0]].request(method, path, json)
+
+    async def client(clients, api):
+        return Client()
+
+    async def close(clients):
+        return None
+
+    monkeypatch.setattr(fleet, "_loop_client", client)
+    monkeypatch.setattr(fleet, "_close_loop_client", close)
+    return counters
+
+
+def test_a_fleet_cost_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
+    """--max-cost-usd 0.001 for the run: a counter of 1000 micro-dollars, grants of 20, charged as calls return."""
+    from recall_tasks.pipeline import fleet_budget
+
+    counter = _fake_counters(monkeypatch, cost=1000)["cost"]
+    a = fleet_budget.FleetBudget({"cost": "cost"}, "http://prefect/api", max_cost_usd=0.001)
+    b = fleet_budget.FleetBudget({"cost": "cost"}, "http://prefect/api", max_cost_usd=0.001)
+    assert fleet_budget.cost_units(0.000025) == 25 and fleet_budget.cost_units(0.0000251) == 26  # rounded up
+
+    async def go() -> tuple[int, int]:
+        got_a = got_b = 0
+        for _ in range(31):  # 10 micro-dollars a call: two calls per grant
+            assert await a.reserve()
+            got_a += 1
+            a.release(1, 0.00001)
+        for _ in range(100):  # 25 a call: grants of 20 cover the debt first, then the 680 left run out
+            if not await b.reserve():
+                break
+            got_b += 1
+            b.release(1, 0.000025)
+        return got_a, got_b
+
+    got_a, got_b = asyncio.run(go())
+    share_a, share_b = a.shares[0], b.shares[0]
+    assert share_a.grant == 20 and share_a.acquires == 16 and share_a.allowance == 10  # took 320, spent 310
+    # b may start a call while it holds unspent allowance: 27 calls spent 675 of its 680, the 28th went over by
+    # 20 (at most one call in flight: sequential here); then nothing was left and b stopped
+    assert got_b == 28 and share_b.allowance == 680 - 28 * 25 and counter.active == 1000
+    assert b.exhausted_reason == "cost budget reached (--max-cost-usd 0.001, the whole run)"
+    assert not a.exhausted_reason and a.cost_usd + b.cost_usd == pytest.approx(0.00101)
+    assert not asyncio.run(b.reserve())  # exhausted stays exhausted
+    asyncio.run(a.give_back())  # a chunk ends: what a holds unspent goes back, b's debt stays b's
+    asyncio.run(b.give_back())
+    assert counter.returned == 10 and counter.active == 990 and share_a.allowance == 0 and share_b.allowance == -20
+
+
+def test_a_fleet_budget_with_both_counters_stops_on_the_first_spent(monkeypatch):
+    from recall_tasks.pipeline import fleet_budget
+
+    counters = _fake_counters(monkeypatch, requests=5, cost=1_000_000)
+    both = {"requests": "requests", "cost": "cost"}
+    with pytest.raises(ConfigError, match="do not match"):
+        fleet_budget.FleetBudget({"requests": "requests"}, "http://prefect/api", max_requests=5, max_cost_usd=1.0)
+    budget = fleet_budget.FleetBudget(both, "http://prefect/api", max_requests=5, max_cost_usd=1.0)
+
+    async def go() -> int:
+        calls = 0
+        for _ in range(100):
+            if not await budget.reserve():
+                break
+            calls += 1
+            budget.release(1, 0.001)
+        return calls
+
+    assert asyncio.run(go()) == 5
+    assert budget.exhausted_reason == "request budget reached (--max-requests 5, the whole run)"
+    asyncio.run(budget.give_back())  # the cost counter gets back what was granted and not spent (20000 - 5000)
+    assert counters["requests"].active == 5 and counters["cost"].active == 5000
+    # one call costing more than the whole cost budget: the next grant is capped at the limit (never a 422)
+    big = fleet_budget.FleetBudget({"cost": "c2"}, "http://prefect/api", max_cost_usd=0.0001)
+    counters["c2"] = _Counter(100)
+
+    async def expensive() -> tuple[bool, bool]:
+        first = await big.reserve()
+        big.release(1, 0.0005)
+        return first, await big.reserve()
+
+    assert asyncio.run(expensive()) == (True, False) and counters["c2"].active == 100
+    assert big.exhausted_reason == "cost budget reached (--max-cost-usd 0.0001, the whole run)"

@@ -173,6 +173,66 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
     assert not [n for n in names if n.startswith(f"recall-bench-requests-{summary['run_id']}")]
 
 
+#: --max-cost-usd of the test below: about a third of its 30 rows at gpt-4o-mini's price (a call costs 30-90
+#: micro-dollars on the fake server, whose tokens are a quarter of the characters)
+COST_BUDGET = 0.0007
+
+
+def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
+    """Two worker processes, one --max-cost-usd: the run's cost counter in Prefect, as one budget on threads.
+
+    A call reserves its place in the budget before it waits for the judge's --max-concurrency, so the calls in
+    flight when the budget is reached are at most the rows of the chunks in flight (--max-workers x --chunk-size)
+    on either runner. Small here (2 x 3 rows): one budget per worker would spend twice the budget, beyond it.
+    """
+    from prefect.client.orchestration import get_client
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.io.results import ResultStore
+    from recall_tasks.io.storage import StorageConfig
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11), row_group_size=3)
+    chunks_in_flight, chunk_rows = 2, 3
+    run_ids: dict[str, str] = {}
+    for runner in ("processes", "threads"):
+        out = str(tmp_path / runner)
+        summary = recall_benchmark(
+            RunParams(
+                dataset_uri=data,
+                output_uri=out,
+                judge="openai",
+                base_url=judge_env.base_url,
+                max_cost_usd=COST_BUDGET,
+                chunk_size=chunk_rows,
+                max_workers=chunks_in_flight,
+                task_runner=runner,
+                workers=2 if runner == "processes" else None,
+                baseline=None,
+            )
+        )
+        assert summary["status"] == "budget_exhausted", (runner, summary["status_reason"])
+        run_ids[runner] = summary["run_id"]
+        whole = ", the whole run" if runner == "processes" else ""
+        reason = f"cost budget reached (--max-cost-usd {COST_BUDGET:g}{whole})"
+        assert summary["status_reason"] and reason in summary["status_reason"], (runner, summary["status_reason"])
+        store = ResultStore(out, StorageConfig.from_options(), "delta")
+        rows = store.read_table("results").to_table().to_pylist()
+        (run,) = [r for r in store.read_table("runs").to_table().to_pylist() if r["segment_column"] is None]
+        judged = [r for r in rows if r["score"] is not None]
+        kept = [r for r in rows if r["score"] is None]  # rows past the budget
+        assert len(rows) == 30 and kept and all(r["reason"] == "not judged: " + reason for r in kept), runner
+        assert all(r["requests"] == 0 and not r["cost_usd"] for r in kept), runner
+        costs = [r["cost_usd"] for r in judged]
+        assert run["cost_usd"] == pytest.approx(sum(costs)) == summary["cost_usd"]
+        # reached, and overshot by at most the calls in flight then
+        in_flight = chunks_in_flight * chunk_rows * max(costs)
+        assert COST_BUDGET <= run["cost_usd"] <= COST_BUDGET + in_flight, (runner, run["cost_usd"], len(judged))
+    with get_client(sync_client=True) as client:  # the run's counter went with the commit
+        names = [lim.name for lim in client.read_global_concurrency_limits(limit=200)]
+    assert not [n for n in names if n.startswith(f"recall-bench-cost-{run_ids['processes']}")]
+
+
 @pytest.fixture
 def judge_env(fake_openai, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", KEY)

@@ -131,7 +131,6 @@ def test_the_spec_pickles_and_holds_no_rows(tmp_path):
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"task_runner": "dask", "max_cost_usd": 1.0}, "--max-cost-usd would hold per worker process"),
         ({"task_runner": "processes", "retriever": "m:f"}, "--retriever runs in the flow's process"),
         ({"task_runner": "processes", "batch": True}, "--batch runs with --task-runner threads only"),
         ({"workers": 2}, "--workers applies to --task-runner processes or dask"),
@@ -217,16 +216,42 @@ def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected)
     assert {k: getattr(seen[0], k) for k in expected} == expected
 
 
-def test_run_refuses_a_per_process_budget_with_worker_processes_in_one_line(tmp_path):
+def test_budgets_hold_for_the_run_with_every_runner():
+    for runner in ("processes", "dask"):  # counted in Prefect for the whole run (pipeline/fleet_budget.py)
+        params = RunParams(dataset_uri="d.parquet", task_runner=runner, max_cost_usd=1.0, max_requests=10)
+        assert (params.max_cost_usd, params.max_requests) == (1.0, 10)
+
+
+def test_an_unpriced_judge_model_under_max_cost_usd_is_noted_before_the_run():
+    """Its calls cost None, counted as nothing by the budget on every runner: said, never silent."""
+    from types import SimpleNamespace
+
+    from recall_tasks.judges.pricing import PRICES_PER_MTOK
+    from recall_tasks.pipeline.checks import unpriced_cost_note
+
+    judge = SimpleNamespace(prices=PRICES_PER_MTOK)
+
+    def note(**kw):
+        return unpriced_cost_note(RunParams(dataset_uri="d.parquet", **kw), judge)
+
+    said = note(model="llama-3-70b", max_cost_usd=1.0, task_runner="processes")
+    assert said and "no price is known for model llama-3-70b" in said and "count 0 USD" in said
+    assert note(model="gpt-4o-mini-2024-07-18", max_cost_usd=1.0) is None  # a dated snapshot: its family's price
+    assert "gpt-x" in (note(units="claims", extractor_model="gpt-x", max_cost_usd=1.0) or "")
+    assert note(model="llama-3-70b") is None  # no cost budget: nothing to say
+    assert unpriced_cost_note(RunParams(dataset_uri="d.parquet", max_cost_usd=1.0), object()) is None  # lexical
+
+
+def test_run_refuses_an_option_the_runner_cannot_honour_in_one_line(tmp_path):
     from typer.testing import CliRunner
 
     from recall_tasks.cli.app import app
 
-    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--max-cost-usd", "5"]
+    argv = ["run", str(tmp_path / "d.parquet"), "--task-runner", "processes", "--batch"]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and "would hold per worker process" in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("error:") and "--batch runs with --task-runner threads" in lines[0]
 
 
 def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(

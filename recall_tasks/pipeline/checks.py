@@ -21,6 +21,7 @@ from recall_tasks.io.retrieval import RetrievalResults, Retriever
 from recall_tasks.io.schemas import passthrough_name
 from recall_tasks.io.storage import StorageConfig, location_of, normalize_uri, overlap
 from recall_tasks.io.traces import TraceContext
+from recall_tasks.judges.pricing import price_for
 from recall_tasks.metrics.base import Metric
 
 
@@ -129,6 +130,22 @@ def _comparable(t: pa.DataType) -> str:
     if pa.types.is_timestamp(t) and t.tz:
         t = pa.timestamp(t.unit, tz="UTC")
     return type_name(t)
+
+
+def unpriced_cost_note(params: RunParams, judge: object) -> str | None:
+    """``--max-cost-usd`` with a judge (or claim extractor) model of no known price: its calls cost None, which the
+    budget counts as nothing (on every task runner). Said once before the run, never silent."""
+    prices = getattr(judge, "prices", None)
+    if not params.max_cost_usd or prices is None:  # the lexical judge has no prices: it costs nothing
+        return None
+    models = [params.model, *([params.extractor_model] if params.units == "claims" and params.extractor_model else [])]
+    unpriced = [m for m in dict.fromkeys(models) if price_for(m, prices) is None]
+    if not unpriced:
+        return None
+    return (
+        f"--max-cost-usd {params.max_cost_usd:g}: no price is known for model {', '.join(unpriced)}, so its calls "
+        "count 0 USD against the budget and it will not stop them (--max-requests bounds them)"
+    )
 
 
 def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:

@@ -1,25 +1,45 @@
-"""``--max-requests`` for the whole run when its chunks score in worker processes (``--task-runner processes|dask``).
+"""``--max-requests`` and ``--max-cost-usd`` for the whole run when its chunks score in worker processes
+(``--task-runner processes|dask``).
 
-The flow creates one Prefect global concurrency limit per run attempt, ``recall-bench-requests-<run id>-<hex>``,
-with ``--max-requests`` slots and no decay: a counter of the run's judge requests (:func:`create_counter`). Each
-worker's :class:`FleetBudget` takes grants of a fiftieth of the budget (at most 100 requests, at least 1) by
-incrementing it, and spends them locally as the threads path spends :class:`~recall_tasks.pipeline.scoring.Budget`:
-one reservation per judge call, the requests beyond the first of a call (a repair) charged when it returns. An
-increment the counter cannot hold is refused (423): the worker reads what is left, takes that, and once nothing is
-left its budget is exhausted; the reason travels back in the chunk report and the run ends ``budget_exhausted``.
-What a worker still holds when a chunk ends goes back to the counter. The flow deletes the counter when the run is
-committed (an interrupted run's counter stays, harmless: a rerun creates its own).
+The flow creates one Prefect global concurrency limit per budget and run attempt, with no decay: a counter of what
+the run spent (:func:`create_counters`). ``recall-bench-requests-<run id>-<hex>`` has ``--max-requests`` slots, one
+per judge request; ``recall-bench-cost-<run id>-<hex>`` has ``--max-cost-usd`` in micro-dollars. Micro-dollars
+because a limit's slots are an integer that Prefect stores in a 32-bit column (``INTEGER`` on Postgres): a
+millionth of a dollar is finer than one call of the cheapest priced model (a few hundred tokens of gpt-4.1-nano,
+tens of micro-dollars) and still fits budgets up to 2147.48 USD (larger ones are refused, as is a request budget
+above 2**31 - 1). A call's cost is charged rounded up to a whole micro-dollar, so the counter never under-counts.
 
-``--max-cost-usd`` stays refused with these runners: a call's cost is known only after it, so a shared cost counter
-would need reservations by estimate and a reconciliation, not built.
+Each worker's :class:`FleetBudget` holds one :class:`Share` per counter: grants of a fiftieth of the budget (a
+request share at most 100 requests; at least one slot) taken by incrementing the counter, spent locally as the
+threads path spends :class:`~recall_tasks.pipeline.scoring.Budget`. A judge call starts only while the worker holds
+at least one request and at least one unspent micro-dollar; it reserves its first request, and when it returns
+the requests beyond the first (a repair) and its cost are charged against the shares. A share charged below zero
+owes: its next grant covers the debt first. An increment the counter cannot hold is refused (423): the worker
+reads what is left and takes it; once that does not cover the next call, its budget is exhausted (``request
+budget reached (--max-requests N, the whole run)`` / ``cost budget reached (--max-cost-usd X, the whole run)``),
+the reason travels back in the chunk report and the run ends ``budget_exhausted``. What a worker still holds
+unspent when a chunk ends goes back to the counter. The flow deletes the counters when the run is committed (an
+interrupted run's counters stay, harmless: a rerun creates its own).
+
+Bounds. As on the threads path the cost of a call is known only when it returns, so calls in flight finish: the
+run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. A call reserves
+its place when its row's task starts, before it waits for the judge's ``--max-concurrency``, so on either path the
+calls in flight are at most the rows of the chunks in flight: ``--max-workers x --chunk-size`` calls (claim
+extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in flight.
+Under-use: at most one grant per worker is held when the others stop.
+A call without a price (``cost_usd`` None: a model :mod:`~recall_tasks.judges.pricing` does not know, a failed
+call) is charged nothing, as the threads path charges it; the pre-flight notes an unpriced judge model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
@@ -28,118 +48,216 @@ from recall_tasks.pipeline.scoring import Budget
 
 log = logging.getLogger(__name__)
 
+REQUESTS, COST = "requests", "cost"
+NOUNS = {REQUESTS: "request", COST: "cost"}
+#: Slots of the cost counter per US dollar: micro-dollars (see the module's docstring).
+UNITS_PER_USD = 1_000_000
+#: The largest limit Prefect stores (a 32-bit integer column on Postgres).
+MAX_SLOTS = 2**31 - 1
 
-def create_counter(params: RunParams, run_id: str) -> str | None:
-    """The run attempt's request counter (processes/dask with ``--max-requests``), created now; None otherwise."""
-    if params.task_runner == "threads" or not params.max_requests:
-        return None
+
+def cost_units(usd: float) -> int:
+    """``usd`` in the cost counter's micro-dollars, rounded up (a charge never counts less than was spent)."""
+    return max(math.ceil(usd * UNITS_PER_USD - 1e-6), 0)
+
+
+def counter_sizes(max_requests: int | None, max_cost_usd: float | None) -> dict[str, int]:
+    """The slots of each run-wide counter a run's budget asks for, by kind (a cost budget rounded down)."""
+    sizes = {}
+    if max_requests:
+        sizes[REQUESTS] = max_requests
+    if max_cost_usd:
+        sizes[COST] = max(math.floor(max_cost_usd * UNITS_PER_USD + 1e-6), 1)
+    return sizes
+
+
+def _option(kind: str, max_requests: int | None, max_cost_usd: float | None) -> str:
+    return f"--max-requests {max_requests}" if kind == REQUESTS else f"--max-cost-usd {max_cost_usd:g}"
+
+
+def budget_options(max_requests: int | None, max_cost_usd: float | None) -> str:
+    """``--max-requests`` / ``--max-cost-usd``: the budget options set, for error texts."""
+    kinds = counter_sizes(max_requests, max_cost_usd)
+    return " / ".join(_option(kind, max_requests, max_cost_usd).split()[0] for kind in kinds)
+
+
+def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
+    """The run attempt's counters (processes/dask with a budget), created now: their names by kind; {} otherwise."""
+    sizes = counter_sizes(params.max_requests, params.max_cost_usd)
+    if params.task_runner == "threads" or not sizes:
+        return {}
+    for kind, slots in sizes.items():
+        if slots > MAX_SLOTS:
+            what = "micro-dollars" if kind == COST else "requests"
+            raise ConfigError(
+                f"{_option(kind, params.max_requests, params.max_cost_usd)} with --task-runner {params.task_runner}:"
+                f" the run's counter in Prefect holds at most {MAX_SLOTS} {what}"
+            )
     url = fleet.api_url()
+    option = budget_options(params.max_requests, params.max_cost_usd)
     if url is None:
         raise ConfigError(
-            f"--max-requests with --task-runner {params.task_runner} is counted by a Prefect server, and this "
-            "process has no Prefect API (PREFECT_API_URL)"
+            f"{option} with --task-runner {params.task_runner} is counted by a Prefect server, and this process "
+            "has no Prefect API (PREFECT_API_URL)"
         )
-    name = f"{fleet.PREFIX}-requests-{run_id}-{secrets.token_hex(3)}"
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    try:
-        with get_client(sync_client=True) as client:
-            client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name=name, limit=params.max_requests, slot_decay_per_second=0.0)
-            )
-    except Exception as exc:  # noqa: BLE001 - one line naming the counter and the API's host
-        raise ConfigError(
-            f"--max-requests {params.max_requests}: the Prefect API at {fleet.host(url)} refused the run's request "
-            f"counter {name} ({fleet.reason(exc)})"
-        ) from None
-    return name
+    names: dict[str, str] = {}
+    for kind, slots in sizes.items():
+        name = f"{fleet.PREFIX}-{kind}-{run_id}-{secrets.token_hex(3)}"
+        try:
+            with get_client(sync_client=True) as client:
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
+                )
+        except Exception as exc:  # noqa: BLE001 - one line naming the counter and the API's host
+            delete_counters(names.values())
+            raise ConfigError(
+                f"{_option(kind, params.max_requests, params.max_cost_usd)}: the Prefect API at {fleet.host(url)} "
+                f"refused the run's {NOUNS[kind]} counter {name} ({fleet.reason(exc)})"
+            ) from None
+        names[kind] = name
+    return names
 
 
-def delete_counter(name: str | None) -> None:
-    """The run is committed: its counter goes (a failure is a warning, never the run's outcome)."""
-    if not name:
-        return
-    try:
-        from prefect.client.orchestration import get_client
+def delete_counters(names: Iterable[str]) -> None:
+    """The run is committed: its counters go (a failure is a warning, never the run's outcome)."""
+    for name in names:
+        try:
+            from prefect.client.orchestration import get_client
 
-        with get_client(sync_client=True) as client:
-            client.delete_global_concurrency_limit_by_name(name)
-    except Exception as exc:  # noqa: BLE001 - clean-up only
-        log.warning("could not delete the run's request counter %s: %s", name, fleet.reason(exc))
+            with get_client(sync_client=True) as client:
+                client.delete_global_concurrency_limit_by_name(name)
+        except Exception as exc:  # noqa: BLE001 - clean-up only
+            log.warning("could not delete the run's counter %s: %s", name, fleet.reason(exc))
+
+
+@dataclass
+class Share:
+    """This process's share of one run-wide counter: slots granted and not spent yet (negative: owed)."""
+
+    kind: str  # REQUESTS or COST
+    name: str
+    slots: int  # the counter's limit
+    option: str  # "--max-requests 25", for reasons and errors
+    grant: int
+    allowance: int = 0
+    acquires: int = 0
+
+    @property
+    def exhausted(self) -> str:
+        return f"{NOUNS[self.kind]} budget reached ({self.option}, the whole run)"
+
+    def charge(self, requests: int, cost_usd: float | None) -> int:
+        """What a call that returned charges beyond its reservation (a request share reserved its first request)."""
+        if self.kind == REQUESTS:
+            return max(requests - 1, 0)
+        return cost_units(cost_usd) if cost_usd else 0
 
 
 class FleetBudget(Budget):
-    """A worker's share of the run's ``--max-requests``, taken from the run's counter in grants."""
+    """A worker's share of the run's ``--max-requests`` and ``--max-cost-usd``, taken from the run's counters."""
 
-    def __init__(self, max_requests: int, name: str, api: str) -> None:
+    def __init__(
+        self,
+        counters: Mapping[str, str],
+        api: str,
+        *,
+        max_requests: int | None = None,
+        max_cost_usd: float | None = None,
+    ) -> None:
         super().__init__()
-        self.run_max = max_requests
-        self.name = name
+        sizes = counter_sizes(max_requests, max_cost_usd)
+        if set(counters) != set(sizes):
+            raise ConfigError(f"the run's budget counters {sorted(counters)} do not match its budget {sorted(sizes)}")
         self.api = api
-        self.grant = max(1, min(100, max_requests // 50))
-        self.allowance = 0  # requests granted to this process and not reserved yet (negative: owed)
-        self.acquires = 0
+        self.shares = [
+            Share(
+                kind,
+                counters[kind],
+                slots,
+                _option(kind, max_requests, max_cost_usd),
+                grant=max(1, min(100, slots // 50) if kind == REQUESTS else slots // 50),
+            )  # fmt: skip
+            for kind, slots in sizes.items()
+        ]
         self._lock: asyncio.Lock | None = None
         self._clients: fleet._Clients = weakref.WeakKeyDictionary()
+
+    def share(self, kind: str) -> Share | None:
+        return next((s for s in self.shares if s.kind == kind), None)
 
     def acquire(self) -> bool:
         raise RuntimeError("a FleetBudget is reserved with `await reserve()`")
 
     async def reserve(self) -> bool:
-        if self.exhausted_reason is None and self.allowance < 1:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
-                if self.exhausted_reason is None and self.allowance < 1:
-                    await self._take()
-        if self.exhausted_reason is not None or self.allowance < 1:
+        for share in self.shares:
+            if self.exhausted_reason is None and share.allowance < 1:
+                if self._lock is None:
+                    self._lock = asyncio.Lock()
+                async with self._lock:
+                    if self.exhausted_reason is None and share.allowance < 1:
+                        await self._take(share)
+        if self.exhausted_reason is not None or any(share.allowance < 1 for share in self.shares):
             return False
-        self.allowance -= 1
+        for share in self.shares:
+            if share.kind == REQUESTS:
+                share.allowance -= 1  # a call's first request is reserved; its cost is charged when it returns
         self.in_flight += 1
         return True
 
     def release(self, requests: int, cost_usd: float | None) -> None:
         super().release(requests, cost_usd)
-        self.allowance -= max(requests - 1, 0)  # a call took more requests than its reservation
+        for share in self.shares:
+            share.allowance -= share.charge(requests, cost_usd)
 
-    async def _take(self) -> None:
+    async def _take(self, share: Share) -> None:
+        """One grant for ``share`` (and its debt), or what is left of the counter; nothing left: exhausted."""
         import httpx
 
         client = await fleet._loop_client(self._clients, self.api)
-        want = max(self.grant, 1 - self.allowance)
+        want = min(max(share.grant, 1 - share.allowance), share.slots)  # never more than the limit (422)
         try:
             while True:
                 try:
-                    await client.increment_concurrency_slots(names=[self.name], slots=want, mode="concurrency")
-                    self.allowance += want
-                    self.acquires += 1
+                    await client.increment_concurrency_slots(names=[share.name], slots=want, mode="concurrency")
+                    share.allowance += want
+                    share.acquires += 1
+                    if share.allowance < 1:  # took the rest, and it does not cover the debt
+                        self.exhausted_reason = share.exhausted
                     return
                 except httpx.HTTPStatusError as exc:
                     if exc.response.status_code != 423:
                         raise
-                current = await client.read_global_concurrency_limit_by_name(self.name)
+                current = await client.read_global_concurrency_limit_by_name(share.name)
                 left = current.limit - current.active_slots
-                if left < 1 - self.allowance or left <= 0:
-                    self.exhausted_reason = f"request budget reached (--max-requests {self.run_max}, the whole run)"
+                if left <= 0:
+                    self.exhausted_reason = share.exhausted
                     return
-                want = left if want > left else want
+                want = min(want, left)
         except Exception as exc:  # noqa: BLE001 - one line naming the counter
             raise ConfigError(
-                f"--max-requests: the run's request counter {self.name} could not be read or taken from "
-                f"({fleet.reason(exc)})"
+                f"{share.option.split()[0]}: the run's {NOUNS[share.kind]} counter {share.name} could not be read "
+                f"or taken from ({fleet.reason(exc)})"
             ) from None
 
     async def give_back(self) -> None:
-        """Return what this process holds unreserved to the counter (a chunk ended), close this loop's client."""
-        held, self.allowance = max(self.allowance, 0), min(self.allowance, 0)
+        """Return what this process holds unspent to the counters (a chunk ended), close this loop's client."""
         try:
-            if held:
-                client = await fleet._loop_client(self._clients, self.api)
-                await client.request(
-                    "POST", "/v2/concurrency_limits/decrement", json={"names": [self.name], "slots": held}
-                )
-        except Exception as exc:  # noqa: BLE001 - the requests are lost to the run, nothing worse
-            log.warning("could not return %d requests to the run's counter %s: %s", held, self.name, fleet.reason(exc))
+            for share in self.shares:
+                held, share.allowance = max(share.allowance, 0), min(share.allowance, 0)
+                if not held:
+                    continue
+                try:
+                    client = await fleet._loop_client(self._clients, self.api)
+                    await client.request(
+                        "POST", "/v2/concurrency_limits/decrement", json={"names": [share.name], "slots": held}
+                    )
+                except Exception as exc:  # noqa: BLE001 - the slots are lost to the run, nothing worse
+                    log.warning(
+                        "could not return %d %s to the run's counter %s: %s",
+                        held, "requests" if share.kind == REQUESTS else "micro-dollars", share.name, fleet.reason(exc),
+                    )  # fmt: skip
         finally:
             await fleet._close_loop_client(self._clients)

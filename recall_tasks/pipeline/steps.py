@@ -47,6 +47,7 @@ from recall_tasks.pipeline.checks import (
     check_output_location,
     check_results_schema,
     check_segments,
+    unpriced_cost_note,
 )
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
@@ -127,7 +128,8 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
     batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
-    budget_limit: str | None = None  # the run's request counter in Prefect (processes/dask with --max-requests)
+    #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
+    budget_counters: dict[str, str] = field(default_factory=dict)
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -183,6 +185,9 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
+    cost_note = unpriced_cost_note(params, judge)
+    if cost_note:
+        notes.append(cost_note)
     if params.batch:
         from recall_tasks.pipeline.batch import check_batch
 
@@ -213,7 +218,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
             log.warning("%s", note)
         if share:
             share_limits(params, planned.metric)
-            _count_requests(planned)
+            _count_budget(planned)
         return planned
     checked = PREFLIGHTED.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
@@ -245,16 +250,18 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
     )  # fmt: skip
     if share:
-        _count_requests(plan)
+        _count_budget(plan)
     return plan
 
 
-def _count_requests(plan: RunPlan) -> None:
-    """``--max-requests`` with worker processes: the run attempt's counter in Prefect (``pipeline/fleet_budget``)."""
-    if plan.budget_limit is None and plan.params.task_runner != "threads" and plan.params.max_requests:
+def _count_budget(plan: RunPlan) -> None:
+    """``--max-requests`` / ``--max-cost-usd`` with worker processes: the run attempt's counters in Prefect
+    (``pipeline/fleet_budget``)."""
+    params = plan.params
+    if not plan.budget_counters and params.task_runner != "threads" and (params.max_requests or params.max_cost_usd):
         from recall_tasks.pipeline import fleet_budget
 
-        plan.budget_limit = fleet_budget.create_counter(plan.params, plan.run_id)
+        plan.budget_counters = fleet_budget.create_counters(params, plan.run_id)
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -290,7 +297,7 @@ class ChunkReport:
     not_judged: int | None = None
     pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
     stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
-    budget: str | None = None  # a worker process's exhausted --max-requests, carried back likewise
+    budget: str | None = None  # a worker process's exhausted --max-requests or --max-cost-usd, carried back likewise
 
     @property
     def reusable(self) -> bool:
@@ -430,7 +437,7 @@ def release(plan: RunPlan) -> None:
 def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
-    if plan.budget_limit:
+    if plan.budget_counters:
         from recall_tasks.pipeline import fleet_budget
 
-        fleet_budget.delete_counter(plan.budget_limit)
+        fleet_budget.delete_counters(plan.budget_counters.values())

@@ -14,7 +14,7 @@ small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
 
 Per process, not per run: the judge's concurrency, the circuit breaker (a tripped worker reports its reason back,
 and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``pipeline/fleet.py``), ``--max-requests``
-for the run (``pipeline/fleet_budget.py``); ``--max-cost-usd`` is refused with these runners (``config.RunParams``).
+and ``--max-cost-usd`` for the run (``pipeline/fleet_budget.py``).
 No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
 """
 
@@ -42,7 +42,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.pipeline import components, fleet, steps
 from recall_tasks.pipeline.checks import check_context_source
-from recall_tasks.pipeline.fleet_budget import FleetBudget
+from recall_tasks.pipeline.fleet_budget import FleetBudget, budget_options
 from recall_tasks.pipeline.scoring import Budget, CircuitBreaker
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 
@@ -71,7 +71,8 @@ class ChunkSpec:
     first_row: int
     rows: int
     seen: tuple[tuple[str, int], ...] = ()  # identity hash -> its occurrences before the block (``~N`` ids)
-    budget_limit: str | None = None  # the run's request counter (--max-requests), see pipeline/fleet_budget.py
+    #: the run's budget counters by kind (--max-requests, --max-cost-usd), see pipeline/fleet_budget.py
+    budget_counters: tuple[tuple[str, str], ...] = ()
 
 
 def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
@@ -86,7 +87,7 @@ def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
         params=plan.params, run_id=plan.run_id, run_key=plan.run_key, config_hash=plan.config_hash,
         dataset_fingerprint=plan.dataset.fingerprint, seq=seq, key=key, source=block.source,
         first_row=block.first_row, rows=len(block.row_ids), seen=tuple(sorted(seen.items())),
-        budget_limit=plan.budget_limit,
+        budget_counters=tuple(sorted(plan.budget_counters.items())),
     )  # fmt: skip
 
 
@@ -146,13 +147,17 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
 
 
 def _budget(spec: ChunkSpec) -> Budget:
-    """The worker's share of the run's ``--max-requests`` (a counter in Prefect), else no budget."""
-    if not spec.budget_limit or not spec.params.max_requests:
+    """The worker's share of the run's ``--max-requests`` / ``--max-cost-usd`` (counters in Prefect), else none."""
+    params = spec.params
+    if not params.max_requests and not params.max_cost_usd:
         return Budget()
     url = fleet.api_url()
     if url is None:
-        raise ConfigError(f"--max-requests: no Prefect API in worker process {os.getpid()} to count requests with")
-    return FleetBudget(spec.params.max_requests, spec.budget_limit, url)
+        options = budget_options(params.max_requests, params.max_cost_usd)
+        raise ConfigError(f"{options}: no Prefect API in worker process {os.getpid()} to count the run's budget with")
+    return FleetBudget(
+        dict(spec.budget_counters), url, max_requests=params.max_requests, max_cost_usd=params.max_cost_usd
+    )
 
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
