@@ -197,6 +197,7 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
     head_start.preflight(params)
     ahead = head_start.plan_ahead(params)
     assert ahead.head_start is not None
+    assert ahead.head_start.future.done()  # an offline chunk sends no request: plan_ahead waited for it
     first = ahead.head_start.future.result(timeout=30)  # judged before any flow exists
     assert judged == [f"r{i:04d}" for i in range(5)]
 
@@ -207,3 +208,28 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
     assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: chunk 0 was not judged again
     assert tally.parts[0].path == first.path and tally.done_rows == 45
     assert head_start.abandon(params) == 0  # nothing left to abandon once the flow took the plan
+
+
+def test_the_head_start_returns_once_its_first_request_is_out(
+    data: str, tmp_path: Path, fake_openai, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan_ahead returns when the first judge request has gone out, not before (Prefect's import would then take
+    the interpreter from the prompts and the client still being built), nor after its answer."""
+    from tests import judge_script
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-head-start")
+    fake_openai.set_responder(judge_script.responder)
+    fake_openai.latency_s = 1.0
+    params = RunParams(
+        dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
+        chunk_size=5, max_retries=0,
+    )  # fmt: skip
+    head_start.preflight(params)
+    ahead = head_start.plan_ahead(params)
+    try:
+        assert ahead.head_start is not None
+        assert ahead.breaker is not None and ahead.breaker.first_sent.is_set()  # going out as plan_ahead returned
+        assert fake_openai.wait_for_requests(1, timeout=5)  # a real request on the wire
+        assert not ahead.head_start.future.done()  # and not answered yet: the wait ends at the request
+    finally:
+        assert head_start.abandon(params) == 0  # cancelled in flight: nothing judged, nothing kept

@@ -171,6 +171,8 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         observer = attempt_observer.get()
+        if observer is not None:
+            observer.attempt_sent()
         try:
             response = await self._inner.handle_async_request(request)
         except Exception as exc:

@@ -78,6 +78,9 @@ class Judge(Protocol):
 class AttemptObserver(Protocol):
     """Told about every HTTP attempt a networked judge makes (retries included); the circuit breaker is one."""
 
+    def attempt_sent(self) -> None:
+        """An attempt is about to go out (before its answer; the other two follow it)."""
+
     def attempt_ok(self) -> None: ...
 
     def attempt_failed(self, endpoint: str, cause: str, *, timed_out: bool = False) -> None: ...

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from concurrent.futures import Future
 
 from recall_tasks.config import RunParams
@@ -61,7 +62,27 @@ def plan_ahead(params: RunParams) -> RunPlan:
 
             plan.head_start = HeadStart(key, future)
             threading.Thread(target=first_chunk, name="recall-bench-head-start", daemon=True).start()
+            _wait_for_first_request(plan, future)
     return plan
+
+
+#: How long the CLI waits for the head start's first judge request before it imports Prefect anyway.
+FIRST_REQUEST_WAIT_S = 2.0
+
+
+def _wait_for_first_request(plan: RunPlan, future: Future[ChunkReport]) -> None:
+    """Let the head start send its first request before Prefect's import takes the interpreter.
+
+    Everything before the first request is CPU (building the first prompts, the judge's client), and so is
+    Prefect's import: run side by side they share the GIL and the first request waited for both. Once it is out,
+    the judge waits on the network while Prefect imports. Returns at once for a chunk served from the caches or
+    judged offline (it finishes without a request), and after :data:`FIRST_REQUEST_WAIT_S` in any case.
+    """
+    if plan.breaker is None:
+        return
+    deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
+    while not plan.breaker.first_sent.wait(0.01) and not future.done() and time.monotonic() < deadline:
+        pass
 
 
 def abandon(params: RunParams) -> int:

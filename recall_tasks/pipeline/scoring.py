@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ class CircuitBreaker:
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._cancelled: set[asyncio.Task[Any]] = set()
         self._attempts: dict[asyncio.Task[Any], int] = {}  # HTTP attempts made by each call in flight
+        #: set when the run's first HTTP attempt goes out (the CLI's head start waits for it, from another thread)
+        self.first_sent = threading.Event()
 
     def _count(self) -> None:
         try:
@@ -167,6 +170,10 @@ class CircuitBreaker:
     def attempts_of(self, task: asyncio.Task[Any]) -> int:
         """HTTP attempts ``task`` made (a call cancelled while waiting for its turn made none)."""
         return self._attempts.get(task, 0)
+
+    def attempt_sent(self) -> None:
+        if not self.first_sent.is_set():
+            self.first_sent.set()
 
     def attempt_ok(self) -> None:
         self._count()
