@@ -379,3 +379,94 @@ def test_a_fleet_budget_with_both_counters_stops_on_the_first_spent(monkeypatch)
 
     assert asyncio.run(expensive()) == (True, False) and counters["c2"].active == 100
     assert big.exhausted_reason == "cost budget reached (--max-cost-usd 0.0001, the whole run)"
+
+
+@pytest.mark.parametrize("fleet_wide", [False, True])
+def test_a_cost_budget_lets_only_max_in_flight_calls_start_before_their_cost_is_known(fleet_wide, monkeypatch):
+    """Every row of a chunk starts its task at once; a call's cost is known when it returns. Without turns all
+    20 calls below passed the cost check before the first answer: the budget stopped nothing. With
+    ``max_in_flight`` 3 at most 3 are in flight, and once the spend reaches the budget the rest are refused."""
+    from recall_tasks.pipeline import fleet_budget
+    from recall_tasks.pipeline.scoring import Budget
+
+    if fleet_wide:  # a worker's share of the run's cost counter (in micro-dollars), on a stand-in counter
+        left = [fleet_budget.cost_units(0.01)]
+
+        class Counter:
+            async def increment_concurrency_slots(self, names, slots, mode):  # type: ignore[no-untyped-def]
+                import httpx
+
+                if slots > left[0]:
+                    request = httpx.Request("POST", "http://prefect/api/v2/concurrency_limits/increment")
+                    raise httpx.HTTPStatusError(
+                        "locked", request=request, response=httpx.Response(423, request=request)
+                    )
+                left[0] -= slots
+
+            async def read_global_concurrency_limit_by_name(self, name):  # type: ignore[no-untyped-def]
+                limit = fleet_budget.cost_units(0.01)
+                return type("Limit", (), {"limit": limit, "active_slots": limit - left[0]})()
+
+        async def client(clients, api):  # type: ignore[no-untyped-def]
+            return Counter()
+
+        monkeypatch.setattr(fleet_budget.fleet, "_loop_client", client)
+        budget: Budget = fleet_budget.FleetBudget(
+            {"cost": "c"}, "http://prefect/api", max_cost_usd=0.01, max_in_flight=3
+        )
+    else:
+        budget = Budget(max_cost_usd=0.01, max_in_flight=3)
+    peak = [0]
+
+    async def call() -> bool:
+        if not await budget.reserve():
+            return False
+        peak[0] = max(peak[0], budget.in_flight)
+        await asyncio.sleep(0.01)
+        budget.release(1, 0.004)
+        return True
+
+    async def main() -> list[bool]:
+        return await asyncio.gather(*(call() for _ in range(20)))
+
+    made = sum(asyncio.run(main()))
+    assert peak[0] <= 3
+    assert 3 <= made <= 3 + 3  # the calls that reached 0.01 (three of 0.004), plus at most 3 in flight then
+    assert budget.exhausted_reason and "cost budget reached (--max-cost-usd 0.01" in budget.exhausted_reason
+
+
+def test_a_fleet_cost_share_charged_while_it_takes_a_grant_takes_again_not_exhausted(monkeypatch):
+    """A call returning while the worker waits on the counter adds debt meanwhile: the grant asked for then no
+    longer covers it, and the worker asks again rather than calling the run's budget spent (it had 2 dollars)."""
+    from recall_tasks.pipeline import fleet_budget
+
+    taken: list[int] = []
+
+    class Counter:
+        async def increment_concurrency_slots(self, names, slots, mode):  # type: ignore[no-untyped-def]
+            taken.append(slots)
+            if len(taken) == 2:
+                await asyncio.sleep(0.05)  # this grant is slow: the other call returns meanwhile
+
+    async def client(clients, api):  # type: ignore[no-untyped-def]
+        return Counter()
+
+    monkeypatch.setattr(fleet_budget.fleet, "_loop_client", client)
+    budget = fleet_budget.FleetBudget({"cost": "c"}, "http://prefect/api", max_cost_usd=2.0, max_in_flight=2)
+    (share,) = budget.shares
+
+    async def main() -> bool:
+        assert await budget.reserve()  # first grant, no debt yet
+        share.allowance = -fleet_budget.cost_units(0.001)  # a call came back owing a thousand micro-dollars
+
+        async def other_call_returns() -> None:
+            await asyncio.sleep(0.01)
+            budget.in_flight += 1
+            budget.release(1, 0.5)  # half a dollar more, charged while the grant below is on its way
+
+        _, reserved = await asyncio.gather(other_call_returns(), budget.reserve())
+        return reserved
+
+    assert asyncio.run(main())
+    assert budget.exhausted_reason is None and share.allowance >= 0
+    assert len(taken) == 3 and taken[2] == 1_000 + 500_000 - 40_000 + 1  # asked again: the new debt, one to spare

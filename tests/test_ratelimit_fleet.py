@@ -181,9 +181,9 @@ COST_BUDGET = 0.0007
 def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
     """Two worker processes, one --max-cost-usd: the run's cost counter in Prefect, as one budget on threads.
 
-    A call reserves its place in the budget before it waits for the judge's --max-concurrency, so the calls in
-    flight when the budget is reached are at most the rows of the chunks in flight (--max-workers x --chunk-size)
-    on either runner. Small here (2 x 3 rows): one budget per worker would spend twice the budget, beyond it.
+    With a cost budget a call reserves its place only once one of --max-concurrency turns of its process is free,
+    so the calls in flight when the budget is reached are at most --max-concurrency per process (2 here, on 2
+    processes, or 1): one budget per worker would spend twice the budget, beyond that bound.
     """
     from prefect.client.orchestration import get_client
 
@@ -193,7 +193,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     from recall_tasks.pipeline.flow import recall_benchmark
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11), row_group_size=3)
-    chunks_in_flight, chunk_rows = 2, 3
+    chunks_in_flight, chunk_rows, concurrency = 2, 3, 2
     run_ids: dict[str, str] = {}
     for runner in ("processes", "threads"):
         out = str(tmp_path / runner)
@@ -206,6 +206,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
                 max_cost_usd=COST_BUDGET,
                 chunk_size=chunk_rows,
                 max_workers=chunks_in_flight,
+                max_concurrency=concurrency,
                 task_runner=runner,
                 workers=2 if runner == "processes" else None,
                 baseline=None,
@@ -226,7 +227,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
         costs = [r["cost_usd"] for r in judged]
         assert run["cost_usd"] == pytest.approx(sum(costs)) == summary["cost_usd"]
         # reached, and overshot by at most the calls in flight then
-        in_flight = chunks_in_flight * chunk_rows * max(costs)
+        in_flight = (2 if runner == "processes" else 1) * concurrency * max(costs)
         assert COST_BUDGET <= run["cost_usd"] <= COST_BUDGET + in_flight, (runner, run["cost_usd"], len(judged))
     with get_client(sync_client=True) as client:  # the run's counter went with the commit
         names = [lim.name for lim in client.read_global_concurrency_limits(limit=200)]

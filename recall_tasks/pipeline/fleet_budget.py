@@ -22,11 +22,11 @@ unspent when a chunk ends goes back to the counter. The flow deletes the counter
 interrupted run's counters stay, harmless: a rerun creates its own).
 
 Bounds. As on the threads path the cost of a call is known only when it returns, so calls in flight finish: the
-run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. A call reserves
-its place when its row's task starts, before it waits for the judge's ``--max-concurrency``, so on either path the
-calls in flight are at most the rows of the chunks in flight: ``--max-workers x --chunk-size`` calls (claim
-extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in flight.
-Under-use: at most one grant per worker is held when the others stop.
+run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. With a cost
+budget a call reserves only once one of ``--max-concurrency`` turns of its process is free
+(:class:`~recall_tasks.pipeline.scoring.Budget`), so the calls in flight are at most ``--max-concurrency`` per
+process (claim extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in
+flight. Under-use: at most one grant per worker is held when the others stop.
 A call without a price (``cost_usd`` None: a model :mod:`~recall_tasks.judges.pricing` does not know, a failed
 call) is charged nothing, as the threads path charges it; the pre-flight notes an unpriced judge model.
 """
@@ -166,8 +166,9 @@ class FleetBudget(Budget):
         *,
         max_requests: int | None = None,
         max_cost_usd: float | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(max_cost_usd=max_cost_usd, max_in_flight=max_in_flight)
         sizes = counter_sizes(max_requests, max_cost_usd)
         if set(counters) != set(sizes):
             raise ConfigError(f"the run's budget counters {sorted(counters)} do not match its budget {sorted(sizes)}")
@@ -191,7 +192,7 @@ class FleetBudget(Budget):
     def acquire(self) -> bool:
         raise RuntimeError("a FleetBudget is reserved with `await reserve()`")
 
-    async def reserve(self) -> bool:
+    async def _reserve(self) -> bool:
         for share in self.shares:
             if self.exhausted_reason is None and share.allowance < 1:
                 if self._lock is None:
@@ -217,25 +218,31 @@ class FleetBudget(Budget):
         import httpx
 
         client = await fleet._loop_client(self._clients, self.api)
-        want = min(max(share.grant, 1 - share.allowance), share.slots)  # never more than the limit (422)
+        rest: int | None = None  # what the counter had left when it refused a grant
         try:
             while True:
+                # computed each round: calls returning during the awaits below charge more debt meanwhile
+                want = min(max(share.grant, 1 - share.allowance), share.slots)  # never more than the limit (422)
+                if rest is not None:
+                    want = min(want, rest)
                 try:
                     await client.increment_concurrency_slots(names=[share.name], slots=want, mode="concurrency")
-                    share.allowance += want
-                    share.acquires += 1
-                    if share.allowance < 1:  # took the rest, and it does not cover the debt
-                        self.exhausted_reason = share.exhausted
-                    return
                 except httpx.HTTPStatusError as exc:
                     if exc.response.status_code != 423:
                         raise
-                current = await client.read_global_concurrency_limit_by_name(share.name)
-                left = current.limit - current.active_slots
-                if left <= 0:
+                    current = await client.read_global_concurrency_limit_by_name(share.name)
+                    rest = current.limit - current.active_slots
+                    if rest <= 0:
+                        self.exhausted_reason = share.exhausted
+                        return
+                    continue
+                share.allowance += want
+                share.acquires += 1
+                if share.allowance >= 1:
+                    return
+                if rest is not None:  # took the rest, and it does not cover the debt
                     self.exhausted_reason = share.exhausted
                     return
-                want = min(want, left)
         except Exception as exc:  # noqa: BLE001 - one line naming the counter
             raise ConfigError(
                 f"{share.option.split()[0]}: the run's {NOUNS[share.kind]} counter {share.name} could not be read "

@@ -94,15 +94,26 @@ class Budget:
     """Stops new judge calls once ``max_requests`` or ``max_cost_usd`` is reached (calls in flight finish).
 
     Shared by every chunk of a run; checked and updated on the one event loop the judge calls run on.
+
+    A request is counted when its call is reserved, so ``max_requests`` is exact (plus the repairs of calls in
+    flight). A call's cost is known only when it returns, so with ``max_cost_usd`` a call reserves its place only
+    once one of ``max_in_flight`` (the run's ``--max-concurrency``) turns is free: every row of the chunks in
+    flight starts its task at once, and without the turns each would have passed the check before the first
+    answer came back (a 500-row chunk judged whole against a one-cent budget). The spend is then at most
+    ``max_cost_usd`` plus the calls in flight when it was reached: ``max_in_flight`` calls.
     """
 
-    def __init__(self, max_requests: int | None = None, max_cost_usd: float | None = None) -> None:
+    def __init__(
+        self, max_requests: int | None = None, max_cost_usd: float | None = None, *, max_in_flight: int | None = None
+    ) -> None:
         self.max_requests = max_requests
         self.max_cost_usd = max_cost_usd
         self.requests = 0
         self.cost_usd = 0.0
         self.in_flight = 0
         self.exhausted_reason: str | None = None
+        self.max_in_flight = max_in_flight if max_cost_usd else None
+        self._turns: asyncio.Semaphore | None = None
 
     def acquire(self) -> bool:
         """Reserve one call; False (and the reason recorded) when the budget is spent."""
@@ -116,13 +127,27 @@ class Budget:
         return False
 
     async def reserve(self) -> bool:
-        """:meth:`acquire` as the scoring loop calls it (a fleet-wide budget may ask a server for more)."""
+        """Reserve one call as the scoring loop does: wait for a turn (cost budgets), then :meth:`_reserve`."""
+        if self.max_in_flight is not None:
+            if self._turns is None:
+                self._turns = asyncio.Semaphore(self.max_in_flight)
+            await self._turns.acquire()
+        if await self._reserve():
+            return True
+        if self._turns is not None:
+            self._turns.release()
+        return False
+
+    async def _reserve(self) -> bool:
+        """:meth:`acquire`; a fleet-wide budget may ask a server for more first."""
         return self.acquire()
 
     def release(self, requests: int, cost_usd: float | None) -> None:
         self.in_flight -= 1
         self.requests += requests
         self.cost_usd += cost_usd or 0.0
+        if self._turns is not None:
+            self._turns.release()
 
 
 #: How the reason of a row kept from the judge (budget spent, breaker tripped) starts.

@@ -244,7 +244,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     plan = RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
-        cache=cache, budget=Budget(params.max_requests, params.max_cost_usd),
+        cache=cache, budget=Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,

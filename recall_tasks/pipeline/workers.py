@@ -156,8 +156,9 @@ def _budget(spec: ChunkSpec) -> Budget:
         options = budget_options(params.max_requests, params.max_cost_usd)
         raise ConfigError(f"{options}: no Prefect API in worker process {os.getpid()} to count the run's budget with")
     return FleetBudget(
-        dict(spec.budget_counters), url, max_requests=params.max_requests, max_cost_usd=params.max_cost_usd
-    )
+        dict(spec.budget_counters), url, max_requests=params.max_requests, max_cost_usd=params.max_cost_usd,
+        max_in_flight=params.max_concurrency,
+    )  # fmt: skip
 
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
