@@ -387,7 +387,7 @@ def test_a_cost_budget_lets_only_max_in_flight_calls_start_before_their_cost_is_
     20 calls below passed the cost check before the first answer: the budget stopped nothing. With
     ``max_in_flight`` 3 at most 3 are in flight, and once the spend reaches the budget the rest are refused."""
     from recall_tasks.pipeline import fleet_budget
-    from recall_tasks.pipeline.scoring import Budget
+    from recall_tasks.pipeline.guards import Budget
 
     if fleet_wide:  # a worker's share of the run's cost counter (in micro-dollars), on a stand-in counter
         left = [fleet_budget.cost_units(0.01)]

@@ -50,9 +50,10 @@ from recall_tasks.pipeline.checks import (
     unpriced_cost_note,
 )
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
+from recall_tasks.pipeline.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.outcome import run_outcome
-from recall_tasks.pipeline.scoring import NOT_JUDGED, Budget, CircuitBreaker, metric_fingerprint, score_block
+from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
 from recall_tasks.sentences import SPLITTER_VERSION
 from recall_tasks.summaries import RunRow
 

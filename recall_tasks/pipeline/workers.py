@@ -43,7 +43,7 @@ from recall_tasks.metrics import ContextualRecall
 from recall_tasks.pipeline import components, fleet, steps
 from recall_tasks.pipeline.checks import check_context_source
 from recall_tasks.pipeline.fleet_budget import FleetBudget, budget_options
-from recall_tasks.pipeline.scoring import Budget, CircuitBreaker
+from recall_tasks.pipeline.guards import Budget, CircuitBreaker
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 
 log = logging.getLogger(__name__)
