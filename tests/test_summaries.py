@@ -6,7 +6,7 @@ import typing
 from pathlib import Path
 
 from recall_tasks.io.schemas import RUN_SCHEMA
-from recall_tasks.pipeline import publish, steps
+from recall_tasks.pipeline import commit, publish, steps
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.summaries import IdleSummary, PendingSummary, RunRow, RunSummary
 from tests.test_pipeline import make_rows, write_parquet
@@ -33,7 +33,7 @@ def test_a_committed_run_returns_exactly_the_typed_row_and_summary(tmp_path: Pat
 
     data = write_parquet(tmp_path / "data" / "d.parquet", make_rows(12))
     plan = plan_for(data, tmp_path / "out", label="v1", segment_by=["category"])
-    row = steps.commit_run(plan, score_chunks(plan, PoolExecutor(plan)).parts)
+    row = commit.commit_run(plan, score_chunks(plan, PoolExecutor(plan)).parts)
     assert set(row) == set(RUN_SCHEMA.names)
     assert row["segment_column"] is None and row["batch_ids"] is None and row["batch_wait_s"] is None
     summary, _ = publish.publish_run(plan, row, logging.getLogger("test-summaries"))

@@ -12,7 +12,7 @@ import pytest
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunInterrupted
 from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.pipeline import head_start, steps
+from recall_tasks.pipeline import commit, head_start, steps
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from tests.test_pipeline import make_rows, write_parquet
@@ -100,14 +100,14 @@ def test_every_chunk_is_scored_once_with_at_most_max_workers_in_flight(data: str
     assert plan.pending_blocks == {}  # every parked block released once settled
     assert executor.progress_calls[-1] == (45, 45, True)
     assert [c[0] for c in executor.progress_calls[:-1]] == sorted(c[0] for c in executor.progress_calls[:-1])
-    summary = steps.commit_run(plan, tally.parts)
+    summary = commit.commit_run(plan, tally.parts)
     assert summary["rows"] == 45 and summary["errors"] == 0
 
 
 def test_a_rerun_takes_successful_chunks_from_the_cache_without_submitting(data: str, tmp_path: Path) -> None:
     first = plan_for(data, tmp_path / "out")
     records: dict[str, ChunkReport] = {}
-    steps.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
+    commit.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
     steps.finish_run(first)
 
     second = plan_for(data, tmp_path / "out")
@@ -125,7 +125,7 @@ def test_a_chunk_the_cache_served_with_failures_is_scored_again(data: str, tmp_p
     """A task run that comes back Cached with an errored row: the loop refreshes it instead of keeping it."""
     first = plan_for(data, tmp_path / "out")
     records: dict[str, ChunkReport] = {}
-    steps.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
+    commit.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
     steps.finish_run(first)
 
     second = plan_for(data, tmp_path / "out")
@@ -161,7 +161,7 @@ def test_the_publishing_tail_says_what_to_send_without_prefect(data: str, tmp_pa
 
     logger = logging.getLogger("test-publish")
     first = plan_for(data, tmp_path / "out", label="v1")
-    committed = steps.commit_run(first, score_chunks(first, PoolExecutor(first)).parts)
+    committed = commit.commit_run(first, score_chunks(first, PoolExecutor(first)).parts)
     summary, out = publish.publish_run(first, committed, logger)
     steps.finish_run(first)
     assert [(a.kind, a.key) for a in out.artifacts] == [
@@ -174,7 +174,7 @@ def test_the_publishing_tail_says_what_to_send_without_prefect(data: str, tmp_pa
     assert Path(summary["report_uri"]).is_file() and "comparison" not in summary
 
     second = plan_for(data, tmp_path / "out", label="v2")
-    committed = steps.commit_run(second, score_chunks(second, PoolExecutor(second)).parts)
+    committed = commit.commit_run(second, score_chunks(second, PoolExecutor(second)).parts)
     summary, out = publish.publish_run(second, committed, logger)
     assert summary["comparison"]["verdict"] == "unchanged"
     assert [a.kind for a in out.artifacts].count("markdown") == 2  # the comparison and the report

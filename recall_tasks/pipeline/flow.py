@@ -45,7 +45,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import batch, batch_finish, publish, steps, workers
+from recall_tasks.pipeline import batch, batch_finish, commit, publish, steps, workers
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.pipeline.workers import ChunkSpec
@@ -320,7 +320,7 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
         tally = score_chunks(plan, PrefectChunks(plan, runner))
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
-    committed = steps.commit_run(plan, tally.parts, flow_run_id())
+    committed = commit.commit_run(plan, tally.parts, flow_run_id())
     summary, publication = publish.publish_run(plan, committed, logger)
     send(publication)
     steps.finish_run(plan)

@@ -1,4 +1,4 @@
-"""A run's outcome: its status, the reason, its error rate and most common error (``steps.commit_run`` records it).
+"""A run's outcome: its status, the reason, its error rate and most common error (``commit.commit_run`` records it).
 
 - ``failed`` when more than ``max_error_rate`` of the assessed rows (rows minus those not assessed under
   ``on_missing=skip``) ended with an error, or when judging was stopped by an outage: the tables are still

@@ -3,9 +3,10 @@
 ``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
 judge configuration and reachability, the baseline reference: :func:`check_run`, the checks themselves in
 :mod:`~recall_tasks.pipeline.checks`) before any judge call or write; ``head_start.preflight`` runs the same checks
-for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results. ``commit_run``
-aggregates the staged results, commits them and the run rows at once, with the run's status decided by
-:func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``, ``budget_exhausted`` or ``completed``).
+for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results.
+:func:`~recall_tasks.pipeline.commit.commit_run` aggregates the staged results, commits them and the run rows at
+once, with the run's status decided by :func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``,
+``budget_exhausted`` or ``completed``).
 """
 
 from __future__ import annotations
@@ -20,22 +21,19 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
-from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.columns import parse_column_overrides
 from recall_tasks.io.datasets import Dataset, open_dataset
-from recall_tasks.io.results import ChunkPart, ResultStore, today
+from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
-from recall_tasks.io.schemas import CHUNK_FIELDS
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.metrics import ContextualRecall
@@ -52,10 +50,7 @@ from recall_tasks.pipeline.checks import (
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
 from recall_tasks.pipeline.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
-from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
-from recall_tasks.sentences import SPLITTER_VERSION
-from recall_tasks.summaries import RunRow
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +100,7 @@ class HeadStart:
 
 @dataclass
 class RunPlan:
-    """A validated run: everything ``score_chunk`` and ``commit_run`` need."""
+    """A validated run: everything ``score_chunk`` and ``commit.commit_run`` need."""
 
     params: RunParams
     run_id: str
@@ -347,46 +342,8 @@ def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRep
     )  # fmt: skip
 
 
-_SUMMARY_COLUMNS = [
-    "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
-    "context_precision", "chunks_used", "context_count",
-]  # fmt: skip
-
 #: Part of every chunk key: bumped when a chunk file's columns change, so older chunk files are not reused.
 CHUNK_SCHEMA_VERSION = 2
-
-
-def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> RunRow:
-    """Aggregate the run's chunk files, commit results and run rows; returns the overall run row."""
-    columns = _SUMMARY_COLUMNS + plan.segment_columns
-    if parts:
-        table = pa.Table.from_batches(list(plan.store.read_parts(parts, columns=columns)))
-    else:
-        table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
-        for col in plan.segment_columns:
-            table = table.append_column(col, pa.array([], pa.string()))
-    if plan.cache is not None:
-        plan.cache.close()
-    p = plan.params
-    judge = plan.metric.judge
-    base = {
-        "run_id": plan.run_id, "flow_run_id": flow_run_id, "started_at": plan.started_at,
-        "finished_at": dt.datetime.now(dt.UTC), "dataset": plan.dataset.name, "run_date": today(),
-        "dataset_uri": p.dataset_uri, "dataset_fingerprint": plan.dataset.fingerprint, "label": p.label,
-        "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
-        "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
-        "wall_seconds": time.perf_counter() - plan.started_clock,
-        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns,
-    }  # fmt: skip
-    stats = summarize(table)
-    base.update(run_outcome(plan, table, stats))
-    overall = {**base, "segment_column": None, "segment_value": None, **stats}
-    runs = [overall]
-    for col in plan.segment_columns:
-        for value, stats in summarize_segments(table, col):
-            runs.append({**base, "segment_column": col, "segment_value": value, **stats})
-    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
-    return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
 
 
 def abort(plan: RunPlan) -> None:
@@ -414,20 +371,6 @@ def keep_judged(plan: RunPlan) -> int:
     for fn in list(_abort_listeners):
         fn(cached)
     return cached
-
-
-def run_settings(plan: RunPlan) -> dict[str, Any]:
-    """The settings that decide whether two runs' scores are comparable (``comparability.incomparable_reasons``)."""
-    config = plan.metric.judge.config()
-    return {
-        "judge": plan.params.judge,
-        "units": getattr(plan.metric, "units", "sentences"),
-        "schema_version": config.get("schema_version"),
-        "splitter_version": SPLITTER_VERSION,
-        "judge_config": metric_fingerprint(plan.metric),
-        "row_identity": plan.dataset.row_identity,
-        "dataset_id": plan.dataset.identity,
-    }
 
 
 def release(plan: RunPlan) -> None:

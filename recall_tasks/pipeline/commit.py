@@ -1,0 +1,74 @@
+"""The run's last step: aggregate its chunk files, record its outcome and commit its results and runs rows.
+
+Called by the flow once every chunk is scored (``flow.recall_benchmark``); the tables' atomic commit itself is
+:meth:`~recall_tasks.io.results.ResultStore.commit`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any, cast
+
+import pyarrow as pa
+
+from recall_tasks.analysis.aggregates import summarize, summarize_segments
+from recall_tasks.io.results import ChunkPart, today
+from recall_tasks.io.schemas import CHUNK_FIELDS
+from recall_tasks.pipeline.outcome import run_outcome
+from recall_tasks.pipeline.scoring import metric_fingerprint
+from recall_tasks.pipeline.steps import RunPlan
+from recall_tasks.sentences import SPLITTER_VERSION
+from recall_tasks.summaries import RunRow
+
+_SUMMARY_COLUMNS = [
+    "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
+    "context_precision", "chunks_used", "context_count",
+]  # fmt: skip
+
+
+def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> RunRow:
+    """Aggregate the run's chunk files, commit results and run rows; returns the overall run row."""
+    columns = _SUMMARY_COLUMNS + plan.segment_columns
+    if parts:
+        table = pa.Table.from_batches(list(plan.store.read_parts(parts, columns=columns)))
+    else:
+        table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
+        for col in plan.segment_columns:
+            table = table.append_column(col, pa.array([], pa.string()))
+    if plan.cache is not None:
+        plan.cache.close()
+    p = plan.params
+    judge = plan.metric.judge
+    base = {
+        "run_id": plan.run_id, "flow_run_id": flow_run_id, "started_at": plan.started_at,
+        "finished_at": dt.datetime.now(dt.UTC), "dataset": plan.dataset.name, "run_date": today(),
+        "dataset_uri": p.dataset_uri, "dataset_fingerprint": plan.dataset.fingerprint, "label": p.label,
+        "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
+        "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
+        "wall_seconds": time.perf_counter() - plan.started_clock,
+        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns,
+    }  # fmt: skip
+    stats = summarize(table)
+    base.update(run_outcome(plan, table, stats))
+    overall = {**base, "segment_column": None, "segment_value": None, **stats}
+    runs = [overall]
+    for col in plan.segment_columns:
+        for value, stats in summarize_segments(table, col):
+            runs.append({**base, "segment_column": col, "segment_value": value, **stats})
+    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
+    return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
+
+
+def run_settings(plan: RunPlan) -> dict[str, Any]:
+    """The settings that decide whether two runs' scores are comparable (``comparability.incomparable_reasons``)."""
+    config = plan.metric.judge.config()
+    return {
+        "judge": plan.params.judge,
+        "units": getattr(plan.metric, "units", "sentences"),
+        "schema_version": config.get("schema_version"),
+        "splitter_version": SPLITTER_VERSION,
+        "judge_config": metric_fingerprint(plan.metric),
+        "row_identity": plan.dataset.row_identity,
+        "dataset_id": plan.dataset.identity,
+    }
