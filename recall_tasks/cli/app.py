@@ -27,8 +27,6 @@ from recall_tasks.cli.common import (
     OutputOption,
     StorageOption,
     _detect_format,
-    _fail,
-    _fail_unexpected,
     _split_storage_options,
     _store,
     console,
@@ -38,7 +36,6 @@ from recall_tasks.cli.outcome import judge_line_of, print_summary
 from recall_tasks.cli.run_flow import INTERRUPTED, _run, execute, one_line_errors
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
-from recall_tasks.errors import RecallBenchError
 from recall_tasks.pipeline import events
 
 EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
@@ -216,7 +213,7 @@ def demo(
         chunk_size=4,
     )
     err.print(judge_line_of(params), markup=False, highlight=False)
-    try:
+    with one_line_errors(debug):
         summary = _run(params, debug)
         if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # the demo never batches
             raise RuntimeError(f"the demo run ended {summary['status']}")
@@ -224,12 +221,6 @@ def demo(
         console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
         # ties broken by row_id: the demo prints the same table every time (the README test compares it)
         _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
-    except RecallBenchError as exc:
-        _fail(exc, debug)
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as exc:  # noqa: BLE001 - anything else is still one line (--debug: the traceback)
-        _fail_unexpected(exc, debug)
 
 
 _DEMO_WORST_ROWS = (
