@@ -90,3 +90,27 @@ def test_an_unreachable_prefect_api_url_is_one_line(fake_openai, data, tmp_path)
     (line,) = lines(done)
     assert line.startswith(f"error: the Prefect API at {url} (PREFECT_API_URL) cannot be reached"), line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["run", "d.parquet", "--concurrency", "3"],
+         "error: No such option: --concurrency (Possible options: --max-concurrency); see recall-bench run --help"),
+        (["run"], "error: Missing argument 'dataset_uri'; see recall-bench run --help"),
+        (["histroy"], "error: No such command 'histroy'. Did you mean 'history'? See recall-bench --help"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_help_and_exits_2(args, line):
+    """A mistyped option or command is one `error:` line like every other error, not a usage block and a panel."""
+    done = subprocess.run([sys.executable, "-m", "recall_tasks", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**cli_env(None), "COLUMNS": "80"})  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [line] and done.stdout == ""
+
+
+def test_recall_bench_alone_still_prints_the_help():
+    done = subprocess.run([sys.executable, "-m", "recall_tasks"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=cli_env(None))  # fmt: skip
+    assert done.returncode == 2 and "Usage: recall-bench [OPTIONS] COMMAND" in done.stderr + done.stdout
+    assert "error:" not in done.stderr

@@ -248,11 +248,32 @@ def console_main() -> None:
     """
     import sys
 
+    code = _main(sys.argv[1:])
+    if code in (130, 143) and INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(args: list[str]) -> int:
+    """The Typer app on ``args``; returns the exit code. A usage error is one line, as every other error:
+    ``error: No such option: --concurrency (Possible options: --max-concurrency); see recall-bench run --help``,
+    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel)."""
     try:
-        app()
-    except SystemExit as exc:
-        if exc.code in (130, 143) and INTERRUPTED:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(int(exc.code))
-        raise
+        rv = app(args, prog_name="recall-bench", standalone_mode=False)
+    except typer.TyperException as exc:  # Typer's click errors: usage errors (exit 2) and the like
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `recall-bench` alone: the help, as before
+            exc.show()  # type: ignore[attr-defined]
+        else:
+            ctx = getattr(exc, "ctx", None)
+            message = exc.format_message()
+            if ctx is not None:  # "…; see recall-bench run --help" (after a question: "…? See …")
+                message = message.rstrip(".")
+                message += f"{' S' if message.endswith('?') else '; s'}ee {ctx.command_path} --help"
+            err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+        return int(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err.print("aborted", highlight=False)
+        return 1
+    return rv if isinstance(rv, int) else 0
