@@ -94,6 +94,11 @@ class RunParams(BaseModel):
     chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
     max_cost_usd: float | None = Field(None, gt=0, description="Stop judging once this much was spent")
     max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
+    prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="USD per million input and output tokens of a model with no known price: MODEL=IN,OUT "
+        "(repeatable; 0,0 for a free self-hosted model); costs and --max-cost-usd use it",
+    )
     max_error_rate: float = Field(
         0.05, ge=0, le=1, description="Share of assessed rows in error above which the run is recorded as failed"
     )
@@ -236,6 +241,30 @@ class RunParams(BaseModel):
     def _blank_is_none(cls, value: object) -> object:
         # event-templated deployment parameters render a missing optional field as "" or "None"
         return None if isinstance(value, str) and value.strip() in ("", "None", "null") else value
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices(cls, value: object) -> object:
+        """``MODEL=IN,OUT`` strings (the CLI's ``--price``, a deployment's list) or a mapping; never negative."""
+        if isinstance(value, list | tuple):
+            parsed: dict[str, tuple[float, float]] = {}
+            for item in value:
+                model, sep, pair = str(item).partition("=")
+                numbers = pair.split(",")
+                try:
+                    if not sep or not model.strip() or len(numbers) != 2:
+                        raise ValueError
+                    parsed[model.strip()] = (float(numbers[0]), float(numbers[1]))
+                except ValueError:
+                    raise ValueError(
+                        f"--price {item!r}: expected MODEL=IN,OUT in USD per million tokens, e.g. my-model=0.15,0.6"
+                    ) from None
+            value = parsed
+        if isinstance(value, dict):
+            for model, pair in value.items():
+                if any(float(p) < 0 for p in pair):
+                    raise ValueError(f"--price {model}: a price cannot be negative")
+        return value
 
     @model_validator(mode="after")
     def _threshold_within_scale(self) -> RunParams:

@@ -9,7 +9,7 @@ from recall_tasks.cli.app import RUN_OPTION_FIELDS, app
 from recall_tasks.config import RunParams
 
 #: Fields the CLI spells differently on purpose (the test checks they are still reachable).
-CONVERTED = {"baseline", "columns", "storage_options", "format", "segment_by"}
+CONVERTED = {"baseline", "columns", "storage_options", "format", "segment_by", "prices"}
 
 
 def commands() -> dict:
@@ -57,6 +57,7 @@ def test_every_option_of_every_command_has_help() -> None:
         (["--no-reason"], "include_reason", False),
         (["--max-workers", "2"], "max_workers", 2),
         (["--chunk-cache-days", "3"], "chunk_cache_days", 3.0),
+        (["--price", "my-model=0.15,0.6", "--price", "free=0,0"], "prices", {"my-model": (0.15, 0.6), "free": (0, 0)}),
     ],
 )
 def test_options_reach_the_run_parameters(monkeypatch, tmp_path, argv, field, value) -> None:
@@ -74,3 +75,20 @@ def test_options_reach_the_run_parameters(monkeypatch, tmp_path, argv, field, va
     result = CliRunner().invoke(app, ["run", str(tmp_path / "d.parquet"), "-o", str(tmp_path / "o"), *argv])
     assert result.exit_code == 0, result.output
     assert getattr(seen[0], field) == value
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["my-model"], "expected MODEL=IN,OUT"),
+        (["my-model=0.15"], "expected MODEL=IN,OUT"),
+        (["=1,2"], "expected MODEL=IN,OUT"),
+        (["my-model=a,b"], "expected MODEL=IN,OUT"),
+        ({"my-model": (-1.0, 2.0)}, "a price cannot be negative"),
+    ],
+)
+def test_a_malformed_price_is_refused_naming_it(given, message) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        RunParams(dataset_uri="d.parquet", prices=given)

@@ -222,24 +222,41 @@ def test_budgets_hold_for_the_run_with_every_runner():
         assert (params.max_cost_usd, params.max_requests) == (1.0, 10)
 
 
-def test_an_unpriced_judge_model_under_max_cost_usd_is_noted_before_the_run():
-    """Its calls cost None, counted as nothing by the budget on every runner: said, never silent."""
+def test_max_cost_usd_with_a_model_of_no_known_price_is_refused_unless_given_one():
+    """An unpriced call costs None, which no budget can count: refused before the run on every runner, naming
+    --price; a --price for the model (or its family's known price) lets it run."""
     from types import SimpleNamespace
 
+    from recall_tasks.errors import ConfigError
     from recall_tasks.judges.pricing import PRICES_PER_MTOK
-    from recall_tasks.pipeline.checks import unpriced_cost_note
+    from recall_tasks.pipeline.checks import check_priced
 
-    judge = SimpleNamespace(prices=PRICES_PER_MTOK)
+    def check(prices=None, **kw):
+        judge = SimpleNamespace(prices={**PRICES_PER_MTOK, **(prices or {})})
+        check_priced(RunParams(dataset_uri="d.parquet", prices=prices or {}, **kw), judge)
 
-    def note(**kw):
-        return unpriced_cost_note(RunParams(dataset_uri="d.parquet", **kw), judge)
+    with pytest.raises(ConfigError, match=r"cannot bound model llama-3-70b: .* --price llama-3-70b=IN,OUT"):
+        check(model="llama-3-70b", max_cost_usd=1.0, task_runner="processes")
+    with pytest.raises(ConfigError, match="cannot bound model gpt-x"):
+        check(units="claims", extractor_model="gpt-x", max_cost_usd=1.0)
+    check(model="llama-3-70b", max_cost_usd=1.0, prices={"llama-3-70b": (0.0, 0.0)})  # priced by hand: runs
+    check(model="gpt-4o-mini-2024-07-18", max_cost_usd=1.0)  # a dated snapshot: its family's price
+    check(model="llama-3-70b")  # no cost budget: nothing to refuse
+    check_priced(RunParams(dataset_uri="d.parquet", max_cost_usd=1.0), object())  # lexical: costs nothing
 
-    said = note(model="llama-3-70b", max_cost_usd=1.0, task_runner="processes")
-    assert said and "no price is known for model llama-3-70b" in said and "count 0 USD" in said
-    assert note(model="gpt-4o-mini-2024-07-18", max_cost_usd=1.0) is None  # a dated snapshot: its family's price
-    assert "gpt-x" in (note(units="claims", extractor_model="gpt-x", max_cost_usd=1.0) or "")
-    assert note(model="llama-3-70b") is None  # no cost budget: nothing to say
-    assert unpriced_cost_note(RunParams(dataset_uri="d.parquet", max_cost_usd=1.0), object()) is None  # lexical
+
+def test_a_given_price_reaches_the_judge_and_the_claim_extractor(monkeypatch):
+    from recall_tasks.pipeline.components import make_extractor, make_judge
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-prices")
+    params = RunParams(
+        dataset_uri="d.parquet", judge="openai", model="my-model", units="claims", extractor_model="my-extractor",
+        prices=["my-model=1,2", "my-extractor=0.5,0.5"],
+    )  # fmt: skip
+    judge = make_judge(params)
+    extractor = make_extractor(params, judge)
+    assert judge.prices["my-model"] == (1.0, 2.0) and extractor.prices["my-extractor"] == (0.5, 0.5)  # type: ignore[attr-defined]
+    assert judge.prices["gpt-4o-mini"] == (0.15, 0.60)  # the known prices stay  # type: ignore[attr-defined]
 
 
 def test_run_refuses_an_option_the_runner_cannot_honour_in_one_line(tmp_path):

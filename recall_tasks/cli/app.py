@@ -88,7 +88,7 @@ RUN_OPTION_FIELDS = {
     "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
     "dataset_uri": "dataset_uri",
     "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
-    "collect_only": "batch_collect_only",
+    "collect_only": "batch_collect_only", "price": "prices",
 }  # fmt: skip
 
 
@@ -125,6 +125,7 @@ def run(
     chunk_cache_storage: Annotated[str | None, _opt("chunk_cache_storage")] = _field("chunk_cache_storage"),
     chunk_cache_days: Annotated[float, _opt("chunk_cache_days")] = _field("chunk_cache_days"),
     max_cost_usd: Annotated[float | None, _opt("max_cost_usd")] = _field("max_cost_usd"),
+    price: Annotated[list[str] | None, _opt("prices", "--price")] = None,
     max_requests: Annotated[int | None, _opt("max_requests")] = _field("max_requests"),
     max_error_rate: Annotated[float, _opt("max_error_rate")] = _field("max_error_rate"),
     index_version: Annotated[str | None, _opt("index_version")] = _field("index_version"),
@@ -170,6 +171,7 @@ def run(
                 "storage_options": _split_storage_options(storage_option or []), "cache": cache,
                 "refresh_cache": refresh_cache, "cache_uri": cache_uri, "chunk_cache_storage": chunk_cache_storage,
                 "chunk_cache_days": chunk_cache_days, "max_cost_usd": max_cost_usd, "max_requests": max_requests,
+                "prices": price or {},
                 "max_error_rate": max_error_rate, "index_version": index_version,
                 "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
                 "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,

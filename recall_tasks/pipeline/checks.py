@@ -132,20 +132,20 @@ def _comparable(t: pa.DataType) -> str:
     return type_name(t)
 
 
-def unpriced_cost_note(params: RunParams, judge: object) -> str | None:
-    """``--max-cost-usd`` with a judge (or claim extractor) model of no known price: its calls cost None, which the
-    budget counts as nothing (on every task runner). Said once before the run, never silent."""
+def check_priced(params: RunParams, judge: object) -> None:
+    """``--max-cost-usd`` needs a price for every model the run calls: an unpriced call costs None, which no budget
+    can count, so the run is refused before it starts (on every task runner), never left unbounded."""
     prices = getattr(judge, "prices", None)
     if not params.max_cost_usd or prices is None:  # the lexical judge has no prices: it costs nothing
-        return None
+        return
     models = [params.model, *([params.extractor_model] if params.units == "claims" and params.extractor_model else [])]
     unpriced = [m for m in dict.fromkeys(models) if price_for(m, prices) is None]
-    if not unpriced:
-        return None
-    return (
-        f"--max-cost-usd {params.max_cost_usd:g}: no price is known for model {', '.join(unpriced)}, so its calls "
-        "count 0 USD against the budget and it will not stop them (--max-requests bounds them)"
-    )
+    if unpriced:
+        raise ConfigError(
+            f"--max-cost-usd {params.max_cost_usd:g} cannot bound model {', '.join(unpriced)}: recall-bench knows no "
+            f"price for it; give one with --price {unpriced[0]}=IN,OUT (USD per million input and output tokens; "
+            "0,0 for a free model), or bound the run with --max-requests instead"
+        )
 
 
 def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:

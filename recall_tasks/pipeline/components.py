@@ -32,6 +32,7 @@ def make_judge(params: RunParams) -> Judge:
         max_retries=params.max_retries,
         requests_per_minute=params.requests_per_minute,
         tokens_per_minute=params.tokens_per_minute,
+        prices=params.prices or None,
     )
 
 
@@ -45,6 +46,7 @@ def make_extractor(params: RunParams, judge: Judge) -> Any:
         model=params.extractor_model, base_url=params.base_url, max_concurrency=params.max_concurrency,
         timeout_s=params.timeout_s, max_retries=params.max_retries,
         requests_per_minute=params.requests_per_minute, tokens_per_minute=params.tokens_per_minute,
+        prices=params.prices or None,
     )  # fmt: skip
 
 

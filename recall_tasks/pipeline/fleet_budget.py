@@ -27,8 +27,8 @@ budget a call reserves only once one of ``--max-concurrency`` turns of its proce
 (:class:`~recall_tasks.pipeline.guards.Budget`), so the calls in flight are at most ``--max-concurrency`` per
 process (claim extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in
 flight. Under-use: at most one grant per worker is held when the others stop.
-A call without a price (``cost_usd`` None: a model :mod:`~recall_tasks.judges.pricing` does not know, a failed
-call) is charged nothing, as the threads path charges it; the pre-flight notes an unpriced judge model.
+A call without a price (``cost_usd`` None: a failed call) is charged nothing, as the threads path charges it; a
+model of no known price is refused with ``--max-cost-usd`` before the run (``checks.check_priced``, ``--price``).
 """
 
 from __future__ import annotations

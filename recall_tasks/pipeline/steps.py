@@ -43,9 +43,9 @@ from recall_tasks.pipeline.checks import (
     check_baseline_reference,
     check_context_source,
     check_output_location,
+    check_priced,
     check_results_schema,
     check_segments,
-    unpriced_cost_note,
 )
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
 from recall_tasks.pipeline.guards import NOT_JUDGED, Budget, CircuitBreaker
@@ -181,9 +181,7 @@ def check_run(params: RunParams) -> Checked:
         note = probe()
         if note:
             notes.append(note)
-    cost_note = unpriced_cost_note(params, judge)
-    if cost_note:
-        notes.append(cost_note)
+    check_priced(params, judge)
     if params.batch:
         from recall_tasks.pipeline.batch import check_batch
 
