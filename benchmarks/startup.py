@@ -20,6 +20,9 @@ after the cold run) is printed separately, never hidden in the figures.
 
 ``--code-dir`` runs another checkout's code (e.g. ``git archive <base commit>``) with the same harness, for
 before/after figures; code without a ``server`` command boots Prefect's temporary server on every run.
+``--vs DIR`` alternates: after the cold run, each warm run of ``--code-dir`` is followed by one of ``DIR``'s
+(same server, same machine moment), and both medians are printed: on a shared machine the pairs are the
+comparison, not two separate invocations.
 Figures printed, never asserted.
 """
 
@@ -144,6 +147,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=3, help="runs after the cold one")
     parser.add_argument("--code-dir", type=Path, default=ROOT, help="checkout whose recall_tasks is run")
     parser.add_argument("--api-url", default=None, help="PREFECT_API_URL for the runs (default: none, as a new user)")
+    parser.add_argument("--vs", type=Path, default=None, help="another checkout, run alternately with --code-dir")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
 
@@ -158,10 +162,15 @@ def main() -> None:
     results: list[tuple[str, dict]] = []
     server_cpu: float | None = None
     try:
+        dirs = [("", code_dir)] + ([("vs ", args.vs.resolve())] if args.vs else [])
         for i in range(1 + args.warm):
-            cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(tmp / f"out-{i}"),
-                   "--judge", "openai", "--base-url", base_url, "--max-concurrency", str(args.concurrency)]  # fmt: skip
-            results.append(("cold" if i == 0 else "warm", one_run(cmd, env, code_dir, stats_url, tmp / f"{i}.log")))
+            for prefix, where in dirs if i else dirs[:1]:
+                out = str(tmp / f"out-{prefix.strip()}{i}")
+                cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", out, "--judge", "openai",
+                       "--base-url", base_url, "--max-concurrency", str(args.concurrency)]  # fmt: skip
+                run_env = {**env, "PYTHONPATH": str(where)}
+                name = prefix + ("cold" if i == 0 else "warm")
+                results.append((name, one_run(cmd, run_env, where, stats_url, tmp / f"{prefix.strip()}{i}.log")))
             pid = server_pid(tmp / "state")
             if i == 0 and pid is not None:
                 server_cpu = group_cpu_s(pid)
@@ -173,10 +182,11 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    vs = f", alternating with vs {args.vs.resolve()}" if args.vs else ""
     print(f"\nrecall-bench start-up: {args.rows} rows, judge latency {args.latency * 1000:.0f} ms, "
-          f"concurrency {args.concurrency}, code {code_dir}\n")  # fmt: skip
+          f"concurrency {args.concurrency}, code {code_dir}{vs}\n")  # fmt: skip
     header = (
-        f"{'run':<12} {'first request s':>15} {'CPU to 1st s':>12} {'wall s':>8} {'CPU s':>7} {'rows/s':>8} "
+        f"{'run':<15} {'first request s':>15} {'CPU to 1st s':>12} {'wall s':>8} {'CPU s':>7} {'rows/s':>8} "
         f"{'requests':>9}"
     )
     print(header)
@@ -187,17 +197,18 @@ def main() -> None:
 
     for name, r in results:
         print(
-            f"{name:<12} {r['first_request_s']:>15.2f} {fmt(r['cpu_to_first_s']):>12} {r['wall_s']:>8.2f} "
+            f"{name:<15} {r['first_request_s']:>15.2f} {fmt(r['cpu_to_first_s']):>12} {r['wall_s']:>8.2f} "
             f"{r['cpu_s']:>7.2f} {args.rows / r['wall_s']:>8.0f} {r['requests']:>9}"
         )
-    warm = [r for name, r in results if name == "warm"]
-    if warm:
-        keys = ("first_request_s", "cpu_to_first_s", "wall_s", "cpu_s")
-        med = {k: statistics.median(r[k] for r in warm if r[k] is not None) for k in keys}
-        print(
-            f"{'warm median':<12} {med['first_request_s']:>15.2f} {fmt(med['cpu_to_first_s']):>12} "
-            f"{med['wall_s']:>8.2f} {med['cpu_s']:>7.2f} {args.rows / med['wall_s']:>8.0f}"
-        )
+    for prefix in ("", "vs "):
+        warm = [r for name, r in results if name == prefix + "warm"]
+        if warm:
+            keys = ("first_request_s", "cpu_to_first_s", "wall_s", "cpu_s")
+            med = {k: statistics.median(r[k] for r in warm if r[k] is not None) for k in keys}
+            print(
+                f"{prefix + 'warm median':<15} {med['first_request_s']:>15.2f} {fmt(med['cpu_to_first_s']):>12} "
+                f"{med['wall_s']:>8.2f} {med['cpu_s']:>7.2f} {args.rows / med['wall_s']:>8.0f}"
+            )
     if server_cpu is not None:
         print(f"\nbackground Prefect server CPU after the cold run (not in the figures above): {server_cpu:.2f} s")
 
