@@ -5,9 +5,12 @@ No test needs a key or the internet: OPENAI_* variables are cleared so nothing c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -28,10 +31,23 @@ from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect server (SQLite) for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
+    """One temporary Prefect server (SQLite) for the whole session, its new database a copy of a migrated one."""
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+    from prefect.testing import utilities
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from tests.prefect_server import keep_migrated_database, seed_database, sqlite_path
+
+    def seeded_mkdtemp(*args, **kwargs) -> str:  # the harness's database is prefect-test.db in its mkdtemp()
+        path = tempfile.mkdtemp(*args, **kwargs)
+        seed_database(Path(path) / "prefect-test.db")
+        return path
+
+    with contextlib.ExitStack() as stack:
+        with mock.patch.object(utilities, "mkdtemp", seeded_mkdtemp):
+            stack.enter_context(utilities.prefect_test_harness(server_startup_timeout=120))
+        database = sqlite_path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
+        if database is not None:
+            keep_migrated_database(database)
         yield
 
 
