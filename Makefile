@@ -19,10 +19,13 @@ $(STAMP): pyproject.toml
 # SeaweedFS. PYTEST_WORKERS=0 runs serially (a debugger, -x, -s). Tests marked serial measure a share of a rate
 # quota, which a second worker's load would cut: they run alone after the rest.
 PYTEST_WORKERS ?= auto
+# The files holding the serial tests: the second step collects only them, not the whole suite again (~10 s of
+# imports and assertion rewriting). tests/conftest.py refuses a serial test in a file not listed here.
+SERIAL_TESTS := tests/test_ratelimit_fleet.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -m serial $(SERIAL_TESTS)
 
 # the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)
 test-fast: $(STAMP)

@@ -67,8 +67,14 @@ _SERVER_FIXTURES = {"prefect_harness", "s3_server", "s3_bucket", "prefect_server
 _PROCESS_MODULES = {"test_server", "test_interrupts", "test_run_errors", "test_startup", "test_deployments"}
 
 
+#: The files of the tests marked serial in this session's collection, before ``-m`` deselects any: ``make test``
+#: runs them in a second step that collects only the Makefile's ``SERIAL_TESTS`` (checked in tests/test_readme.py)
+SERIAL_FILES = pytest.StashKey[set[str]]()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _PROCESS_MODULES:
             item.add_marker(pytest.mark.integration)
+    config.stash[SERIAL_FILES] = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("serial")}

@@ -23,6 +23,17 @@ def test_first_screen_shows_the_two_commands_and_ci_runs_the_test_one():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_make_test_runs_every_serial_test(request):
+    """The serial step of ``make test`` collects only the files in SERIAL_TESTS: a serial test elsewhere never ran."""
+    from tests.conftest import SERIAL_FILES
+
+    makefile = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^SERIAL_TESTS\s*:?=(.*)$", makefile, re.M)
+    assert listed and re.search(r"^test: .*\n\t.*\n\t.*pytest -q -m serial \$\(SERIAL_TESTS\)$", makefile, re.M)
+    collected = request.config.stash[SERIAL_FILES]  # every file collected this session, deselected tests included
+    assert collected - set(listed.group(1).split()) == set(), "add these files to SERIAL_TESTS in the Makefile"
+
+
 def quickstart_block() -> list[str]:
     """The README's quickstart output: the lines of the first code block after ``## Quickstart``."""
     section = README.split("## Quickstart", 1)[1]
