@@ -61,26 +61,35 @@ def run(data: str, out, base_url: str, **kw) -> dict:
     )
 
 
-@pytest.mark.parametrize("runner", ["processes", "dask"])
-def test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache(
-    prefect_harness, judge_env, record_pids, tmp_path, runner
-):
+@pytest.fixture(scope="module")
+def threads_run(prefect_harness, fake_openai_server, tmp_path_factory) -> tuple[str, dict[str, tuple], int]:
+    """The dataset both worker runners are compared on, and its threads run (once for both): its table and the
+    judge requests it made."""
+    tmp = tmp_path_factory.mktemp("threads-run")
     rows = [{k: v for k, v in r.items() if k != "row_id"} for r in make_rows(ROWS - 5, seed=13)]
     rows += rows[10:15]  # exact duplicates, ids ``<hash>~2``: they must survive the workers' re-reads
-    data = write_parquet(tmp_path / "data" / "eval.parquet", rows, row_group_size=20)
-    threads = run(data, tmp_path / "threads", judge_env.base_url)
+    data = write_parquet(tmp / "data" / "eval.parquet", rows, row_group_size=20)
+    fake_openai_server.reset()
+    fake_openai_server.set_responder(judge_script.responder)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENAI_API_KEY", KEY)
+        threads = run(data, tmp / "threads", fake_openai_server.base_url)
     assert threads["scored"] == ROWS
-    judged = len(judge_env.chat_requests)
+    return data, table(tmp / "threads"), len(fake_openai_server.chat_requests)
 
-    judge_env.reset()
-    judge_env.set_responder(judge_script.responder)
+
+@pytest.mark.parametrize("runner", ["processes", "dask"])
+def test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache(
+    threads_run, judge_env, record_pids, tmp_path, runner
+):
+    data, threads_table, judged = threads_run  # judge_env is the fake server reset after the threads run
     out = tmp_path / runner
     first = run(data, out, judge_env.base_url, task_runner=runner, workers=2)
     assert first["scored"] == ROWS and first["errors"] == 0 and first["status"] == "completed"
     # every row judged once, in the workers; a duplicate row may be judged again by the other worker (each
     # process reads the row cache's index when it starts), which the threads run's one cache served
     assert judged <= len(judge_env.chat_requests) <= ROWS
-    assert table(out) == table(tmp_path / "threads")
+    assert table(out) == threads_table
     assert sum("~2" in row_id for row_id in table(out)) == 5
     pids = {pid for run_id, pid in record_pids if run_id == first["run_id"]}
     assert len(pids) >= 2 and os.getpid() not in pids
