@@ -8,6 +8,7 @@ line. The process around a run (Prefect API, signals, quiet console logging) is 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from recall_tasks.cli.runtime import (
     _prefect_api,
     _printed_notes,
     _quiet_prefect_console,
+    freeze_heap,
+    pause_gc,
 )
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
@@ -71,6 +74,8 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
 
     cached: list[int] = []
     with _interrupts() as state, contextlib.ExitStack() as stack:
+        pause_gc()  # until Prefect is imported (freeze_heap below)
+        stack.callback(gc.enable)
         try:
             steps.add_abort_listener(cached.append)
             stack.callback(steps.remove_abort_listener, cached.append)
@@ -86,6 +91,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             stack.enter_context(_prefect_api())
             from recall_tasks.pipeline.flow import recall_benchmark
 
+            freeze_heap()  # what start-up imported: no collection walks it again
             stack.enter_context(_quiet_prefect_console(debug))
             progress = stack.enter_context(
                 Progress(

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -15,6 +16,27 @@ from collections.abc import Iterator
 from typing import Any
 
 from recall_tasks.cli.common import err
+
+
+def pause_gc() -> None:
+    """No garbage collection while a run starts up (its imports, the pre-flight, the head start's first
+    requests), until :func:`freeze_heap`: start-up allocates ~200,000 objects that live as long as the process,
+    and the collections they trigger walked them again and again (~0.3 s of CPU before the first request)."""
+    gc.disable()
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``) and collect again.
+
+    A run's process holds ~200,000 long-lived objects after its imports (openai's types, pydantic models,
+    Prefect): every full collection walked them all, ~0.8 s of a 1,000-row run's CPU, and the interpreter's
+    shutdown walked them once more, ~1.5 s between the last line printed and the exit. The CLI freezes once
+    Prefect is imported and again before it exits: frozen objects are still freed by reference counting; only
+    a reference cycle among them stays until the process ends, which a command of seconds to minutes can
+    afford. Deployments do neither (their flow process is Prefect's).
+    """
+    gc.freeze()
+    gc.enable()
 
 
 def _announce_boot(info: Any) -> None:
