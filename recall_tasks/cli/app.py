@@ -154,6 +154,9 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
+    from recall_tasks.cli.runtime import pause_gc
+
+    pause_gc()  # from here to Prefect's import (run_flow._run freezes and enables it again)
     from recall_tasks.io.columns import parse_column_overrides
 
     with one_line_errors(debug):

@@ -21,7 +21,8 @@ from recall_tasks.cli.common import err
 def pause_gc() -> None:
     """No garbage collection while a run starts up (its imports, the pre-flight, the head start's first
     requests), until :func:`freeze_heap`: start-up allocates ~200,000 objects that live as long as the process,
-    and the collections they trigger walked them again and again (~0.3 s of CPU before the first request)."""
+    and the collections they trigger walked them again and again (~0.3 s of CPU before the first request).
+    ``run`` pauses before it reads its options (the table format detection imports pyarrow), ``_run`` again."""
     gc.disable()
 
 
