@@ -78,3 +78,12 @@ def pytest_collection_modifyitems(config, items):
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _PROCESS_MODULES:
             item.add_marker(pytest.mark.integration)
     config.stash[SERIAL_FILES] = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("serial")}
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection imported (recall-bench, Prefect, openai, pyarrow: ~300,000 objects per worker) so the
+    collector's full passes during the tests do not walk it again: -5 % of CPU on test_pipeline + test_caching
+    (user 183 s -> 173 s, children included). The same trick as the CLI's (``cli/runtime.freeze_heap``)."""
+    import gc
+
+    gc.freeze()
