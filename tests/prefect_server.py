@@ -1,6 +1,6 @@
 """A real Prefect server and a real process worker, each in its own process group, for deployment tests.
 
-``prefect_server`` (session) runs ``prefect server start`` on a free port of 127.0.0.1 with SQLite in a
+``prefect_server`` (module) runs ``prefect server start`` on a free port of 127.0.0.1 with SQLite in a
 temporary ``PREFECT_HOME``, analytics and UI off, every service at its default (scheduler, triggers,
 actions...), and yields a :class:`PrefectServer`; ``prefect_worker`` (module) creates the process work
 pool ``recall-pool`` and runs ``prefect worker start --pool recall-pool --type process`` from the
@@ -286,9 +286,13 @@ class PrefectWorker:
         return _tail(self.log_path, lines)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_server() -> Iterator[PrefectServer]:
-    """A real Prefect server (SQLite, temporary home) for the session; its process group is killed at the end."""
+    """A real Prefect server (SQLite, temporary home) for a module; its process group is killed at the module's end.
+
+    Not for the session: an idle server's services still take ~4 % of a core, ~20 s of CPU over the rest of a
+    ``make test`` run on the worker that ran tests/test_deployments.py (the slowest modules run first).
+    """
     home = Path(tempfile.mkdtemp(prefix="rb-prefect-server-"))
     server = PrefectServer(home)
     try:
