@@ -291,7 +291,7 @@ def prefect_server() -> Iterator[PrefectServer]:
     """A real Prefect server (SQLite, temporary home) for a module; its process group is killed at the module's end.
 
     Not for the session: an idle server's services still take ~4 % of a core, ~20 s of CPU over the rest of a
-    ``make test`` run on the worker that ran tests/test_deployments.py (the slowest modules run first).
+    ``make test`` run on the worker that ran tests/test_deployments.py.
     """
     home = Path(tempfile.mkdtemp(prefix="rb-prefect-server-"))
     server = PrefectServer(home)
