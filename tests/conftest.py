@@ -31,8 +31,16 @@ from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect server (SQLite) for the whole session, its new database a copy of a migrated one."""
-    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+    """One temporary Prefect server (SQLite) for the whole session, its new database a copy of a migrated one.
+
+    In-process flow runs send no heartbeats (none of these tests reads them): the engine joins their thread at
+    the end of each flow run while it sleeps in 1 s steps, ~0.5 s of every in-process run.
+    """
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
     from prefect.testing import utilities
 
     from tests.prefect_server import keep_migrated_database, seed_database, sqlite_path
@@ -48,6 +56,7 @@ def prefect_harness():
         database = sqlite_path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value())
         if database is not None:
             keep_migrated_database(database)
+        stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
         yield
 
 

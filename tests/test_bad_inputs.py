@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from prefect.exceptions import ParameterTypeError
-from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from pydantic import ValidationError
 
 from recall_tasks.config import RunParams
@@ -123,17 +122,15 @@ def nothing_written(ctx: Ctx) -> None:
 
 
 @pytest.fixture
-def ctx(prefect_harness, fake_openai, monkeypatch, tmp_path) -> Iterator[Ctx]:
+def ctx(prefect_harness, fake_openai, monkeypatch, tmp_path) -> Ctx:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     fake_openai.set_responder(judge_script.responder)
-    # Flow-run heartbeats (crash detection) are not under test here; their thread costs ~1 s per flow run at
-    # exit (it sleeps in 1 s steps), which would double this catalogue's runtime.
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        yield Ctx(tmp=tmp_path, out=str(tmp_path / "out"), fake=fake_openai, monkeypatch=monkeypatch)
+    # flow-run heartbeats are off for every in-process run of the session (the prefect_harness fixture)
+    return Ctx(tmp=tmp_path, out=str(tmp_path / "out"), fake=fake_openai, monkeypatch=monkeypatch)
 
 
 def with_s3(ctx: Ctx, request: pytest.FixtureRequest) -> None:

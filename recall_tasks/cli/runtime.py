@@ -68,6 +68,11 @@ def _prefect_api() -> Iterator[None]:
     connections fails here in one line, not after the Prefect client's retries. The local server's URL is set
     for the length of the run both in the environment (read by any ``Settings()`` built later) and as Prefect's
     current settings (the ones built when ``prefect`` was imported lack it); both are restored afterwards.
+
+    On the local server a run sends no flow-run heartbeats: nothing there reads them (they feed a "zombie flow"
+    automation, which a server has only if someone created it), and the engine stops their thread at the end of
+    the flow by joining it while it sleeps in 1 s steps, ~0.5 s of every run's wall time. A configured
+    ``PREFECT_API_URL`` (a shared server, Prefect Cloud) keeps Prefect's default.
     """
     from recall_tasks.cli import server
 
@@ -76,14 +81,14 @@ def _prefect_api() -> Iterator[None]:
         _check_reachable(url)
         yield
         return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     err.print(f"[dim]Prefect: local server, UI {url.removesuffix('/api')}[/]", highlight=False)
     # live: sets Prefect's own setting for the run (read by Prefect and any Settings() it builds), then restores it
     previous = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = url
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
     finally:
         if previous is None:
