@@ -155,18 +155,18 @@ def test_a_run_collects_no_garbage_before_prefect_is_imported_and_exits_frozen(p
 def test_runs_on_the_local_server_send_no_flow_heartbeats_a_configured_api_keeps_them(monkeypatch, local):
     """The engine joins the heartbeat thread at the end of every flow run while it sleeps in 1 s steps; on
     recall-bench's own server nothing reads heartbeats, on a configured one a zombie-flow automation may."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from recall_tasks.cli import runtime, server
 
     url = "http://127.0.0.1:9/api"
     monkeypatch.setattr(server, "api_url_for_run", lambda on_boot=None: (url, local))
     monkeypatch.setattr(runtime, "_check_reachable", lambda url: None)
-    default = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
-    assert default is not None  # Prefect's default: a heartbeat every 180 s
-    with runtime._prefect_api():
-        inside = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
-        if local:
-            assert PREFECT_API_URL.value() == url
-    assert inside == (None if local else default)
-    assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == default
+    # Prefect's default, a heartbeat every 180 s (the session's prefect_harness turns them off for its own runs)
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 180}):
+        with runtime._prefect_api():
+            inside = PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value()
+            if local:
+                assert PREFECT_API_URL.value() == url
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 180
+    assert inside == (None if local else 180)
