@@ -14,11 +14,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# -n auto: one pytest worker per core (pytest-xdist): most integration tests wait on servers and subprocesses,
-# and the workers overlap those waits. Each worker has its own Prefect test server, fake OpenAI server and
-# SeaweedFS. PYTEST_WORKERS=0 runs serially (a debugger, -x, -s). Tests marked serial measure a share of a rate
-# quota, which a second worker's load would cut: they run alone after the rest.
-PYTEST_WORKERS ?= auto
+# One pytest worker per core plus one (pytest-xdist): most integration tests wait on servers and subprocesses,
+# and the extra worker fills those waits (the parallel part on this 2-core machine: 504 s with 3 workers at
+# c510732, 574 s with 2 at c12ef5a in a clean clone). Each worker has its own Prefect test server, fake OpenAI
+# server and SeaweedFS.
+# PYTEST_WORKERS=0 runs serially (a debugger, -x, -s). Tests marked serial measure a share of a rate quota, which
+# another worker's load would cut: they run alone after the rest.
+PYTEST_WORKERS ?= $(shell $(PY) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
 # The files holding the serial tests: the second step collects only them, not the whole suite again (~10 s of
 # imports and assertion rewriting). tests/conftest.py refuses a serial test in a file not listed here.
 SERIAL_TESTS := tests/test_ratelimit_fleet.py
