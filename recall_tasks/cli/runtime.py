@@ -27,7 +27,7 @@ def pause_gc() -> None:
 
 
 def freeze_heap() -> None:
-    """Move every object alive now out of the garbage collector's reach (``gc.freeze``) and collect again.
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``), then let it run again.
 
     A run's process holds ~200,000 long-lived objects after its imports (openai's types, pydantic models,
     Prefect): every full collection walked them all, ~0.8 s of a 1,000-row run's CPU, and the interpreter's
