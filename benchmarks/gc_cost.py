@@ -17,19 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.startup import child_env  # noqa: E402
-from benchmarks.throughput import free_port, make_table, start_judge, write_dataset  # noqa: E402
+from benchmarks.startup import alternate, bench_setup  # noqa: E402
 
 WRAPPER = """
 import atexit, gc, json, sys, time
@@ -91,26 +88,16 @@ def main() -> None:
     parser.add_argument("--vs", type=Path, default=None)
     args = parser.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="recall-gc-"))
-    judge, base_url = start_judge(0.2, tmp)
-    env = child_env(tmp, args.code_dir.resolve(), free_port())
-    data = write_dataset(tmp / "data" / "eval.parquet", make_table(args.rows))
-    dirs = [("", args.code_dir.resolve())] + ([("vs ", args.vs.resolve())] if args.vs else [])
+    code_dir = args.code_dir.resolve()
     results: list[tuple[str, dict]] = []
-    try:
-        for i in range(1 + args.runs):
-            for prefix, where in dirs if i else dirs[:1]:
-                out = tmp / f"out-{prefix.strip()}{i}"
-                cmd = [sys.executable, "-c", WRAPPER, "run", data, "--output", str(out), "--judge", "openai",
-                       "--base-url", base_url, "--max-concurrency", "100"]  # fmt: skip
-                run = one_run(cmd, {**env, "PYTHONPATH": str(where)}, where, tmp / f"{prefix.strip()}{i}.log")
-                results.append((prefix + ("cold" if i == 0 else "warm"), run))
-    finally:
-        subprocess.run([sys.executable, "-m", "recall_tasks", "server", "stop"], cwd=args.code_dir, env=env,
-                       capture_output=True, timeout=60)  # fmt: skip
-        judge.terminate()
-        judge.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with bench_setup(code_dir, args.rows, 0.2, "recall-gc-") as bench:
+        for name, where, i in alternate(code_dir, args.vs, args.runs):
+            tag = f"{name.replace(' ', '-')}{i}"
+            cmd = [sys.executable, "-c", WRAPPER, "run", bench.data, "--output", str(bench.tmp / f"out-{tag}"),
+                   "--judge", "openai", "--base-url", bench.base_url, "--max-concurrency", "100"]  # fmt: skip
+            results.append(
+                (name, one_run(cmd, {**bench.env, "PYTHONPATH": str(where)}, where, bench.tmp / f"{tag}.log"))
+            )
 
     print(f"\ngarbage collection in recall-bench run: {args.rows} rows, code {args.code_dir.resolve()}"
           + (f", alternating with vs {args.vs.resolve()}" if args.vs else "") + "\n")  # fmt: skip
@@ -125,7 +112,7 @@ def main() -> None:
         counts = "/".join(map(str, r["count"]))
         print(f"{name:<10} {r['gc_s']:>6.2f} {gens:>18} {counts:>16} {r['before_first_s']:>20.2f} "
               f"{r['shutdown_s']:>11.2f} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f}")  # fmt: skip
-    for prefix in dict.fromkeys(p for p, _ in dirs):
+    for prefix in ("", "vs "):
         warm = [r for n, r in results if n == prefix + "warm"]
         if warm:
             med = {k: statistics.median(r[k] for r in warm) for k in ("gc_s", "before_first_s", "shutdown_s",

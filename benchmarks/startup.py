@@ -31,6 +31,7 @@ Figures printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,6 +42,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +147,44 @@ def one_run(cmd: list[str], env: dict[str, str], code_dir: Path, stats_url: str,
     }
 
 
+@dataclass
+class Bench:
+    """What every run of a benchmark shares: its temporary folder, the fake judge, the environment, the dataset."""
+
+    tmp: Path
+    base_url: str
+    env: dict[str, str]
+    data: str
+
+
+@contextlib.contextmanager
+def bench_setup(code_dir: Path, rows: int, latency: float, prefix: str, keep: bool = False) -> Iterator[Bench]:
+    """A temporary folder with a dataset of ``rows``, the fake judge at ``latency`` and a recall-bench state
+    directory; afterwards the local server the runs started is stopped, the judge too, the folder removed."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    judge, base_url = start_judge(latency, tmp)
+    env = child_env(tmp, code_dir, free_port())
+    try:
+        yield Bench(tmp, base_url, env, write_dataset(tmp / "data" / "eval.parquet", make_table(rows)))
+    finally:
+        subprocess.run([sys.executable, "-m", "recall_tasks", "server", "stop"], cwd=code_dir, env=env,
+                       capture_output=True, timeout=60)  # fmt: skip
+        judge.terminate()
+        judge.wait(10)
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def alternate(code_dir: Path, vs: Path | None, warm: int) -> Iterator[tuple[str, Path, int]]:
+    """``(name, checkout, i)`` for each run: ``cold`` (``code_dir``'s first), then ``warm`` runs of ``code_dir``,
+    each followed by one of ``vs`` (named ``vs warm``) when given."""
+    yield "cold", code_dir, 0
+    for i in range(1, 1 + warm):
+        yield "warm", code_dir, i
+        if vs is not None:
+            yield "vs warm", vs.resolve(), i
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
@@ -157,35 +198,22 @@ def main() -> None:
     args = parser.parse_args()
 
     code_dir = args.code_dir.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix="recall-startup-"))
-    judge, base_url = start_judge(args.latency, tmp)
-    stats_url = base_url.removesuffix("/v1") + "/stats"
-    env = child_env(tmp, code_dir, free_port())
-    if args.api_url:
-        env["PREFECT_API_URL"] = args.api_url
-    data = write_dataset(tmp / "data" / "eval.parquet", make_table(args.rows))
     results: list[tuple[str, dict]] = []
     server_cpu: float | None = None
-    try:
-        dirs = [("", code_dir)] + ([("vs ", args.vs.resolve())] if args.vs else [])
-        for i in range(1 + args.warm):
-            for prefix, where in dirs if i else dirs[:1]:
-                out = str(tmp / f"out-{prefix.strip()}{i}")
-                cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", out, "--judge", "openai",
-                       "--base-url", base_url, "--max-concurrency", str(args.concurrency)]  # fmt: skip
-                run_env = {**env, "PYTHONPATH": str(where)}
-                name = prefix + ("cold" if i == 0 else "warm")
-                results.append((name, one_run(cmd, run_env, where, stats_url, tmp / f"{prefix.strip()}{i}.log")))
-            pid = server_pid(tmp / "state")
+    with bench_setup(code_dir, args.rows, args.latency, "recall-startup-", keep=args.keep) as bench:
+        stats_url = bench.base_url.removesuffix("/v1") + "/stats"
+        if args.api_url:
+            bench.env["PREFECT_API_URL"] = args.api_url
+        for name, where, i in alternate(code_dir, args.vs, args.warm):
+            tag = f"{name.replace(' ', '-')}{i}"
+            out = str(bench.tmp / f"out-{tag}")
+            cmd = [sys.executable, "-m", "recall_tasks", "run", bench.data, "--output", out, "--judge", "openai",
+                   "--base-url", bench.base_url, "--max-concurrency", str(args.concurrency)]  # fmt: skip
+            run_env = {**bench.env, "PYTHONPATH": str(where)}
+            results.append((name, one_run(cmd, run_env, where, stats_url, bench.tmp / f"{tag}.log")))
+            pid = server_pid(bench.tmp / "state")
             if i == 0 and pid is not None:
                 server_cpu = group_cpu_s(pid)
-    finally:
-        subprocess.run([sys.executable, "-m", "recall_tasks", "server", "stop"], cwd=code_dir, env=env,
-                       capture_output=True, timeout=60)  # fmt: skip
-        judge.terminate()
-        judge.wait(10)
-        if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     vs = f", alternating with vs {args.vs.resolve()}" if args.vs else ""
     print(f"\nrecall-bench start-up: {args.rows} rows, judge latency {args.latency * 1000:.0f} ms, "
