@@ -1,18 +1,34 @@
-# Every target sets up .venv first; the stamp makes a second run skip the install when nothing changed.
+# Every target sets up .venv first, installed from uv.lock (exact versions and hashes, the same set on every machine
+# and every day). uv itself is pinned and bootstrapped into .tools/ with the system pip; the stamp makes a second
+# run skip the install when neither pyproject.toml nor uv.lock changed. `--locked` fails when uv.lock no longer
+# matches pyproject.toml: after editing the dependencies, run `make lock` and commit uv.lock (docs/development.md).
 PY ?= python3
+UV_VERSION := 0.13.9
 VENV := .venv
 BIN := $(VENV)/bin
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
 STAMP := $(VENV)/.installed
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: venv test test-fast demo check lint types bench clean
+.PHONY: venv lock lock-upgrade test test-fast demo check lint types bench wheel clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(UV):
+	$(PY) -m pip install --quiet --disable-pip-version-check --root-user-action ignore --target $(TOOLS) uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --quiet --locked --extra dev --python $(PY)
 	touch $(STAMP)
+
+# uv.lock after an edit of pyproject.toml (keeps every other pin); lock-upgrade moves every pin to the newest allowed
+lock: | $(UV)
+	$(UV) lock
+
+lock-upgrade: | $(UV)
+	$(UV) lock --upgrade
 
 # One pytest worker per core plus one (pytest-xdist): most integration tests wait on servers and subprocesses,
 # and the extra worker fills those waits (the parallel part on this 2-core machine: 504 s with 3 workers at
@@ -48,5 +64,9 @@ check: lint types test
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
+# the wheel a user would install, in dist/ (tests/test_wheel.py installs it into a fresh venv and runs it)
+wheel: | $(UV)
+	$(UV) build --wheel --out-dir dist
+
 clean:
-	rm -rf $(VENV) recall-output .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) dist recall-output .pytest_cache .mypy_cache .ruff_cache
