@@ -40,7 +40,7 @@ def main(rows: int = 10_000, latency_s: float = 0.2) -> None:
             summary = recall_benchmark(params)
             submitted = time.perf_counter() - started
             if mode == "batch":
-                from recall_tasks.cli.batch import pending_lines
+                from recall_tasks.cli.outcome import pending_lines
 
                 if summary["status"] == "batch_pending":  # what `run --batch` prints after the submit
                     print("\n".join(pending_lines(summary)))

@@ -38,8 +38,8 @@ def layer_of(module: str) -> str | None:
     return None
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -101,3 +101,58 @@ def test_the_rules_catch_a_back_edge(tmp_path: Path) -> None:
     targets = [t for _, t in imports(fake)]
     assert "recall_tasks.pipeline.steps" in targets
     assert LAYERS.index(layer_of("recall_tasks.pipeline.steps") or "") > LAYERS.index("io")
+
+
+def import_graph(paths: list[Path], root: Path = PACKAGE.parent) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (lazy ones included). ``from pkg import sub`` is an edge to
+    ``pkg.sub`` only when ``sub`` is a module; a name that is no module is an edge to the module defining it."""
+    names = {module_name(p, root) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        me = module_name(path, root)
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [s for s in subs if s in names] or [node.module]
+                if len(targets) < len(subs):
+                    targets.append(node.module)
+            else:
+                continue
+            for target in targets:
+                while target and target not in names:
+                    target = target.rpartition(".")[0]
+                if target and target != me:
+                    edges.add(target)
+        graph[me] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or around a circle (strongly connected)."""
+    reach: dict[str, set[str]] = {m: set() for m in graph}
+    for start in graph:
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in reach[start]:
+                reach[start].add(m)
+                todo.extend(graph.get(m, ()))
+    groups = {frozenset({m} | {o for o in reach[m] if m in reach[o]}) for m in graph if m in reach[m]}
+    return sorted(sorted(g) for g in groups)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """No import circle, lazy imports included (a circle is two modules that cannot be read or moved apart)."""
+    assert circles(import_graph(MODULES)) == []
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "recall_tasks" / "cli"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("def f():\n    from recall_tasks.cli import b\n")
+    (pkg / "b.py").write_text("from recall_tasks.cli.a import f\n")
+    (pkg / "c.py").write_text("from recall_tasks.cli import a\n")
+    assert circles(import_graph(sorted(pkg.glob("*.py")), tmp_path)) == [["recall_tasks.cli.a", "recall_tasks.cli.b"]]

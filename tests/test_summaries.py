@@ -20,7 +20,7 @@ def test_the_run_row_has_the_runs_tables_columns_in_order() -> None:
 
 
 def test_the_status_literals_are_what_the_pipeline_writes() -> None:
-    from recall_tasks.pipeline import batch
+    from recall_tasks.pipeline.batch import settle as batch
 
     status = typing.get_type_hints(RunRow)["status"]
     assert set(typing.get_args(status)) == {"completed", "failed", "budget_exhausted"}

@@ -1,6 +1,6 @@
-"""``run --batch`` output while its batches are pending (nothing committed yet), and ``recall-bench batch``:
-``status`` (the records as last seen, no provider call), ``collect`` (check once and finish the run as the rerun
-of its ``run --batch`` command would) and ``cancel`` (cancel the recorded batches at the provider)."""
+"""``recall-bench batch``: ``status`` (the records as last seen, no provider call), ``collect`` (check once and
+finish the run as the rerun of its ``run --batch`` command would) and ``cancel`` (cancel the recorded batches at the
+provider). What ``run --batch`` prints while its batches are pending is :mod:`recall_tasks.cli.outcome`."""
 
 from __future__ import annotations
 
@@ -11,35 +11,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from recall_tasks.secrets import redact
-from recall_tasks.summaries import IdleSummary, PendingSummary
-
-
-def pending_lines(summary: PendingSummary | IdleSummary) -> list[str]:
-    """The pending run's batches, one line each, and how to collect them (or why there is nothing to collect)."""
-    if summary["status"] == "batch_idle":
-        return [f"{summary['reason']} (record {summary['record']}); nothing committed"]
-    batches = summary["batches"]
-    lines = [
-        f"run {summary['run_id']} pending: {summary['batched_rows']} row(s) in {len(batches)} batch(es) "
-        f"of the Batch API (submitted {summary['submitted_at']}); nothing committed yet"
-    ]
-    for b in batches:
-        counts = b.get("counts") or {}
-        done = f", {counts.get('completed', 0)} done, {counts.get('failed', 0)} failed" if counts.get("total") else ""
-        again = " (resubmitted lines)" if b["round"] > 1 else ""
-        lines.append(f"  {b['id']}  {b['status']}  {b['requests']} request(s){again}{done}")
-    lines.append(f"record: {summary['record']}")
-    lines.append(
-        "rerun the same command to collect the results and finish the run (or add --wait to wait; or "
-        f"`recall-bench batch collect -o {summary['output']} {summary['run_key']}`)"
-    )
-    return lines
-
-
-def print_pending(summary: PendingSummary | IdleSummary, console: Console) -> None:
-    for line in pending_lines(summary):
-        console.print(escape(redact(line)), soft_wrap=True, highlight=False)
-
 
 batch_app = typer.Typer(no_args_is_help=True, help="The Batch API runs under an output (run --batch).")
 
@@ -58,7 +29,7 @@ RunKeyArgument = Annotated[
 def _records(output: str, storage_option: list[str] | None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """The filesystem and the records under ``output``; an unreadable output: one error line, exit 2."""
     from recall_tasks.io.storage import StorageConfig, filesystem, parse_storage_options
-    from recall_tasks.pipeline.batch_record import records
+    from recall_tasks.pipeline.batch.record import records
 
     try:
         fs, root = filesystem(output, StorageConfig.from_options(parse_storage_options(storage_option or [])))
@@ -98,7 +69,7 @@ def status(output: OutputOption = "recall-output", storage_option: StorageOption
 def _open_record(output: str, storage_option: list[str] | None, run_key: str | None) -> tuple[Any, str, dict[str, Any]]:
     """The pending record collect/cancel act on; none: a message and exit 0; a wrong or ambiguous key: exit 2."""
     from recall_tasks.errors import ConfigError
-    from recall_tasks.pipeline.batch_record import choose_open
+    from recall_tasks.pipeline.batch.record import choose_open
 
     fs, found = _records(output, storage_option)
     try:
@@ -124,7 +95,7 @@ def collect(
     from recall_tasks.cli.run_flow import execute
     from recall_tasks.errors import ConfigError
     from recall_tasks.io.storage import StorageConfig, filesystem
-    from recall_tasks.pipeline.batch_record import params_of
+    from recall_tasks.pipeline.batch.record import params_of
 
     _, path, record = _open_record(output, storage_option, run_key)
     try:
@@ -152,7 +123,7 @@ def cancel(
     """Cancel the pending batches of a run at the provider and mark its record cancelled (a later ``run --batch``
     submits new batches)."""
     from recall_tasks.errors import RecallBenchError
-    from recall_tasks.pipeline import batch_record
+    from recall_tasks.pipeline.batch import record as batch_record
 
     fs, path, record = _open_record(output, storage_option, run_key)
     try:

@@ -1,5 +1,6 @@
 """What ``run``, ``demo`` and ``batch collect`` print about a run: the judge line, the summary table, the verdict
-against the baseline and the warnings. Values are plain text (never markup) and redacted."""
+against the baseline and the warnings, or a ``--batch`` run's pending batches (nothing committed yet). Values are
+plain text (never markup) and redacted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from recall_tasks.cli.common import console, err
 from recall_tasks.cli.output import judge_line, print_table
 from recall_tasks.config import RunParams
 from recall_tasks.secrets import redact
-from recall_tasks.summaries import RunSummary
+from recall_tasks.summaries import IdleSummary, PendingSummary, RunSummary
 
 
 def print_summary(summary: RunSummary, output: str) -> None:
@@ -74,3 +75,30 @@ def print_outcome(summary: RunSummary, output: str) -> None:
 
 def judge_line_of(params: RunParams) -> str:
     return redact(judge_line(params.judge, params.model, params.base_url))
+
+
+def pending_lines(summary: PendingSummary | IdleSummary) -> list[str]:
+    """The pending run's batches, one line each, and how to collect them (or why there is nothing to collect)."""
+    if summary["status"] == "batch_idle":
+        return [f"{summary['reason']} (record {summary['record']}); nothing committed"]
+    batches = summary["batches"]
+    lines = [
+        f"run {summary['run_id']} pending: {summary['batched_rows']} row(s) in {len(batches)} batch(es) "
+        f"of the Batch API (submitted {summary['submitted_at']}); nothing committed yet"
+    ]
+    for b in batches:
+        counts = b.get("counts") or {}
+        done = f", {counts.get('completed', 0)} done, {counts.get('failed', 0)} failed" if counts.get("total") else ""
+        again = " (resubmitted lines)" if b["round"] > 1 else ""
+        lines.append(f"  {b['id']}  {b['status']}  {b['requests']} request(s){again}{done}")
+    lines.append(f"record: {summary['record']}")
+    lines.append(
+        "rerun the same command to collect the results and finish the run (or add --wait to wait; or "
+        f"`recall-bench batch collect -o {summary['output']} {summary['run_key']}`)"
+    )
+    return lines
+
+
+def print_pending(summary: PendingSummary | IdleSummary) -> None:
+    for line in pending_lines(summary):
+        console.print(escape(redact(line)), soft_wrap=True, highlight=False)

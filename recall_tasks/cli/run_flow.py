@@ -17,8 +17,8 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
-from recall_tasks.cli.common import _fail, _fail_unexpected, console, err
-from recall_tasks.cli.outcome import judge_line_of, print_outcome
+from recall_tasks.cli.common import _fail, _fail_unexpected, err
+from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_pending
 from recall_tasks.cli.runtime import (
     _check_reachable,
     _interrupts,
@@ -143,15 +143,13 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
         except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
             _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
-        from recall_tasks.cli.batch import print_pending
-
         if batch_key is not None and summary["run_key"] != batch_key:
             _fail(ConfigError(
                 f"the data of {params.dataset_uri} changed since its batches were submitted (run key now "
                 f"{summary['run_key']}, recorded {batch_key}): the batches cannot be matched to its rows; "
                 f"`recall-bench batch cancel -o {output} {batch_key}` cancels them"
             ), debug)  # fmt: skip
-        return print_pending(summary, console)
+        return print_pending(summary)
     print_outcome(summary, output)
 
 

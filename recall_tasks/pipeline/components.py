@@ -1,7 +1,7 @@
 """What a run is made of, built from its parameters: the judge, the claim extractor, the metric; their limits.
 
 Used by the flow's plan (:func:`~recall_tasks.pipeline.steps.plan_run`), each worker process's plan
-(:mod:`~recall_tasks.pipeline.workers`) and the batch collection (:mod:`~recall_tasks.pipeline.batch_record`).
+(:mod:`~recall_tasks.pipeline.workers`) and the batch collection (:mod:`~recall_tasks.pipeline.batch.record`).
 """
 
 from __future__ import annotations

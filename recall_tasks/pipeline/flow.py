@@ -45,7 +45,9 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import batch, batch_finish, commit, publish, steps, workers
+from recall_tasks.pipeline import commit, publish, steps, workers
+from recall_tasks.pipeline.batch import finish as batch_finish
+from recall_tasks.pipeline.batch import settle as batch
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.pipeline.workers import ChunkSpec

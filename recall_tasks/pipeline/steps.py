@@ -183,7 +183,7 @@ def check_run(params: RunParams) -> Checked:
             notes.append(note)
     check_priced(params, judge)
     if params.batch:
-        from recall_tasks.pipeline.batch import check_batch
+        from recall_tasks.pipeline.batch.checks import check_batch
 
         check_batch(params, judge)
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)

@@ -12,7 +12,7 @@ from typing import Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
-from recall_tasks.pipeline.batch import Settled
+from recall_tasks.pipeline.batch.settle import Settled
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
 from recall_tasks.pipeline.steps import RunPlan
 

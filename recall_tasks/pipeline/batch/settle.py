@@ -1,29 +1,4 @@
-"""A run judged through the OpenAI Batch API (``--batch``): submit the row-cache misses, collect, then finish live.
-
-The run-level logic; the wire format and the calls are :mod:`recall_tasks.judges.batch`, the record
-:mod:`recall_tasks.pipeline.batch_record`, the finish :mod:`recall_tasks.pipeline.batch_finish`.
-
-- **Submit** (:func:`settle`, no record yet): every row the row cache cannot serve becomes a request line
-  (``custom_id`` = its row-cache key, body = what the live judge would send), split at 50,000 lines / 200 MB,
-  uploaded, and a batch created per part. The record ``<output>/_batches/<run key>.json`` is written before and
-  after each remote step: the parts and their custom ids first, then ``uploading`` (the file name), the file id,
-  the batch id. A crash between the upload and the batch creation is resumed by the rerun from the recorded file
-  id (or, if the id was never recorded, the upload found by its file name): nothing is uploaded twice.
-  The run is then **pending**: no commit, not in ``runs``, never a baseline; the flow returns a summary with the
-  batch ids and the CLI tells to rerun the same command (the run key, hence the record, ignores the polling
-  options).
-- **Resubmit** (every batch ended, :func:`_resubmit`): the lines without a usable answer (failed or expired
-  lines, the lines of a batch that ended failed, expired or cancelled without output, lines missing from a
-  truncated output file) go ONCE into new batches, round 2 of the same record (``resubmitted`` is recorded with
-  them, so a rerun never resubmits twice and a crash mid-submit is resumed). Not with ``--batch-fallback live``:
-  those lines are judged live instead.
-- **Collect** (every batch of every round ended): output lines are parsed by custom_id into the row cache, with
-  tolerant parsing and one live repair call per unusable reply (``OpenAIJudge.finish_batch_reply``); an unknown
-  custom_id is ignored with a warning. Lines still unanswered become row errors naming their last batch and line
-  (and the first attempt's), or are judged live with ``--batch-fallback live``.
-- **Collect only** (``batch_collect_only``: ``--collect-only``, ``recall-bench batch collect``, a deployment's
-  collect schedule): a run whose parameters have no open record returns :data:`IDLE` and does nothing.
-"""
+"""Submit, check, resubmit and collect a ``--batch`` run's batches (the package docstring says how)."""
 
 from __future__ import annotations
 
@@ -35,13 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recall_tasks._sync import run_sync
-from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.judges.base import Judge, JudgeRequest, JudgeResponse
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine, request_line, split
 from recall_tasks.metrics.base import Missing
-from recall_tasks.pipeline.batch_record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
+from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
 from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
 from recall_tasks.summaries import IdleSummary, PendingSummary
@@ -54,31 +28,7 @@ PENDING: Literal["batch_pending"] = "batch_pending"
 IDLE: Literal["batch_idle"] = "batch_idle"
 
 
-def check_batch(params: RunParams, judge: Judge) -> None:
-    """``--batch`` needs the OpenAI judge, fixed contexts, sentence units, the row cache and an endpoint with a
-    Batch API (probed: 404 on /batches or /files is refused before anything is uploaded). Raises ConfigError."""
-    if params.judge != "openai":
-        raise ConfigError("--batch needs --judge openai (the lexical judge makes no calls)")
-    if not params.cache:
-        raise ConfigError("--batch collects into the row cache: it cannot run with --no-cache")
-    if params.units != "sentences":
-        raise ConfigError("--batch supports --units sentences only (claim extraction is not batched yet)")
-    if params.retriever or params.context_extractor:
-        raise ConfigError(
-            "--batch needs contexts that are the same at submit and collect time: a run-time --retriever or "
-            "--context-extractor is not supported (use --retrieval-uri)"
-        )
-    client = getattr(judge, "batch_client", None)
-    if client is None:
-        raise ConfigError("--batch needs a judge with a Batch API client (--judge openai)")
-
-    async def probe() -> None:
-        await client().probe()
-
-    run_sync(probe())
-
-
-# -- the record (its format: :mod:`recall_tasks.pipeline.batch_record`) ----------------------------------
+# -- the record (its format: :mod:`recall_tasks.pipeline.batch.record`) ----------------------------------
 
 
 def record_path(plan: RunPlan) -> str:

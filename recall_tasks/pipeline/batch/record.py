@@ -1,7 +1,7 @@
 """The record of a ``--batch`` run's batches, ``<output>/_batches/<run key>.json``, what its batches' output files
 say (:func:`outcomes`), and what reads it without a run (``recall-bench batch status | collect | cancel``).
 
-Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch`). It holds:
+Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch.settle`). It holds:
 
 - ``run_key``, ``run_id``, ``status`` (``submitting`` -> ``pending`` -> ``collected``, or ``cancelled`` by
   ``recall-bench batch cancel``), ``submitted_at`` (ISO) and ``submitted_ts`` (epoch seconds, for
@@ -29,7 +29,7 @@ from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output
 
-log = logging.getLogger("recall_tasks.pipeline.batch")  # the batch run's logger (tests and users filter on it)
+log = logging.getLogger(__name__)  # under recall_tasks.pipeline.batch (tests and users filter on it)
 
 #: Statuses of a record whose batches may still be collected.
 OPEN = frozenset({"submitting", "pending"})

@@ -1,0 +1,32 @@
+"""What ``--batch`` refuses, checked in ``steps.check_run`` before anything is written."""
+
+from __future__ import annotations
+
+from recall_tasks._sync import run_sync
+from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError
+from recall_tasks.judges.base import Judge
+
+
+def check_batch(params: RunParams, judge: Judge) -> None:
+    """``--batch`` needs the OpenAI judge, fixed contexts, sentence units, the row cache and an endpoint with a
+    Batch API (probed: 404 on /batches or /files is refused before anything is uploaded). Raises ConfigError."""
+    if params.judge != "openai":
+        raise ConfigError("--batch needs --judge openai (the lexical judge makes no calls)")
+    if not params.cache:
+        raise ConfigError("--batch collects into the row cache: it cannot run with --no-cache")
+    if params.units != "sentences":
+        raise ConfigError("--batch supports --units sentences only (claim extraction is not batched yet)")
+    if params.retriever or params.context_extractor:
+        raise ConfigError(
+            "--batch needs contexts that are the same at submit and collect time: a run-time --retriever or "
+            "--context-extractor is not supported (use --retrieval-uri)"
+        )
+    client = getattr(judge, "batch_client", None)
+    if client is None:
+        raise ConfigError("--batch needs a judge with a Batch API client (--judge openai)")
+
+    async def probe() -> None:
+        await client().probe()
+
+    run_sync(probe())
