@@ -44,7 +44,7 @@ def last():
     stats["atexit_at"] = time.time()
     print("GC-STATS " + json.dumps(stats), file=sys.__stderr__, flush=True)
 atexit.register(last)
-import recall_tasks.pipeline.guards as guards
+import recall_tasks.fleet.guards as guards
 sent = guards.CircuitBreaker.attempt_sent
 def first(self):
     if stats["before_first"] is None:

@@ -29,7 +29,7 @@ from benchmarks.throughput import ROOT, start_prefect_server
 
 def child(data: str, out: str, base_url: str, rpm: int) -> None:
     from recall_tasks.config import RunParams
-    from recall_tasks.pipeline import fleet
+    from recall_tasks.fleet import rate as fleet
     from recall_tasks.pipeline.flow import recall_benchmark
 
     params = RunParams(

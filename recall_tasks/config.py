@@ -277,7 +277,7 @@ class RunParams(BaseModel):
         """Options a task runner cannot honour are refused, never silently weakened.
 
         ``--max-requests`` and ``--max-cost-usd`` hold for the whole run with every runner (processes/dask: counters
-        in Prefect, ``pipeline/fleet_budget.py``).
+        in Prefect, ``fleet/budget.py``).
         """
         if self.task_runner == "threads":
             if self.workers is not None:

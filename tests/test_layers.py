@@ -14,15 +14,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "recall_tasks"
 
 #: Lowest first; a module may import its own layer and the layers before it, never a later one.
-LAYERS = ["core", "judges", "metrics", "io", "analysis", "reports", "pipeline", "cli"]
+LAYERS = ["core", "judges", "metrics", "io", "analysis", "reports", "fleet", "pipeline", "cli"]
 CORE = {"errors", "models", "config", "settings", "summaries", "sentences", "secrets", "_logging", "_sync"}
 
-#: The only modules that import Prefect: the adapter, the event helpers, the fleet rate limits, the command line.
+#: The only modules that import Prefect: the adapter, the event helpers, the fleet limits, the command line.
 PREFECT_ALLOWED = (
     "recall_tasks.pipeline.flow",
     "recall_tasks.pipeline.events",
-    "recall_tasks.pipeline.fleet",
-    "recall_tasks.pipeline.fleet_budget",
+    "recall_tasks.fleet.rate",
+    "recall_tasks.fleet.budget",
     "recall_tasks.cli.",
 )
 

@@ -15,10 +15,10 @@ from deltalake import DeltaTable
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import JudgeTransientError, RunFailed
+from recall_tasks.fleet.guards import CircuitBreaker
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.pipeline.flow import recall_benchmark
-from recall_tasks.pipeline.guards import CircuitBreaker
 from tests import judge_script
 from tests.fake_openai import Content, Delay, Reset, Status
 from tests.s3_server import closed_port

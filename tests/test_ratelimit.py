@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
+from recall_tasks.fleet import rate as fleet
 from recall_tasks.judges import ratelimit
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.judges.ratelimit import RateLimiter, fleet_shape, limit_key
-from recall_tasks.pipeline import fleet
 from recall_tasks.pipeline.steps import _run_key
 
 
@@ -249,7 +249,7 @@ class _Counter:
 
 
 def test_a_fleet_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
-    from recall_tasks.pipeline import fleet_budget
+    from recall_tasks.fleet import budget as fleet_budget
 
     counter = _Counter(limit=120)
 
@@ -312,7 +312,7 @@ def _fake_counters(monkeypatch, **limits: int) -> dict[str, _Counter]:
 
 def test_a_fleet_cost_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
     """--max-cost-usd 0.001 for the run: a counter of 1000 micro-dollars, grants of 20, charged as calls return."""
-    from recall_tasks.pipeline import fleet_budget
+    from recall_tasks.fleet import budget as fleet_budget
 
     counter = _fake_counters(monkeypatch, cost=1000)["cost"]
     a = fleet_budget.FleetBudget({"cost": "cost"}, "http://prefect/api", max_cost_usd=0.001)
@@ -347,7 +347,7 @@ def test_a_fleet_cost_budget_takes_grants_then_the_rest_then_stops(monkeypatch):
 
 
 def test_a_fleet_budget_with_both_counters_stops_on_the_first_spent(monkeypatch):
-    from recall_tasks.pipeline import fleet_budget
+    from recall_tasks.fleet import budget as fleet_budget
 
     counters = _fake_counters(monkeypatch, requests=5, cost=1_000_000)
     both = {"requests": "requests", "cost": "cost"}
@@ -386,8 +386,8 @@ def test_a_cost_budget_lets_only_max_in_flight_calls_start_before_their_cost_is_
     """Every row of a chunk starts its task at once; a call's cost is known when it returns. Without turns all
     20 calls below passed the cost check before the first answer: the budget stopped nothing. With
     ``max_in_flight`` 3 at most 3 are in flight, and once the spend reaches the budget the rest are refused."""
-    from recall_tasks.pipeline import fleet_budget
-    from recall_tasks.pipeline.guards import Budget
+    from recall_tasks.fleet import budget as fleet_budget
+    from recall_tasks.fleet.guards import Budget
 
     if fleet_wide:  # a worker's share of the run's cost counter (in micro-dollars), on a stand-in counter
         left = [fleet_budget.cost_units(0.01)]
@@ -438,7 +438,7 @@ def test_a_cost_budget_lets_only_max_in_flight_calls_start_before_their_cost_is_
 def test_a_fleet_cost_share_charged_while_it_takes_a_grant_takes_again_not_exhausted(monkeypatch):
     """A call returning while the worker waits on the counter adds debt meanwhile: the grant asked for then no
     longer covers it, and the worker asks again rather than calling the run's budget spent (it had 2 dollars)."""
-    from recall_tasks.pipeline import fleet_budget
+    from recall_tasks.fleet import budget as fleet_budget
 
     taken: list[int] = []
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from recall_tasks.fleet import rate as fleet
 from recall_tasks.judges.ratelimit import fleet_shape
-from recall_tasks.pipeline import fleet
 from tests import judge_script
 from tests.test_pipeline import KEY, make_rows, write_parquet
 

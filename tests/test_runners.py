@@ -226,7 +226,7 @@ def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected)
 
 
 def test_budgets_hold_for_the_run_with_every_runner():
-    for runner in ("processes", "dask"):  # counted in Prefect for the whole run (pipeline/fleet_budget.py)
+    for runner in ("processes", "dask"):  # counted in Prefect for the whole run (fleet/budget.py)
         params = RunParams(dataset_uri="d.parquet", task_runner=runner, max_cost_usd=1.0, max_requests=10)
         assert (params.max_cost_usd, params.max_requests) == (1.0, 10)
 

@@ -7,7 +7,7 @@ Fleet-wide limits (``--rpm``/``--tpm`` shared by every process using the same li
 spends a *grant balance* that a :class:`GrantSource` refills, a few hundred milliseconds' worth of the fleet's
 rate per grant (:func:`fleet_shape`). Asking the source is one round trip to a shared server, far too slow per
 request, so a request only waits on it when the balance is spent. The judges layer knows nothing of the source's
-implementation (``recall_tasks.pipeline.fleet`` puts Prefect's global concurrency limits behind it).
+implementation (``recall_tasks.fleet.rate`` puts Prefect's global concurrency limits behind it).
 
 Why the fleet's rate sits a little below the quota (:func:`fleet_shape`): a provider that enforces its
 per-minute quota over short windows (``W``, assumed ``max(10 s, 20 requests)``) answers 429 to a burst. The

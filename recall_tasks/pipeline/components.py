@@ -63,9 +63,9 @@ def make_metric(params: RunParams, judge: Judge) -> Metric:
 
 
 def share_limits(params: RunParams, metric: Metric) -> None:
-    """``--rpm``/``--tpm`` for the whole fleet (:mod:`~recall_tasks.pipeline.fleet`), before any judge call."""
+    """``--rpm``/``--tpm`` for the whole fleet (:mod:`~recall_tasks.fleet.rate`), before any judge call."""
     if params.requests_per_minute or params.tokens_per_minute:
-        from recall_tasks.pipeline import fleet
+        from recall_tasks.fleet import rate as fleet
 
         fleet.share_run_limits(params, metric)
 

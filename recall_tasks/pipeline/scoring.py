@@ -6,7 +6,7 @@ optional ``RowCache`` for verdicts by content key first and judges only the miss
   the retry budget: the row is recorded with its error, the block goes on;
 - :class:`JudgeConfigError` (auth, quota, bad model): re-raised, the run stops before anything is written;
 - an outage (the endpoint refuses, resets, times out or fails with 5xx again and again): the run's
-  :class:`~recall_tasks.pipeline.guards.CircuitBreaker` trips, the calls in flight are cancelled and every row
+  :class:`~recall_tasks.fleet.guards.CircuitBreaker` trips, the calls in flight are cancelled and every row
   not judged yet is recorded "not judged" with the breaker's reason (the run's status becomes ``failed``).
 """
 
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
+from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
@@ -30,7 +31,6 @@ from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.metrics.claims import Guard, NotJudged
 from recall_tasks.models import RecallCase, RecallResult
-from recall_tasks.pipeline.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.sentences import SPLITTER_VERSION
 
 

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
+from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.columns import parse_column_overrides
@@ -48,7 +49,6 @@ from recall_tasks.pipeline.checks import (
     check_segments,
 )
 from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
-from recall_tasks.pipeline.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
 
@@ -250,10 +250,10 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
 
 def _count_budget(plan: RunPlan) -> None:
     """``--max-requests`` / ``--max-cost-usd`` with worker processes: the run attempt's counters in Prefect
-    (``pipeline/fleet_budget``)."""
+    (``fleet/budget``)."""
     params = plan.params
     if not plan.budget_counters and params.task_runner != "threads" and (params.max_requests or params.max_cost_usd):
-        from recall_tasks.pipeline import fleet_budget
+        from recall_tasks.fleet import budget as fleet_budget
 
         plan.budget_counters = fleet_budget.create_counters(params, plan.run_id)
 
@@ -380,6 +380,6 @@ def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
     if plan.budget_counters:
-        from recall_tasks.pipeline import fleet_budget
+        from recall_tasks.fleet import budget as fleet_budget
 
         fleet_budget.delete_counters(plan.budget_counters.values())

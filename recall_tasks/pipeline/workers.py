@@ -13,8 +13,8 @@ is the spec's (the dataset did not change under the run), scores it like the thr
 small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
 
 Per process, not per run: the judge's concurrency, the circuit breaker (a tripped worker reports its reason back,
-and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``pipeline/fleet.py``), ``--max-requests``
-and ``--max-cost-usd`` for the run (``pipeline/fleet_budget.py``).
+and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``fleet/rate.py``), ``--max-requests``
+and ``--max-cost-usd`` for the run (``fleet/budget.py``).
 No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
 """
 
@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.fleet import rate as fleet
+from recall_tasks.fleet.budget import FleetBudget, budget_options
+from recall_tasks.fleet.guards import Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock, read_block
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.columns import parse_column_overrides
@@ -40,10 +43,8 @@ from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
 from recall_tasks.io.storage import StorageConfig, join_uri
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.pipeline import components, fleet, steps
+from recall_tasks.pipeline import components, steps
 from recall_tasks.pipeline.checks import check_context_source
-from recall_tasks.pipeline.fleet_budget import FleetBudget, budget_options
-from recall_tasks.pipeline.guards import Budget, CircuitBreaker
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class ChunkSpec:
     first_row: int
     rows: int
     seen: tuple[tuple[str, int], ...] = ()  # identity hash -> its occurrences before the block (``~N`` ids)
-    #: the run's budget counters by kind (--max-requests, --max-cost-usd), see pipeline/fleet_budget.py
+    #: the run's budget counters by kind (--max-requests, --max-cost-usd), see fleet/budget.py
     budget_counters: tuple[tuple[str, str], ...] = ()
 
 

@@ -11,7 +11,7 @@ above 2**31 - 1). A call's cost is charged rounded up to a whole micro-dollar, s
 
 Each worker's :class:`FleetBudget` holds one :class:`Share` per counter: grants of a fiftieth of the budget (a
 request share at most 100 requests; at least one slot) taken by incrementing the counter, spent locally as the
-threads path spends :class:`~recall_tasks.pipeline.guards.Budget`. A judge call starts only while the worker holds
+threads path spends :class:`~recall_tasks.fleet.guards.Budget`. A judge call starts only while the worker holds
 at least one request and at least one unspent micro-dollar; it reserves its first request, and when it returns
 the requests beyond the first (a repair) and its cost are charged against the shares. A share charged below zero
 owes: its next grant covers the debt first. An increment the counter cannot hold is refused (423): the worker
@@ -24,7 +24,7 @@ interrupted run's counters stay, harmless: a rerun creates its own).
 Bounds. As on the threads path the cost of a call is known only when it returns, so calls in flight finish: the
 run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. With a cost
 budget a call reserves only once one of ``--max-concurrency`` turns of its process is free
-(:class:`~recall_tasks.pipeline.guards.Budget`), so the calls in flight are at most ``--max-concurrency`` per
+(:class:`~recall_tasks.fleet.guards.Budget`), so the calls in flight are at most ``--max-concurrency`` per
 process (claim extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in
 flight. Under-use: at most one grant per worker is held when the others stop.
 A call without a price (``cost_usd`` None: a failed call) is charged nothing, as the threads path charges it; a
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
-from recall_tasks.pipeline import fleet
-from recall_tasks.pipeline.guards import Budget
+from recall_tasks.fleet import rate as fleet
+from recall_tasks.fleet.guards import Budget
 
 log = logging.getLogger(__name__)
 

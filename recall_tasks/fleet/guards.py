@@ -1,7 +1,7 @@
 """The run's guards around judge calls: the spending :class:`Budget` and the outage :class:`CircuitBreaker`.
 
 Both are shared by every chunk of a run (one per worker process with ``--task-runner processes|dask``, where
-:class:`~recall_tasks.pipeline.fleet_budget.FleetBudget` extends the budget to the whole run) and used on the one
+:class:`~recall_tasks.fleet.budget.FleetBudget` extends the budget to the whole run) and used on the one
 event loop the judge calls run on; ``scoring.score_rows`` consults them before and after each call.
 """
 
