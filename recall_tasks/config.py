@@ -53,8 +53,8 @@ class RunParams(BaseModel):
     requests_per_minute: int | None = Field(
         None,
         ge=1,
-        description="The provider's requests-per-minute quota, shared by every process and run with the same "
-        "--rate-limit-key (through Prefect; without a Prefect API, per process)",
+        description="The provider's requests-per-minute quota, one budget for every process and run "
+        "that share a --rate-limit-key (through Prefect; without a Prefect API, per process)",
     )
     tokens_per_minute: int | None = Field(
         None,
@@ -142,7 +142,7 @@ class RunParams(BaseModel):
         None, ge=1, le=1024, description="Worker processes of --task-runner processes|dask (default: the cores)"
     )
     dask_address: str | None = Field(
-        None, description="Address of an existing Dask scheduler (--task-runner dask); default a LocalCluster"
+        None, description="Address of an existing Dask scheduler for --task-runner dask; default a LocalCluster"
     )
 
     batch: bool = Field(

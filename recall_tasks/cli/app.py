@@ -38,14 +38,22 @@ from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline import events
 
-EXIT_CODES = """Exit codes of run and batch collect: 0 completed (or --batch pending, or nothing to collect); 2 usage,
-configuration or dataset error (nothing written, no run recorded); 3 regressed against the baseline with
---fail-on-regression; 4 the run failed (rows committed with status failed: error rate above --max-error-rate, or
-judging stopped by an outage; or a worker process died: nothing committed, rerun to resume); 130 interrupted (143
-on SIGTERM)."""
+#: ``\b`` keeps click from re-flowing the lines: each fits 80 columns (tests/test_help.py checks it)
+EXIT_CODES = """\b
+Exit codes of run and batch collect:
+  0    completed; or a --batch run is pending, or had nothing to collect
+  2    usage, configuration or dataset error: nothing written, no run
+       recorded
+  3    regressed against the baseline with --fail-on-regression
+  4    the run failed: rows committed with status failed (errors above
+       --max-error-rate, or an outage stopped judging); or a worker process
+       died: nothing committed, rerun to resume
+  130  interrupted (143 on SIGTERM)"""
+
 
 app = typer.Typer(
     add_completion=False,
+    rich_markup_mode=None,
     no_args_is_help=True,
     help="Contextual recall of retrieval systems.",
     epilog=EXIT_CODES,
@@ -193,7 +201,10 @@ def demo(
     output: OutputOption = DEFAULT_OUTPUT,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """Score the bundled sample dataset with the offline judge, end to end through Prefect."""
+    """Score the bundled sample with the offline judge.
+
+    End to end: the sample goes through the same Prefect flow as a run, with no key and no server to start by hand.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 

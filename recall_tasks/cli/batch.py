@@ -12,7 +12,9 @@ from rich.markup import escape
 
 from recall_tasks.secrets import redact
 
-batch_app = typer.Typer(no_args_is_help=True, help="The Batch API runs under an output (run --batch).")
+batch_app = typer.Typer(
+    no_args_is_help=True, help="The Batch API runs under an output (run --batch).", rich_markup_mode=None
+)
 
 
 OutputOption = Annotated[
@@ -45,7 +47,10 @@ def _say(console: Console, line: str) -> None:
 
 @batch_app.command("status")
 def status(output: OutputOption = "recall-output", storage_option: StorageOption = None) -> None:
-    """The batches recorded under --output, as last seen, no provider call (batch collect checks and collects)."""
+    """List the batches recorded under --output.
+
+    As last seen: no provider call (batch collect checks and collects).
+    """
     console = Console()
     _, found = _records(output, storage_option)
     if not found:
@@ -90,8 +95,11 @@ def collect(
     storage_option: StorageOption = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show Prefect's logs and full tracebacks")] = False,
 ) -> None:
-    """Check the pending batches once and, if they all ended, finish the run exactly as the rerun of its
-    ``run --batch`` command would (the parameters come from the record). Exit codes as ``run``."""
+    """Check the pending batches once; finish the run if all ended.
+
+    The run finishes exactly as the rerun of its ``run --batch`` command would (the parameters come from the
+    record). Exit codes as ``run``.
+    """
     from recall_tasks.cli.run_flow import execute
     from recall_tasks.errors import ConfigError
     from recall_tasks.io.storage import StorageConfig, filesystem
@@ -120,8 +128,10 @@ def collect(
 def cancel(
     run_key: RunKeyArgument = None, output: OutputOption = "recall-output", storage_option: StorageOption = None
 ) -> None:
-    """Cancel the pending batches of a run at the provider and mark its record cancelled (a later ``run --batch``
-    submits new batches)."""
+    """Cancel a run's pending batches at the provider.
+
+    Its record is marked cancelled (a later ``run --batch`` submits new batches).
+    """
     from recall_tasks.errors import RecallBenchError
     from recall_tasks.pipeline.batch import record as batch_record
 

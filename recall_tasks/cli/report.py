@@ -24,7 +24,10 @@ def report(
         Path | None, typer.Option("--to", help="Write the HTML to this local file (or folder) instead of --output")
     ] = None,
 ) -> None:
-    """Write a self-contained HTML report of a run (next to the tables, or --to a local path); print where."""
+    """Write a run's self-contained HTML report; print where.
+
+    The report goes next to the tables, or to a local path with --to.
+    """
     from recall_tasks.reports.html import render_run_report, write_report
 
     try:

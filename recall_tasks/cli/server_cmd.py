@@ -15,7 +15,8 @@ from recall_tasks.errors import RecallBenchError
 
 server_app = typer.Typer(
     no_args_is_help=True,
-    help="The local Prefect server that run and demo use when PREFECT_API_URL is not set.",
+    help="Start, stop or check the local Prefect server. Run and demo use it when PREFECT_API_URL is not set.",
+    rich_markup_mode=None,
 )
 
 
@@ -31,7 +32,10 @@ def server_start(
         int | None, typer.Option(help="Port on 127.0.0.1 (default $RECALL_BENCH_SERVER_PORT or 4250)")
     ] = None,
 ) -> None:
-    """Start the local Prefect server in the background (or report the one running)."""
+    """Start the local Prefect server in the background.
+
+    A server already running is reported, not started again.
+    """
     from recall_tasks.cli import server
 
     try:
@@ -45,7 +49,10 @@ def server_start(
 
 @server_app.command("status")
 def server_status() -> None:
-    """Whether the local Prefect server runs (exit 0) or not (exit 1), and its addresses."""
+    """Say whether the local Prefect server runs.
+
+    Exit 0 when it runs (with its addresses), 1 when it does not.
+    """
     from recall_tasks.cli import server
 
     current = server.status()
@@ -60,7 +67,10 @@ def server_status() -> None:
 
 @server_app.command("stop")
 def server_stop() -> None:
-    """Stop the local Prefect server (its database is kept for the next start)."""
+    """Stop the local Prefect server.
+
+    Its database is kept for the next start.
+    """
     from recall_tasks.cli import server
 
     info = server.stop()

@@ -77,7 +77,10 @@ def query(
     limit: LimitOption = 50,
     output_format: OutputFormatOption = "table",
 ) -> None:
-    """Run read-only DuckDB SQL over the result tables and print the answer (files and settings are locked)."""
+    """Run read-only SQL over the result tables.
+
+    DuckDB sees results, runs and comparisons and prints the answer; files, settings and extensions are locked.
+    """
     fmt = _output_format(output_format)
     try:
         _print_query(_store(output, format, storage_option), output, sql, limit, fmt)
@@ -93,7 +96,9 @@ def history(
     limit: Annotated[int, typer.Option(help="Print the latest runs only, at most this many; 0 for all")] = 30,
     output_format: OutputFormatOption = "table",
 ) -> None:
-    """The series of runs: mean with its 95 % CI, pass rate, judge, and the verdict against each run's baseline.
+    """List the series of runs, each with its verdict.
+
+    Mean with its 95 % CI, pass rate, judge, and the verdict against each run's baseline.
 
     csv and json print the raw fields (ISO timestamps, unrounded numbers, verdict and baseline run id apart).
     """

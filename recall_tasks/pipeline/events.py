@@ -214,7 +214,10 @@ def register(app: typer.Typer) -> None:
             typer.Option("--extra", help="key=value added to the payload, e.g. judge=lexical (repeatable)"),
         ] = None,
     ) -> None:
-        """Emit `search.index.built`: the index-built-recall deployment then scores the new index."""
+        """Announce a new search index (event search.index.built).
+
+        The index-built-recall deployment then scores the new index.
+        """
         try:
             event = send_index_built(
                 index_version, dataset, retrieval_uri=retrieval_uri, output_uri=output, extra=_parse_extra(extra or [])
