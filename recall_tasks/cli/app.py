@@ -42,8 +42,8 @@ from recall_tasks.pipeline import events
 EXIT_CODES = """\b
 Exit codes of run and batch collect:
   0    completed; or a --batch run is pending, or had nothing to collect
-  2    usage, configuration or dataset error: nothing written, no run
-       recorded
+  2    a usage, configuration or dataset error (nothing written, no run
+       recorded)
   3    regressed against the baseline with --fail-on-regression
   4    the run failed: rows committed with status failed (errors above
        --max-error-rate, or an outage stopped judging); or a worker process
