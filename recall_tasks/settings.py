@@ -1,6 +1,6 @@
 """The environment variables recall-bench reads, in one pydantic-settings model; nothing else reads ``os.environ``.
 
-Use :func:`settings` (``settings().openai_base_url``); the table in README.md ("Environment variables") is
+Use :func:`settings` (``settings().openai_base_url``); the table in docs/usage.md ("Environment variables") is
 :func:`environment_table`, checked by ``tests/test_settings.py``.
 
 Decisions:
@@ -40,7 +40,7 @@ __all__ = ["ENV_NAMES", "READ_ELSEWHERE", "Settings", "cache_clear", "env_names"
 
 
 class Settings(BaseSettings):
-    """recall-bench's environment. Field descriptions are the README's table (:func:`environment_table`)."""
+    """recall-bench's environment. Field descriptions are the table in docs/usage.md (:func:`environment_table`)."""
 
     model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore", frozen=True)
 
@@ -151,7 +151,7 @@ def cache_clear() -> None:
 
 
 def environment_table() -> str:
-    """The Markdown table of README.md's "Environment variables" section."""
+    """The Markdown table of docs/usage.md's "Environment variables" section."""
     rows = ["| Variable | Meaning |", "| --- | --- |"]
     for field, info in Settings.model_fields.items():
         names = ", else ".join(f"`{name}`" for name in env_names(field))

@@ -109,3 +109,23 @@ def test_demo_prints_what_the_readme_shows_and_its_queries_work(prefect_harness,
             assert len(result.stdout.splitlines()) == 1, result.stdout
     assert (tmp_path / "recall-output" / "results" / "_delta_log").is_dir()
     assert list((tmp_path / "recall-output" / "reports").glob("*.html"))
+
+
+def test_the_readme_is_a_front_door_whose_links_and_figures_hold():
+    """At most 250 lines; every local link resolves; every measured figure names its script and its commit."""
+    assert len(README.splitlines()) <= 250
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
+    index = (ROOT / "docs" / "index.md").read_text()
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        assert doc.name == "index.md" or f"({doc.name})" in index, f"docs/index.md does not list {doc.name}"
+    measured = README.split("## Measured", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in measured.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert rows
+    for row in rows:
+        script, commit = re.search(r"`(benchmarks/[\w/]+\.py)`, `([0-9a-f]{7,40})`", row).groups()
+        assert (ROOT / script).is_file(), row

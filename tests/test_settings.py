@@ -1,4 +1,4 @@
-"""The environment is read in one place (recall_tasks/settings.py), and the README's table is that place's."""
+"""The environment is read in one place (recall_tasks/settings.py), and the table in docs/usage.md is that place's."""
 
 from __future__ import annotations
 
@@ -126,10 +126,10 @@ def test_from_environ_reads_a_mapping_as_the_environment_is_read(monkeypatch: py
                 assert (got.get_secret_value() if hasattr(got, "get_secret_value") else got) == value
 
 
-def test_the_readme_table_is_the_settings_table() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert environment_table() in readme, f"README.md's environment table should read:\n{environment_table()}"
-    assert readme.count("| Variable | Meaning |") == 1
+def test_the_documented_table_is_the_settings_table() -> None:
+    usage = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    assert environment_table() in usage, f"docs/usage.md's environment table should read:\n{environment_table()}"
+    assert usage.count("| Variable | Meaning |") == 1
 
 
 def test_every_environment_variable_of_the_command_line_is_in_the_table() -> None:
