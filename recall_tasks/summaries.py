@@ -98,6 +98,7 @@ class PendingSummary(TypedDict):
     batched_rows: int
     record: str
     output: str
+    base_url: str | None  # the endpoint ``batch collect`` must be given too (--base-url), if the run had one
     submitted_at: str | None
     batches: list[BatchInfo]
 

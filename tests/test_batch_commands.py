@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from recall_tasks.cli.app import app
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
+from recall_tasks.judges._openai_http import endpoint_host
 from tests import judge_script
+from tests.fake_openai import FakeOpenAI
 from tests.test_batch import cli, record, results, runs
 from tests.test_pipeline import KEY, make_rows, write_parquet
 
@@ -42,15 +44,16 @@ def test_collect_finishes_the_run_as_the_rerun_would_from_the_recorded_parameter
     submitted = cli(judge_env, data, out, "--batch", "--label", "nightly", "--threshold", "0.4")
     assert submitted.exit_code == 0, submitted.output
     key = record(out)["run_key"]
-    assert f"`recall-bench batch collect -o {out} {key}`" in one_line(submitted.output)
+    assert f"`recall-bench batch collect -o {out} --base-url {judge_env.base_url} {key}`" in one_line(submitted.output)
     assert record(out)["params"]["label"] == "nightly" and "batch_wait" not in record(out)["params"]
 
-    running = batch("collect", "-o", str(out))  # checked once: still in progress, nothing committed
+    here = ("--base-url", judge_env.base_url)  # where requests go: the command's, never the record's
+    running = batch("collect", "-o", str(out), *here)  # checked once: still in progress, nothing committed
     assert running.exit_code == 0 and "in_progress" in running.output, running.output
     assert not (out / "runs").exists() and len(judge_env.batches) == 1
 
     judge_env.finish_batches()
-    collected = batch("collect", "-o", str(out))
+    collected = batch("collect", "-o", str(out), *here)
     assert collected.exit_code == 0, collected.output
     (run,) = runs(out)
     assert run["status"] == "completed" and run["label"] == "nightly" and run["threshold"] == 0.4
@@ -77,7 +80,7 @@ def test_collect_says_clearly_what_it_cannot_do(prefect_harness, judge_env, tmp_
     assert cli(judge_env, data, out, "--batch").exit_code == 0
     key = record(out)["run_key"]
     write_parquet(path, make_rows(7, seed=31))  # the data changed: the batches no longer match its rows
-    changed = batch("collect", "-o", str(out))
+    changed = batch("collect", "-o", str(out), "--base-url", judge_env.base_url)
     assert changed.exit_code == 2, changed.output
     assert f"error: the data of {data} changed since its batches were submitted" in one_line(changed.output)
     assert f"recorded {key}" in one_line(changed.output) and len(judge_env.batches) == 1 and not (out / "runs").exists()
@@ -101,7 +104,7 @@ def test_cancel_cancels_the_pending_batches_and_a_later_run_submits_new_ones(
     (first,) = judge_env.batches
     key = record(out)["run_key"]
 
-    cancelled = batch("cancel", "-o", str(out), key)
+    cancelled = batch("cancel", "-o", str(out), key, "--base-url", judge_env.base_url)
     assert cancelled.exit_code == 0, cancelled.output
     assert f"batches cancelled: {first}" in one_line(cancelled.output)
     assert KEY not in cancelled.output
@@ -120,6 +123,48 @@ def test_cancel_cancels_the_pending_batches_and_a_later_run_submits_new_ones(
     assert fresh.exit_code == 0, fresh.output
     assert len(judge_env.batches) == 2 and record(out)["status"] == "pending"
     assert record(out)["parts"][0]["batch_id"] != first
+
+
+def test_a_record_is_state_it_never_says_where_the_key_goes_nor_what_code_runs(
+    prefect_harness, judge_env, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(6, seed=43))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    (file,) = (out / "_batches").glob("*.json")
+    honest = json.loads(file.read_text())
+    assert honest["params"]["base_url"] == judge_env.base_url and honest["batch_fallback"] == "error"
+    here = ("--base-url", judge_env.base_url)
+    with FakeOpenAI() as elsewhere:  # someone with write access to the output points the record at their server
+        planted = {**honest, "endpoint": endpoint_host(elsewhere.base_url),
+                   "params": {**honest["params"], "base_url": elsewhere.base_url}}  # fmt: skip
+        file.write_text(json.dumps(planted))
+        for command in (("collect",), ("cancel",), ("collect", *here), ("cancel", *here)):
+            refused = batch(*command, "-o", str(out))
+            assert refused.exit_code == 2, refused.output
+            assert f"is refused: field base_url: submitted to {elsewhere.base_url}" in one_line(refused.output)
+        assert elsewhere.requests == []  # the key never left: not even the pre-flight or the cancel call
+    assert judge_env.stats["batch:cancel"] == 0 and judge_env.chat_requests == []
+
+    for planted_params, name in [
+        ({"batch": False, "retriever": "subprocess:check_output"}, "batch"),  # a live run calling a command
+        ({"retriever": "subprocess:check_output"}, "retriever"),
+        ({"context_extractor": "os:system"}, "context_extractor"),
+        ({"task_runner": "dask", "dask_address": "tcp://elsewhere:8786"}, "task_runner"),  # validated, not copied
+    ]:
+        file.write_text(json.dumps({**honest, "params": {**honest["params"], **planted_params}}))
+        refused = batch("collect", "-o", str(out), *here)
+        assert refused.exit_code == 2, refused.output
+        assert f"is refused: field {name}" in one_line(refused.output) or (
+            name == "task_runner" and "--batch runs with --task-runner threads only" in one_line(refused.output)
+        ), refused.output
+    assert judge_env.chat_requests == [] and not (out / "runs").exists()
+    file.write_text(json.dumps(honest))  # the honest record, this command's endpoint: collected
+    judge_env.finish_batches()
+    done = batch("collect", "-o", str(out), *here)
+    assert done.exit_code == 0 and runs(out)[0]["status"] == "completed", done.output
 
 
 @pytest.mark.parametrize("fmt", ["delta", "parquet"])

@@ -88,26 +88,32 @@ def _open_record(output: str, storage_option: list[str] | None, run_key: str | N
     return fs, path, record
 
 
-@batch_app.command("collect")
-def collect(
-    run_key: RunKeyArgument = None,
-    output: OutputOption = "recall-output",
-    storage_option: StorageOption = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show Prefect's logs and full tracebacks")] = False,
-) -> None:
-    """Check the pending batches once; finish the run if all ended.
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--base-url", help="The judge endpoint the batches were submitted to; default OPENAI_BASE_URL, else OpenAI's"
+    ),
+]
 
-    The run finishes exactly as the rerun of its ``run --batch`` command would (the parameters come from the
-    record). Exit codes as ``run``.
-    """
-    from recall_tasks.cli.run_flow import execute
+
+def _command_params(
+    path: str,
+    record: dict[str, Any],
+    output: str,
+    base_url: str | None,
+    storage_option: list[str] | None,
+    fallback: str | None = None,
+) -> Any:
+    """The run's parameters from the record's state and this command's endpoint, key, storage settings and
+    fallback (``pipeline/batch/command.py``); a refused record or another output location: one line, exit 2."""
+    from recall_tasks.cli.common import _split_storage_options
     from recall_tasks.errors import ConfigError
     from recall_tasks.io.storage import StorageConfig, filesystem
-    from recall_tasks.pipeline.batch.record import params_of
+    from recall_tasks.pipeline.batch.command import Command, run_params
 
-    _, path, record = _open_record(output, storage_option, run_key)
     try:
-        params = params_of(record, path).model_copy(update={"batch_wait": False, "batch_collect_only": True})
+        plain = _split_storage_options(storage_option or [])  # credentials reach this process's AWS_* variables
+        params = run_params(record, path, Command(base_url, plain, fallback))
         _, root = filesystem(params.output_uri, StorageConfig.from_options(params.storage_options))
         if f"{root.rstrip('/')}/_batches/{record.get('run_key')}.json" != path:
             raise ConfigError(
@@ -117,27 +123,59 @@ def collect(
     except ConfigError as exc:
         Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None
-    if storage_option:  # credentials given here reach this process's AWS_* variables, as with run
-        from recall_tasks.cli.common import _split_storage_options
+    return params
 
-        _split_storage_options(storage_option)
+
+@batch_app.command("collect")
+def collect(
+    run_key: RunKeyArgument = None,
+    output: OutputOption = "recall-output",
+    storage_option: StorageOption = None,
+    base_url: BaseUrlOption = None,
+    batch_fallback: Annotated[
+        str | None,
+        typer.Option(
+            "--batch-fallback",
+            help="Failed, expired or cancelled lines: error (resubmitted once, then row errors) | live (judged with "
+            "live calls); default: as the run was submitted",
+        ),
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show Prefect's logs and full tracebacks")] = False,
+) -> None:
+    """Check the pending batches once; finish the run if all ended.
+
+    The run finishes exactly as the rerun of its ``run --batch`` command would: what the run is comes from the
+    record, where requests go (endpoint, key, storage) from this command, and a record that disagrees is refused.
+    Exit codes as ``run``.
+    """
+    from recall_tasks.cli.run_flow import execute
+
+    if batch_fallback not in (None, "error", "live"):
+        raise typer.BadParameter(f"--batch-fallback {batch_fallback}: error | live")
+    _, path, record = _open_record(output, storage_option, run_key)
+    params = _command_params(path, record, output, base_url, storage_option, batch_fallback)
     execute(params, output, debug, batch_key=record.get("run_key"))
 
 
 @batch_app.command("cancel")
 def cancel(
-    run_key: RunKeyArgument = None, output: OutputOption = "recall-output", storage_option: StorageOption = None
+    run_key: RunKeyArgument = None,
+    output: OutputOption = "recall-output",
+    storage_option: StorageOption = None,
+    base_url: BaseUrlOption = None,
 ) -> None:
     """Cancel a run's pending batches at the provider.
 
-    Its record is marked cancelled (a later ``run --batch`` submits new batches).
+    Its record is marked cancelled (a later ``run --batch`` submits new batches). The endpoint and key are this
+    command's, never the record's.
     """
     from recall_tasks.errors import RecallBenchError
     from recall_tasks.pipeline.batch import record as batch_record
 
     fs, path, record = _open_record(output, storage_option, run_key)
+    params = _command_params(path, record, output, base_url, storage_option)
     try:
-        cancelled = batch_record.cancel(fs, path, record)
+        cancelled = batch_record.cancel(fs, path, record, params)
     except RecallBenchError as exc:
         Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None

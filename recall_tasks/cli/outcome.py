@@ -92,9 +92,10 @@ def pending_lines(summary: PendingSummary | IdleSummary) -> list[str]:
         again = " (resubmitted lines)" if b["round"] > 1 else ""
         lines.append(f"  {b['id']}  {b['status']}  {b['requests']} request(s){again}{done}")
     lines.append(f"record: {summary['record']}")
+    url = f" --base-url {summary['base_url']}" if summary.get("base_url") else ""
     lines.append(
         "rerun the same command to collect the results and finish the run (or add --wait to wait; or "
-        f"`recall-bench batch collect -o {summary['output']} {summary['run_key']}`)"
+        f"`recall-bench batch collect -o {summary['output']}{url} {summary['run_key']}`)"
     )
     return lines
 

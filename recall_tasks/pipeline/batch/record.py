@@ -8,7 +8,9 @@ Written whole before and after each remote step (see :mod:`recall_tasks.pipeline
   ``runs.batch_wait_s``), ``model``, ``endpoint``;
 - ``params``: the run's parameters without the batch control fields (never secret: :class:`RunParams` refuses
   credentials in every field), so ``recall-bench batch collect`` can rebuild the run the same ``run --batch``
-  command would finish;
+  command would finish: state, never configuration (the endpoint, key, storage settings and any code come from
+  the collecting command, :mod:`recall_tasks.pipeline.batch.command`); ``batch_fallback`` (the submit's, what
+  ``batch collect`` does with failed lines unless told otherwise);
 - ``parts``: one per batch (``round`` 1, or 2 for the one resubmission of the lines round 1 left unanswered),
   each with its custom ids, input file name and id, batch id, last seen status and output/error file ids;
 - once collected: ``collected_at``, ``collected_ts``, ``collected`` (keys), ``failures`` (key -> message), cost.
@@ -158,29 +160,13 @@ def choose_open(
     return opened[0]
 
 
-def params_of(record: dict[str, Any], path: str) -> RunParams:
-    """The run parameters a record was submitted with, checked; ConfigError if it cannot say."""
-    stored = record.get("params")
-    if not isinstance(stored, dict):
-        raise ConfigError(
-            f"the batch record {path} does not hold the run parameters (written before recall-bench recorded them): "
-            "rerun the original `recall-bench run ... --batch` command to collect it"
-        )
-    try:
-        return RunParams.model_validate(stored)
-    except ValueError as exc:
-        detail = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"the run parameters in the batch record {path} are not valid any more: {detail}") from None
-
-
-def cancel(fs: Any, path: str, record: dict[str, Any]) -> list[str]:
+def cancel(fs: Any, path: str, record: dict[str, Any], params: RunParams) -> list[str]:
     """Cancel the record's batches that may still run at the provider, then mark the record ``cancelled``.
 
-    Returns the cancelled batch ids. The endpoint and model come from the record's parameters, the key from the
-    environment (as for the run)."""
+    Returns the cancelled batch ids. ``params``: the command's (:func:`~recall_tasks.pipeline.batch.command.run_params`:
+    the endpoint and key never come from the record)."""
     from recall_tasks.pipeline.components import make_judge, release_judge
 
-    params = params_of(record, path)
     judge: Any = make_judge(params)
     todo = [p for p in record["parts"] if p.get("batch_id") and (p.get("status") in ACTIVE or p.get("status") is None)]
 

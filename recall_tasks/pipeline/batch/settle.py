@@ -146,7 +146,8 @@ def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest]) -> dict[str
     record = {
         "run_key": plan.run_key, "run_id": plan.run_id, "status": "submitting", "submitted_at": now(),
         "submitted_ts": time.time(), "model": judge.model, "endpoint": getattr(judge, "endpoint", None),
-        "params": stored_params(plan.params), "parts": _parts(plan, requests, list(requests), 1),
+        "params": stored_params(plan.params), "batch_fallback": plan.params.batch_fallback,
+        "parts": _parts(plan, requests, list(requests), 1),
     }  # fmt: skip
     write_record(plan, record)
     return record
@@ -233,7 +234,7 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> Pending
     return {
         "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
         "batched_rows": rows, "record": record_path(plan), "output": plan.params.output_uri,
-        "submitted_at": record.get("submitted_at"),
+        "base_url": plan.params.base_url, "submitted_at": record.get("submitted_at"),
         "batches": [{"id": p["batch_id"], "status": p.get("status"), "requests": len(p["custom_ids"]),
                      "round": p.get("round", 1), "counts": p.get("request_counts")} for p in record["parts"]],
     }  # fmt: skip
