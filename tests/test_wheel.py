@@ -128,3 +128,18 @@ def test_the_deployments_entrypoint_runs_the_flow_from_the_wheel(installed_wheel
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.split()[-3:] == ["completed", "2", "2"], ran.stdout
     assert (tmp_path / "out" / "runs" / "_delta_log").is_dir()
+
+
+def test_the_lock_matches_pyproject_and_bounds_every_major():
+    """``uv.lock`` is what ``pyproject.toml`` asks for (``make lock`` after an edit); every dependency names its
+    next major as a bound, except the date-versioned fsspec family."""
+    import tomllib
+
+    uv("lock", "--check", "--quiet")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    unbounded = [r for r in requirements if "<" not in r and not r.startswith(("s3fs", "fsspec"))]
+    assert not unbounded, f"bound the next major of {unbounded}"
