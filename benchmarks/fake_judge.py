@@ -35,7 +35,10 @@ def answer(body: dict) -> tuple[str, int]:
 def make_app(latency: float) -> web.Application:
     # first_request_at: wall-clock time (time.time()) of the first request since the last reset, so a benchmark
     # in another process can measure its command's time to first judge request
-    stats: dict[str, Any] = {"requests": 0, "in_flight": 0, "peak_in_flight": 0, "first_request_at": None}
+    # last_response_at: the same clock when the latest answer was made (the end of a run's scoring window)
+    stats: dict[str, Any] = {
+        "requests": 0, "in_flight": 0, "peak_in_flight": 0, "first_request_at": None, "last_response_at": None,
+    }  # fmt: skip
 
     async def chat(request: web.Request) -> web.Response:
         if stats["first_request_at"] is None:
@@ -50,6 +53,7 @@ def make_app(latency: float) -> web.Application:
             stats["in_flight"] -= 1
         content, prompt_tokens = answer(body)
         completion = max(1, len(content) // 4)
+        stats["last_response_at"] = time.time()
         return web.json_response({
             "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -61,7 +65,7 @@ def make_app(latency: float) -> web.Application:
         out = dict(stats)
         if request.query.get("reset"):
             stats["requests"] = stats["peak_in_flight"] = 0
-            stats["first_request_at"] = None
+            stats["first_request_at"] = stats["last_response_at"] = None
         return web.json_response(out)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -307,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = raw.decode("utf-8", "replace")
         query = dict(parse_qsl(self.path.split("?", 1)[1])) if "?" in self.path else {}
         headers["x-fake-query"] = json.dumps(query)
-        reply = self.server.fake._dispatch(method, path, headers, body)
+        reply = self.server.fake._dispatch(method, path, headers, body, raw)
         if isinstance(reply, _ResetConnection):
             self._reset()
         else:
@@ -720,13 +720,15 @@ class FakeOpenAI:
         if seconds > 0:
             self._stopping.wait(seconds)
 
-    def _dispatch(self, method: str, path: str, headers: dict[str, str], body: Any) -> _Reply | _ResetConnection:
+    def _dispatch(
+        self, method: str, path: str, headers: dict[str, str], body: Any, raw: bytes = b""
+    ) -> _Reply | _ResetConnection:
         norm = path.rstrip("/")
         # OpenAI (/v1/chat/completions) and Azure (/openai/deployments/<name>/chat/completions?api-version=...)
         is_chat = method == "POST" and norm.split("?", 1)[0].endswith("/chat/completions")
         with self._cond:
             if self.record:
-                self.requests.append({"method": method, "path": path, "headers": headers, "body": body})
+                self.requests.append({"method": method, "path": path, "headers": headers, "body": body, "raw": raw})
             self.stats["requests"] += 1
             if is_chat:
                 self.chat_arrivals.append(time.monotonic())
