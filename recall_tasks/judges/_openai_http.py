@@ -23,7 +23,7 @@ import ssl
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx2
@@ -53,6 +53,12 @@ def counted_attempts(already: int = 0) -> Iterator[list[int]]:
         _attempts.reset(token)
 
 
+class ChatPoster(Protocol):
+    """A chat-completions path beside the SDK's (:class:`~recall_tasks.judges._openai_lean.LeanChat`)."""
+
+    async def post(self, body: bytes) -> bytes | None: ...
+
+
 @dataclass
 class _LoopState:
     client: openai.AsyncOpenAI
@@ -60,6 +66,7 @@ class _LoopState:
     rpm: RateLimiter | None
     tpm: RateLimiter | None
     closer: AsyncGenerator[None, None] | None = None
+    lean: ChatPoster | None = None  # the chat requests' path when it applies (judges/_openai_lean.py)
 
 
 def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:

@@ -16,8 +16,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx2
-
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.judges import prompts
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
@@ -64,10 +62,10 @@ def request_body(
     return kwargs
 
 
-def read_completion(raw: httpx2.Response, model: str, usage: list[int]) -> tuple[str, str | None]:
+def read_completion(raw: bytes, model: str, usage: list[int]) -> tuple[str, str | None]:
     """The content and finish reason of a chat-completion body; its token counts are added to ``usage``."""
     try:
-        reply = json.loads(raw.content)
+        reply = json.loads(raw)
         usage_data = reply.get("usage") or {}
         usage[0] += int(usage_data.get("prompt_tokens") or 0)
         usage[1] += int(usage_data.get("completion_tokens") or 0)
@@ -76,7 +74,7 @@ def read_completion(raw: httpx2.Response, model: str, usage: list[int]) -> tuple
         finish_reason = choice.get("finish_reason")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise JudgeResponseError(
-            f"judge {model} returned a body that is not a chat completion: {raw.text[:200]!r}",
+            f"judge {model} returned a body that is not a chat completion: {raw.decode('utf-8', 'replace')[:200]!r}",
             model=model,
         ) from None
     return content, finish_reason

@@ -38,6 +38,7 @@ from recall_tasks.judges._openai_http import (
     endpoint_host,
     translate_error,
 )
+from recall_tasks.judges._openai_lean import dumps, lean_chat
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims
@@ -186,6 +187,7 @@ class OpenAIJudge:
                 semaphore=asyncio.Semaphore(self.max_concurrency),
                 rpm=self._limiter("rpm", self.requests_per_minute),
                 tpm=self._limiter("tpm", self.tokens_per_minute),
+                lean=lean_chat(client, self.timeout_s),
             )
             self._states[loop] = state
             state.closer = _close_with_loop(self._states, loop)
@@ -335,11 +337,11 @@ class OpenAIJudge:
                 await state.rpm.acquire(1)
             if state.tpm:
                 await state.tpm.acquire(sum(len(m["content"]) for m in msgs) / 4 + budget)
+            body = self._request_kwargs(msgs, budget, schema)
             try:
-                # client.post skips the SDK's recursive params transform (~1 ms per call); same retries and errors
-                raw = await state.client.post(
-                    "/chat/completions", body=self._request_kwargs(msgs, budget, schema), cast_to=httpx2.Response
-                )
+                reply = await state.lean.post(dumps(body)) if state.lean is not None else None
+                if reply is None:  # the SDK: client.post skips its recursive params transform; same retries, errors
+                    reply = (await state.client.post("/chat/completions", body=body, cast_to=httpx2.Response)).content
             except openai.BadRequestError as exc:
                 if self._format != "none" and "response_format" in _error_text(exc):
                     fallback = wire.FORMATS[wire.FORMATS.index(self._format) + 1]
@@ -349,7 +351,7 @@ class OpenAIJudge:
                 raise self._translate(exc) from None
             except openai.OpenAIError as exc:
                 raise self._translate(exc) from None
-            content, finish_reason = wire.read_completion(raw, self._model, usage)
+            content, finish_reason = wire.read_completion(reply, self._model, usage)
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(

@@ -1,0 +1,169 @@
+"""The judge's lean chat-completions path: one POST on the SDK client's own aiohttp session, nothing around it.
+
+Why: at 100 requests in flight, ~70 % of a judged row's client CPU went to the layers between the judge and
+aiohttp (the SDK's request options, URL and header objects, httpx2's client, the httpx2-over-aiohttp bridge),
+not to the request (see docs/design.md, "The judge"). This path sends the same bytes on the same connections:
+
+- **What it sends**: the URL and headers of the SDK's own first chat request on this client, recorded by a
+  request hook (:meth:`LeanChat.record`; only ``x-stainless-retry-count`` changes per attempt), and the body
+  serialised as the SDK does (:func:`dumps`). Until that first request has gone out, calls take the SDK path.
+- **What it keeps from the SDK**: its retry decision and delay (``_should_retry``, ``_calculate_retry_timeout``:
+  Retry-After, ``x-should-retry``, jittered backoff), its typed errors (``_make_status_error_from_response``,
+  ``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception mapping), so
+  :func:`~recall_tasks.judges._openai_http.translate_error`, the breaker and the tests see what they saw.
+- **When it applies** (:func:`lean_chat`): a plain ``AsyncOpenAI`` on the aiohttp transport, without proxies
+  (``HTTP(S)_PROXY`` mounts), custom auth, workload identity or a provider runtime. Azure, files and batches,
+  the pre-flight probe and everything else use the SDK as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import httpx2
+import openai
+
+from recall_tasks.judges._openai_http import _attempts, describe_failure
+from recall_tasks.judges.base import attempt_observer
+
+log = logging.getLogger("openai._base_client")  # the SDK's retry messages, under the SDK's logger as before
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    """A request body as the SDK serialises it (``openapi_dumps``: httpx's JSON settings), byte for byte."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class LeanChat:
+    """POST ``/chat/completions`` bodies on ``client``'s aiohttp session, with the SDK's retries and errors."""
+
+    def __init__(self, client: openai.AsyncOpenAI, transport: Any, observed: Any, timeout_s: float) -> None:
+        import aiohttp
+        from openai._models import FinalRequestOptions
+        from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions
+
+        self._client = client
+        self._transport = transport  # the AiohttpTransport: its ``client`` is the session, made on first use
+        self._observed = observed  # the _ObservedTransport around it (endpoint and timeout for the breaker)
+        self._map = map_aiohttp_exceptions
+        self._options = FinalRequestOptions.construct(method="post", url="/chat/completions")
+        self._timeout = aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s, connect=timeout_s)
+        self._session_type = aiohttp.ClientSession
+        self._url: str | None = None
+        self._request: httpx2.Request | None = None  # what the SDK's errors carry
+        self._headers: list[dict[str, str]] = []  # per retry count
+
+    async def record(self, request: httpx2.Request) -> None:
+        """Request hook: the first chat request's URL and headers (retry count 0) become the template."""
+        if (
+            self._url is None
+            and request.method == "POST"
+            and request.url.path.endswith("/chat/completions")
+            and request.headers.get("x-stainless-retry-count") == "0"
+        ):
+            self._request = httpx2.Request("POST", request.url, headers=request.headers)
+            self._url = str(request.url)
+
+    def _session(self) -> Any:
+        session = self._transport.client
+        if self._url is None or not isinstance(session, self._session_type) or session.closed:
+            return None
+        return session
+
+    def _headers_for(self, retries: int) -> dict[str, str]:
+        while len(self._headers) <= retries:
+            assert self._request is not None
+            items = {k: v for k, v in self._request.headers.items() if k != "content-length"}
+            items["x-stainless-retry-count"] = str(len(self._headers))
+            self._headers.append(items)
+        return self._headers[retries]
+
+    async def post(self, body: bytes) -> bytes | None:
+        """The 2xx reply body of ``body`` after the SDK's retries, or None when this path is not ready yet (the
+        caller then uses the SDK). Raises the SDK's errors."""
+        session = self._session()
+        if session is None:
+            return None
+        max_retries = self._client.max_retries
+        for retries in range(max_retries + 1):
+            remaining = max_retries - retries
+            counter = _attempts.get()
+            if counter is not None:
+                counter[0] += 1
+            observer = attempt_observer.get()
+            if observer is not None:
+                observer.attempt_sent()
+            try:
+                try:
+                    with self._map():
+                        response = await session.post(
+                            self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
+                            allow_redirects=True, compress=False,
+                        ).__aenter__()  # fmt: skip
+                except Exception as exc:
+                    if observer is not None:
+                        cause, timed_out = describe_failure(exc, self._observed._timeout_s)
+                        observer.attempt_failed(self._observed._endpoint, cause, timed_out=timed_out)
+                    raise
+                status = response.status
+                if observer is not None:
+                    if status >= 500:
+                        observer.attempt_failed(self._observed._endpoint, f"HTTP {status}")
+                    elif status != 429:
+                        observer.attempt_ok()
+                try:
+                    with self._map():
+                        content = await response.read()
+                finally:
+                    response.release()
+            except httpx2.TimeoutException as err:
+                if remaining > 0:
+                    await self._sleep(remaining, retries, max_retries, None)
+                    continue
+                raise openai.APITimeoutError(request=self._request) from err  # type: ignore[arg-type]
+            except httpx2.RequestError as err:
+                if remaining > 0:
+                    await self._sleep(remaining, retries, max_retries, None)
+                    continue
+                raise openai.APIConnectionError(request=self._request) from err  # type: ignore[arg-type]
+            if 200 <= status < 300:
+                return bytes(content)
+            reply = httpx2.Response(status, headers=response.raw_headers, content=content, request=self._request)
+            if status == 429 and b"insufficient_quota" in content:  # as _openai_http._quota_is_final
+                reply.headers["x-should-retry"] = "false"
+            if remaining > 0 and self._client._should_retry(reply):
+                await self._sleep(remaining, retries, max_retries, reply.headers)
+                continue
+            raise self._client._make_status_error_from_response(reply) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _sleep(self, remaining: int, retries: int, max_retries: int, headers: httpx2.Headers | None) -> None:
+        delay = self._client._calculate_retry_timeout(remaining, self._options, headers)
+        log.info("Retrying request in %f seconds (retry %i of %s)", delay, retries + 1, max_retries)
+        await asyncio.sleep(delay)
+
+
+def lean_chat(client: openai.AsyncOpenAI, timeout_s: float) -> LeanChat | None:
+    """The lean path for ``client`` when it applies (see the module's docstring), else None. It takes the URL and
+    headers of the SDK's first chat request on ``client`` (a request hook it adds)."""
+    http = client._client
+    observed = http._transport
+    inner = getattr(observed, "_inner", None)
+    if type(client) is not openai.AsyncOpenAI or client.custom_auth is not None:
+        return None
+    if getattr(client, "_workload_identity_auth", None) is not None or getattr(client, "_provider_runtime", None):
+        return None
+    if any(t is not None for t in http._mounts.values()):
+        return None
+    try:
+        from openai._vendor.httpx_aiohttp.transport import AiohttpTransport
+    except ImportError:
+        return None
+    if not isinstance(inner, AiohttpTransport) or inner.proxy is not None:
+        return None
+    lean = LeanChat(client, inner, observed, timeout_s)
+    http.event_hooks["request"].append(lean.record)
+    return lean
