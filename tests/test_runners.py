@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 from deltalake import DeltaTable
@@ -324,6 +325,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _alert_event(name: str, run_id: str, timeout: float = 30.0) -> dict:
+    """The event ``name`` of run ``run_id`` as the session's Prefect server stored it (polled: stored in batches)."""
+    import json
+    import urllib.request
+
+    from prefect.settings import PREFECT_API_URL
+
+    body = json.dumps({"filter": {"event": {"name": [name]}, "resource": {"labels": {"recall.run_id": [run_id]}}}})
+    request = urllib.request.Request(
+        f"{PREFECT_API_URL.value()}/events/filter", data=body.encode(), headers={"Content-Type": "application/json"}
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            found = json.loads(resp.read())["events"]
+        if found or time.monotonic() > deadline:
+            assert len(found) == 1, f"{name} of run {run_id}: {found}"
+            return dict(found[0])
+        time.sleep(0.5)
+
+
 def test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once(prefect_harness, judge_env, tmp_path):
     """``kill -9`` of one pool worker mid-run: one ``error:`` line, exit 4, nothing committed, no worker left;
     the same command then resumes the run: every row once, the threads run's scores, fewer judge calls."""
@@ -364,6 +386,9 @@ def test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once(prefect_h
     assert not (out / "results").exists() and not (out / "runs").exists()  # nothing committed, nothing half
     (marker,) = (out / "_pending").glob("*.json")
     killed_run_id = json.loads(marker.read_text())["run_id"]
+    died = _alert_event("recall.run.failed", killed_run_id)  # a person is told, though nothing was committed
+    assert died["payload"]["committed"] is False and "a worker process died" in died["payload"]["reason"], died
+    assert "rerun the same command to resume" in died["payload"]["message"], died
     before = len(judge_env.chat_requests)
     assert before < fresh
 

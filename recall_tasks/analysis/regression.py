@@ -123,6 +123,9 @@ class Comparison(BaseModel):
     flips_fail_to_pass: int
     mcnemar_p: float
     context_precision_delta: float | None = None
+    #: the baseline run's own overall mean and 95 % interval (its ``runs`` row; None when not recorded)
+    baseline_run_mean: float | None = None
+    baseline_run_ci: tuple[float | None, float | None] = (None, None)
     segments: list[SegmentDelta] = Field(default_factory=list)
     worst_rows: list[WorstRow] = Field(default_factory=list)
     compared_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
@@ -338,5 +341,7 @@ def compare_runs(
         segments=segments,
         worst_rows=worst_rows(pairs, worst),
         context_precision_delta=precision_delta,
+        baseline_run_mean=baseline_run.get("mean_score"),
+        baseline_run_ci=(baseline_run.get("ci_low"), baseline_run.get("ci_high")),
         **fig,
     )

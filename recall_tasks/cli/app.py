@@ -3,7 +3,8 @@
 ``run`` turns its options into ``RunParams`` (every default and help text is the model's); running the flow,
 the outcome and the exit codes are :mod:`recall_tasks.cli.run_flow`, which ``batch collect`` uses too.
 The other commands are plain functions in modules by concern, registered at the bottom in ``--help`` order:
-``tables`` (query, history), ``report``, ``server_cmd`` (the ``server`` group), then ``emit-index-built``
+``tables`` (query, history), ``report``, ``server_cmd`` (the ``server`` group), ``batch``, ``alerts_cmd`` (the
+``alerts`` group), then ``emit-index-built``
 (``pipeline/events.py``). What every command shares (consoles, options, one-line errors, the result store) is in
 ``common``; a run's process handling (Prefect API, signals, quiet console logging) in ``runtime``.
 """
@@ -19,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from recall_tasks.cli import report, server_cmd, tables
+from recall_tasks.cli.alerts_cmd import alerts_app
 from recall_tasks.cli.batch import batch_app
 from recall_tasks.cli.common import (
     DEBUG_HELP,
@@ -252,6 +254,7 @@ app.command()(tables.history)
 app.command()(report.report)
 app.add_typer(server_cmd.server_app, name="server")
 app.add_typer(batch_app, name="batch")
+app.add_typer(alerts_app, name="alerts")
 events.register(app)
 
 

@@ -51,6 +51,7 @@ from recall_tasks.pipeline.batch import settle as batch
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from recall_tasks.pipeline.workers import ChunkSpec
+from recall_tasks.reports import alerts
 from recall_tasks.summaries import FlowSummary
 
 _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values never forge a log line
@@ -318,8 +319,13 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
             steps.release(plan)
             return settled.pending
         batch_finish.install(plan, settled)
-    with chunk_runner(params, logger) as runner:
-        tally = score_chunks(plan, PrefectChunks(plan, runner))
+    try:
+        with chunk_runner(params, logger) as runner:
+            tally = score_chunks(plan, PrefectChunks(plan, runner))
+    except WorkerDied as exc:  # nothing committed, but a person is told (the run.failed alert)
+        died = alerts.alert_for_worker_death(plan.dataset.name, plan.run_id, params.label, plan.dataset.uri, str(exc))
+        emit_event(died.name, resource=died.resource, payload=died.payload)
+        raise
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
     committed = commit.commit_run(plan, tally.parts, flow_run_id())

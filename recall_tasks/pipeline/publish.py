@@ -7,7 +7,9 @@ One function per step the flow names (``publish_run``, ``raise_for_outcome``); t
 - logs: the committed counts, the status and its reason, the verdict (dataset values escaped, see ``_logging``);
 - artifacts, keyed per dataset and metric (``artifacts.artifact_key``): the summary table, the comparison's
   markdown, the run's markdown report with the verdict, the HTML report link (presigned where possible);
-- events: ``recall.run.completed`` always, ``recall.regression.detected`` when the verdict is regressed.
+- events: ``recall.run.completed`` always; then at most one alert (``reports/alerts.py``): ``recall.run.failed``,
+  ``recall.run.budget_exhausted``, ``recall.regression.detected`` or ``recall.comparison.incomparable``, its payload
+  carrying the rendered message the shipped automation sends (``deployments/alerts.yaml``).
 
 A failed run is neither compared nor used as a baseline; its tables and reports are still written.
 """
@@ -21,6 +23,7 @@ from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
 from recall_tasks.errors import RegressionDetected, RunFailed
 from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
+from recall_tasks.reports.alerts import alert_for_run, alert_resource
 from recall_tasks.reports.comparison import comparison_markdown
 from recall_tasks.reports.html import write_report
 from recall_tasks.reports.summary import markdown_report, run_results
@@ -95,7 +98,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     out.artifacts.append(Artifact("table", keys["summary"], summary_table(row), f"run {plan.run_id}"))
     out.artifacts.append(Artifact("link", "recall-results", plan.store.results_uri, link_text="results table"))
     comparison = compare(plan, row, logger)
-    resource = {"prefect.resource.id": f"recall.dataset.{plan.dataset.name}", "recall.run_id": plan.run_id}
+    resource = alert_resource(plan.dataset.name, plan.run_id, plan.params.label)
     out.events.append(Event("recall.run.completed", resource, tracking.run_event_payload(row)))
     if comparison is not None:
         out.artifacts.append(
@@ -105,8 +108,6 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
             )
         )  # fmt: skip
         summary["comparison"] = comparison.event_payload()
-        if comparison.verdict == "regressed":
-            out.events.append(Event("recall.regression.detected", resource, comparison.event_payload()))
     drops = [w.model_dump() for w in comparison.worst_rows] if comparison is not None else []
     report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset, drops=drops)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
@@ -121,6 +122,9 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     )  # fmt: skip
     out.artifacts.append(Artifact("link", keys["html"], link, link_text=f"HTML report ({link_note})"))
     summary["report_uri"] = report_uri
+    alert = alert_for_run(row, comparison, report_uri)
+    if alert is not None:
+        out.events.append(Event(alert.name, alert.resource, alert.payload))
     return summary, out
 
 

@@ -1,0 +1,296 @@
+"""Alerts end to end: `recall-bench alerts install` on a real Prefect server, real runs, a real webhook receiver.
+
+No mocks: ``prefect server start`` (its triggers, actions and event persister services on, as by default) gets the
+automation of ``deployments/alerts.yaml`` through ``recall-bench alerts install --webhook-url`` (a custom webhook
+block whose URL is a secret, pointing at :mod:`tests.webhook_receiver`); then ``recall-bench run`` processes
+talking to that server score small datasets: a baseline, a run that regresses, an unchanged one and one whose
+judge changed (lexical, then the fake OpenAI judge), one whose judge endpoint fails (exit 4), one stopped by
+``--max-requests``. The Prefect server renders each message from the event and posts it through the block: the
+receiver must get exactly one message per alerting run, with the right fields, within a minute, and nothing for
+the baseline and the unchanged run. The webhook URL must appear in no event, no automation and no output.
+
+The escaping of dataset text is checked on the message as delivered (rendered with markdown-it, raw HTML on).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from markdown_it import MarkdownIt
+
+from recall_tasks.reports import alerts
+from tests import judge_script
+from tests import prefect_server as _prefect
+from tests import webhook_receiver as _receiver
+from tests.fake_openai import FakeOpenAI, Status
+from tests.prefect_server import REPO, PrefectServer
+from tests.webhook_receiver import WebhookReceiver
+
+prefect_server = _prefect.prefect_server
+webhook_receiver = _receiver.webhook_receiver
+
+KEY = "sk-alerts-SECRET-0123456789abcdef"
+TOKEN = "T0KEN-never-shown-4f1c9a"
+DELIVERY_S = 60.0
+QUIET_S = 8.0
+HOSTILE = [
+    "The <script>alert(1)</script> vault opens at dawn.",
+    "Click [here](javascript:alert(1)) for the *bold* _claim_ about `code` and ![x](http://attacker.test/b.png).",
+    "The <@U123> mention and <!channel> ping reach everyone & more.",
+    "Paris is the capital of France.",
+]
+
+
+def _rows(contexts: bool) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(8):
+        truth = HOSTILE[i % len(HOSTILE)]
+        rows.append(
+            {
+                "row_id": f"r{i:02d}",
+                "question": f"Question {i}?",
+                "ground_truth": truth,
+                "contexts": [truth if contexts else "Unrelated text about cooking pasta.", "filler chunk"],
+                "category": "ab"[i % 2],
+            }
+        )
+    return rows
+
+
+def _write(path: Path, rows: list[dict[str, Any]]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def _cli(server: PrefectServer, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = server.env(PYTHONPATH=str(REPO), OPENAI_API_KEY=KEY, **(env or {}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "recall_tasks", *args], env=full, cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _done(proc: subprocess.Popen[str], what: str, code: int) -> str:
+    out, errs = proc.communicate(timeout=240)
+    assert proc.returncode == code, f"{what}: exit {proc.returncode}, expected {code}\n{out}\n{errs}"
+    return out + errs
+
+
+def _events(server: PrefectServer, event_filter: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every stored event matching ``event_filter`` (all pages)."""
+    body = json.dumps({"filter": event_filter, "limit": 50}).encode()
+    request = urllib.request.Request(
+        f"{server.api_url}/events/filter", data=body, headers={"Content-Type": "application/json"}
+    )
+    found: list[dict[str, Any]] = []
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            page = json.loads(resp.read())
+        found += page["events"]
+        if not page.get("next_page"):
+            return found
+        request = urllib.request.Request(page["next_page"])
+
+
+def _named(server: PrefectServer, names: list[str]) -> list[dict[str, Any]]:
+    return _events(server, {"event": {"name": names}})
+
+
+def _markup(message: str) -> set[str]:
+    """The HTML tags a permissive Markdown viewer makes of ``message`` (raw HTML on), and its links."""
+    rendered = MarkdownIt("commonmark", {"html": True}).render(message)
+    return set(re.findall(r"<([a-z][a-z0-9]*)", rendered))
+
+
+def test_alerts_reach_the_webhook_once_per_alerting_run(
+    prefect_server: PrefectServer, webhook_receiver: WebhookReceiver, tmp_path: Path
+) -> None:
+    t0 = time.monotonic()
+    hook = f"{webhook_receiver.url}/hooks/{TOKEN}"
+    # ---- install from the shipped definition, twice: one automation, updated in place
+    for _ in range(2):
+        out = _done(_cli(prefect_server, "alerts", "install", "--webhook-url", hook), "alerts install", 0)
+        assert "recall-bench-alerts" in out and TOKEN not in out and webhook_receiver.url not in out, out
+    listed = _done(_cli(prefect_server, "alerts", "list"), "alerts list", 0)
+    assert "custom-webhook/recall-bench-alerts" in listed and TOKEN not in listed, listed
+    with prefect_server.client() as client:
+        (automation,) = client.read_automations_by_name("recall-bench-alerts")
+        assert automation.enabled and set(automation.trigger.expect) == set(alerts.ALERT_EVENTS.values())
+        assert TOKEN not in automation.model_dump_json()
+        block = client.read_block_document(automation.actions[0].block_document_id, include_secrets=False)
+        assert TOKEN not in json.dumps(block.data, default=str)
+
+    # ---- the runs: three chains at once (lexical series; failing judge; budget)
+    series = tmp_path / "data" / "nightly_golden.parquet"
+    out_dir = tmp_path / "out"
+    common = ["--output", str(out_dir), "--label", "nightly", "--segment-by", "category", "--chunk-size", "4"]
+    failing = FakeOpenAI().start()
+    judge = FakeOpenAI(judge_script.responder).start()
+    try:
+        failing.enqueue(*[Status(500) for _ in range(200)])
+        failed = _cli(
+            prefect_server, "run", _write(tmp_path / "data" / "failing_set.parquet", _rows(True)), *common,
+            "--judge", "openai", "--base-url", failing.base_url, "--max-retries", "0",
+        )  # fmt: skip
+        budget = _cli(
+            prefect_server, "run", _write(tmp_path / "data" / "budget_set.parquet", _rows(True)), *common,
+            "--judge", "openai", "--base-url", judge.base_url, "--max-requests", "3", "--max-concurrency", "1",
+        )  # fmt: skip
+        _write(series, _rows(True))
+        _done(_cli(prefect_server, "run", str(series), *common, "--judge", "lexical"), "baseline", 0)
+        _write(series, _rows(False))  # the same rows, their contexts lost: recall drops
+        lexical = ["run", str(series), *common, "--judge", "lexical"]
+        _done(_cli(prefect_server, *lexical), "regressed", 0)
+        _done(_cli(prefect_server, "run", str(series), *common, "--judge", "lexical"), "unchanged", 0)
+        _done(
+            _cli(prefect_server, "run", str(series), *common, "--judge", "openai", "--base-url", judge.base_url),
+            "judge changed", 0,
+        )  # fmt: skip
+        failed_out = _done(failed, "failing judge", 4)
+        _done(budget, "budget", 0)
+    finally:
+        failing.stop()
+        judge.stop()
+    assert "run failed" in failed_out
+    t_runs = time.monotonic()
+
+    # ---- the messages: one per alerting run, within a minute
+    got = webhook_receiver.wait_for(4, DELIVERY_S)
+    time.sleep(QUIET_S)  # nothing more comes (the baseline and the unchanged run are quiet)
+    got = list(webhook_receiver.received)
+    bodies = [g.json for g in got]
+    print("\n" + "\n\n".join(json.dumps(b, indent=2, ensure_ascii=False) for b in bodies))
+    assert len(got) == 4, [b.get("subject") for b in bodies]
+    by_subject = {_kind_of(b["subject"]): g for b, g in zip(bodies, got, strict=True)}
+    assert set(by_subject) == {"regressed", "incomparable", "failed", "budget_exhausted"}, by_subject.keys()
+    assert all(g.path == f"/hooks/{TOKEN}" and g.json["source"] == "recall-bench" for g in got)
+    alert_events = _named(prefect_server, list(alerts.ALERT_EVENTS.values()))
+    occurred = {e["payload"]["kind"]: dt.datetime.fromisoformat(e["occurred"]).timestamp() for e in alert_events}
+    for kind, received in by_subject.items():
+        print(f"  {kind:<17} delivered {received.at - occurred[kind]:5.1f} s after its event")
+        assert 0 < received.at - occurred[kind] < DELIVERY_S, kind
+    print(f"  install + runs {t_runs - t0:5.1f} s, server start {prefect_server.startup_seconds or 0:.1f} s")
+
+    regressed = by_subject["regressed"].json
+    assert "nightly\\_golden" in regressed["subject"] and "(label nightly)" in regressed["subject"]
+    text = regressed["text"]
+    assert "Mean 0.000 (95 % CI" in text and "vs baseline 1.000" in text, text
+    assert "pass→fail flips: 8" in text and "Segments that moved most:" in text, text
+    assert "- category = a: -1.000 over 4 rows" in text, text
+    assert text.count("\n- `r0") == 3, text  # the three rows that lost most
+    assert "“The &lt;script&gt;alert\\(1\\)&lt;/script&gt; vault opens at dawn.”" in text, text
+    assert "Report: `" in text and ".html`" in text, text
+    assert _markup(text) <= {"p", "strong", "ul", "li", "code"}, _markup(text)
+    for message in (b["text"] for b in bodies):
+        assert _markup(message) <= {"p", "strong", "ul", "li", "code"}, message
+
+    incomparable = by_subject["incomparable"].json["text"]
+    assert "judge differs (current 'openai', baseline 'lexical')" in _plain(incomparable), incomparable
+    failed_text = by_subject["failed"].json["text"]
+    assert "failing\\_set" in failed_text and "8 of 8 assessed rows ended with an error" in failed_text, failed_text
+    assert "Most common error (8 rows): JudgeTransientError" in failed_text, failed_text
+    budget_text = by_subject["budget_exhausted"].json["text"]
+    assert "Reason: request budget reached (--max-requests 3)" in _plain(budget_text), budget_text
+    assert "Rows 8: 3 scored, 0 with an error, 5 skipped or not judged" in budget_text, budget_text
+
+    # ---- the events: one alert per run, the figures as data, never the webhook URL or the judge key
+    assert sorted(e["event"] for e in alert_events) == sorted(alerts.ALERT_EVENTS.values())
+    detected = next(e for e in alert_events if e["event"] == "recall.regression.detected")
+    assert detected["resource"]["recall.dataset"] == "nightly_golden"
+    assert detected["resource"]["recall.label"] == "nightly"
+    payload = detected["payload"]
+    assert payload["verdict"] == "regressed" and payload["flips"]["pass_to_fail"] == 8
+    assert payload["baseline"]["mean"] == 1.0 and len(payload["worst_rows"]) == 3
+    assert payload["worst_rows"][0]["lost"] == [HOSTILE[0]]
+    assert payload["report_uri"].endswith(".html")
+    completed = _named(prefect_server, ["recall.run.completed"])
+    assert len(completed) == 6
+    everything = json.dumps(_events(prefect_server, {}))
+    assert TOKEN not in everything and KEY not in everything
+    assert not prefect_server.automation_failures()
+
+
+def _plain(message: str) -> str:
+    """A message's text as a reader sees it: backslash escapes and entities undone."""
+    return html.unescape(re.sub(r"\\(.)", r"\1", message))
+
+
+def _kind_of(subject: str) -> str:
+    for kind, title in alerts.TITLES.items():
+        if subject.startswith(title + ":"):
+            return kind
+    raise AssertionError(f"unexpected subject {subject!r}")
+
+
+# ------------------------------------------------------------------------------------- without a server
+
+
+def _summary(status: str = "completed", **kw: Any) -> dict[str, Any]:
+    row = {
+        "run_id": "cur",
+        "dataset": "faq_<b>x</b>",
+        "label": "night*ly",
+        "status": status,
+        "status_reason": None,
+        "rows": 5,
+        "scored": 5,
+        "errors": 0,
+        "skipped": 0,
+        "mean_score": 0.5,
+        "ci_low": 0.4,
+        "ci_high": 0.6,
+    }
+    return {**row, **kw}
+
+
+def _comparison(current: list[float], baseline: list[float]) -> Any:
+    from recall_tasks.analysis.regression import compare_runs
+    from tests.test_regression import results, run_row
+
+    ids = [f"r{i}" for i in range(len(current))]
+    return compare_runs(
+        results("cur", ids, current), results("base", ids, baseline), current_run=run_row("cur"),
+        baseline_run=run_row("base", mean_score=0.9, ci_low=0.8, ci_high=1.0), resamples=200,
+    )  # fmt: skip
+
+
+def test_quiet_runs_send_no_alert_and_each_kind_its_own_event() -> None:
+    same = [0.0, 0.25, 0.5, 0.75, 1.0] * 4
+    assert alerts.alert_for_run(_summary(), None, "r.html") is None  # the first run of a series
+    assert alerts.alert_for_run(_summary(), _comparison(same, same), "r.html") is None  # unchanged
+    assert alerts.alert_for_run(_summary(), _comparison([1.0] * 20, [0.0] * 20), "r.html") is None  # improved
+    regressed = _comparison([0.0] * 20, [1.0] * 20)
+    assert regressed.verdict == "regressed"
+    found = alerts.alert_for_run(_summary(), regressed, "s3://b/reports/cur.html")
+    assert found is not None and found.name == "recall.regression.detected"
+    assert found.payload["baseline"] == {"run_id": "base", "mean": 0.9, "mean_ci": [0.8, 1.0]}
+    assert found.resource["recall.dataset"] == "faq_<b>x</b>" and found.resource["recall.label"] == "night*ly"
+    # a failed or budget-stopped run is one message of its own kind, whatever its verdict
+    failed = alerts.alert_for_run(_summary("failed", status_reason="breaker tripped"), None, None)
+    assert failed is not None and failed.name == "recall.run.failed" and failed.payload["reason"] == "breaker tripped"
+    stopped = alerts.alert_for_run(_summary("budget_exhausted", status_reason="cost budget"), regressed, None)
+    assert stopped is not None and stopped.name == "recall.run.budget_exhausted"
+    assert stopped.payload["verdict"] == "regressed"  # the comparison still rides along
+
+
+def test_dataset_text_never_becomes_markup_in_the_message() -> None:
+    died = alerts.alert_for_worker_death(
+        "set_[a](http://x.test)", "run1", "<img src=x onerror=alert(1)>", "/d/x.parquet", "a worker process died"
+    )
+    subject, message = died.payload["subject"], died.payload["message"]
+    assert _markup(message) <= {"p", "strong", "code"}, message
+    assert "\n" not in subject and "<img" not in subject and "](" not in subject
+    assert "set\\_\\[a\\]\\(http://x.test\\)" in subject, subject
+    assert "Nothing was committed" in message
