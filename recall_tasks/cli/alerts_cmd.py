@@ -189,7 +189,10 @@ def install(
     name: Annotated[str | None, typer.Option("--name", help="Automation name (one definition in the file)")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Alerts definition (deployments/alerts.yaml)")] = None,
 ) -> None:
-    """Create or update the alert automations on the Prefect server, sending through a notification block."""
+    """Create or update the alert automations (idempotent).
+
+    They send through a notification block: a new one for --webhook-url, or --block TYPE/NAME.
+    """
     secret = [webhook_url] if webhook_url else []
     register_secret(webhook_url)
     try:
@@ -223,7 +226,7 @@ def install(
 
 @alerts_app.command("list")
 def list_alerts() -> None:
-    """The automations that send recall-bench alerts, and the blocks they send through (never a URL)."""
+    """The alert automations and the blocks they send through."""
     with _client() as client:
         found = [a for a in client.read_automations() if ours(a)]
         for automation in found:
@@ -237,7 +240,10 @@ def remove(
     names: Annotated[list[str] | None, typer.Argument(help="Automation names (default: those of the file)")] = None,
     file: Annotated[Path | None, typer.Option("--file", help="Alerts definition (deployments/alerts.yaml)")] = None,
 ) -> None:
-    """Delete alert automations by name (blocks are kept: `prefect block delete` removes one)."""
+    """Delete alert automations by name; blocks stay.
+
+    `prefect block delete` removes a block.
+    """
     try:
         wanted = names or [d["name"] for d in load_definitions(definitions_file(file))]
     except ConfigError as exc:
