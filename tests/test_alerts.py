@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from markdown_it import MarkdownIt
 
 from recall_tasks.reports import alerts
@@ -114,16 +115,22 @@ def _markup(message: str) -> set[str]:
     return set(re.findall(r"<([a-z][a-z0-9]*)", rendered))
 
 
+@pytest.mark.timeout(480)  # 9 CLI processes on a shared 2-core machine; ~150 s when alone
 def test_alerts_reach_the_webhook_once_per_alerting_run(
     prefect_server: PrefectServer, webhook_receiver: WebhookReceiver, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
     hook = f"{webhook_receiver.url}/hooks/{TOKEN}"
-    # ---- install from the shipped definition, twice: one automation, updated in place
-    for _ in range(2):
-        out = _done(_cli(prefect_server, "alerts", "install", "--webhook-url", hook), "alerts install", 0)
+    # ---- install from the shipped definition, twice: one automation, updated in place (listed meanwhile)
+    install = ["alerts", "install", "--webhook-url", hook]
+    first = _done(_cli(prefect_server, *install), "alerts install", 0)
+    again, listing = _cli(prefect_server, *install), _cli(prefect_server, "alerts", "list")
+    second = _done(again, "alerts install (again)", 0)
+    assert "updated automation recall-bench-alerts" in second, second
+    for out in (first, second):
         assert "recall-bench-alerts" in out and TOKEN not in out and webhook_receiver.url not in out, out
-    listed = _done(_cli(prefect_server, "alerts", "list"), "alerts list", 0)
+    assert "created automation" in first and "updated automation" not in first, first
+    listed = _done(listing, "alerts list", 0)
     assert "custom-webhook/recall-bench-alerts" in listed and TOKEN not in listed, listed
     with prefect_server.client() as client:
         (automation,) = client.read_automations_by_name("recall-bench-alerts")
