@@ -83,7 +83,21 @@ class RunParams(BaseModel):
     index_version: str | None = Field(None, description="Version of the search index being scored (default: label)")
     segment_by: list[str] = Field(default_factory=list, description="Columns to aggregate by")
     columns: dict[str, str] = Field(default_factory=dict, description="role -> column name overrides")
-    format: Literal["delta", "parquet"] = Field("delta", description="Table format of the output: delta | parquet")
+    format: Literal["delta", "parquet", "iceberg"] = Field(
+        "delta", description="Table format of the output: delta | parquet | iceberg"
+    )
+    catalog: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="--format iceberg: the pyiceberg catalog to use, by name (.pyiceberg.yaml or "
+        "PYICEBERG_CATALOG__<NAME>__*); default: an embedded SQLite catalog under the (local) output",
+    )
+    namespace: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        description="--format iceberg: the catalog namespace of the tables (default: recall_bench, or the one "
+        "the output records)",
+    )
     storage_options: dict[str, str] = Field(default_factory=dict, description="Non-secret storage settings")
     cache: bool = Field(True, description="Use the row verdict cache and Prefect's chunk cache (--no-cache: off)")
     refresh_cache: bool = Field(False, description="Re-judge everything, then refresh the caches")

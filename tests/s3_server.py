@@ -3,8 +3,9 @@
 The wheel installs the ``weed`` executable into the virtualenv's ``bin/`` (next to ``python``). One
 ``weed mini`` process runs master, volume, filer, S3, WebDAV and admin servers; each HTTP service also
 opens a gRPC port at HTTP port + 10000, so every port is chosen with that companion port free too.
-The Iceberg and Lance catalog ports and telemetry are turned off, and ``-s3.autoCreateBucket=false``
-makes a PUT into a missing bucket fail with ``NoSuchBucket`` as on AWS.
+The S3 gateway's Iceberg REST catalog listens on its own port (:attr:`S3Server.iceberg_url`) over the table
+bucket :data:`TABLE_BUCKET`, created at start; the Lance catalog port and telemetry are turned off, and
+``-s3.autoCreateBucket=false`` makes a PUT into a missing bucket fail with ``NoSuchBucket`` as on AWS.
 
 Credentials are random and enforced: ``weed mini`` reads ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
 from its environment at start and makes them its admin identity. Startup takes about 1 s.
@@ -40,6 +41,7 @@ from botocore.config import Config
 
 GRPC_OFFSET = 10_000
 SERVICES = ("master", "volume", "filer", "s3", "webdav", "admin")  # each takes -<name>.port
+TABLE_BUCKET = "rb-warehouse"  # the S3 Tables bucket the Iceberg REST catalog serves
 STOP_GRACE_S = 1.0
 START_TIMEOUT_S = 30.0
 
@@ -86,7 +88,9 @@ class S3Server:
         self.access_key = "rbtest" + secrets.token_hex(4)
         self.secret_key = "rbsecret" + secrets.token_hex(12)
         self.log_path = data_dir / "weed.log"
-        self.ports = dict(zip(SERVICES, pick_ports(len(SERVICES)), strict=True))
+        ports = pick_ports(len(SERVICES) + 1)
+        self.ports = dict(zip(SERVICES, ports, strict=False))
+        self.iceberg_port = ports[-1]
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
 
@@ -99,7 +103,8 @@ class S3Server:
         store.mkdir(exist_ok=True)
         args = [weed_binary(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
         args += [f"-{name}.port={port}" for name, port in self.ports.items()]
-        args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
+        args += [f"-s3.port.iceberg={self.iceberg_port}", f"-tableBucket={TABLE_BUCKET}"]
+        args += ["-s3.port.lance=0", "-master.telemetry=false"]
         args += ["-s3.autoCreateBucket=false", "-admin.ui=false"]
         args += [f"-filer.localSocket={self.data_dir}/f.sock", f"-s3.localSocket={self.data_dir}/s.sock"]
         return args
@@ -167,6 +172,20 @@ class S3Server:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    @property
+    def iceberg_url(self) -> str:
+        return f"http://127.0.0.1:{self.iceberg_port}"
+
+    def iceberg_catalog_env(self, name: str) -> dict[str, str]:
+        """``PYICEBERG_CATALOG__<NAME>__*`` variables for the REST catalog, the pyiceberg way (SigV4 signed with the
+        ``AWS_*`` credentials of :meth:`env`, which must be set too: no credential in the catalog's own config)."""
+        prefix = f"PYICEBERG_CATALOG__{name.upper()}__"
+        values = {
+            "TYPE": "rest", "URI": self.iceberg_url, "WAREHOUSE": f"s3://{TABLE_BUCKET}",
+            "REST__SIGV4_ENABLED": "true", "REST__SIGNING_REGION": self.region, "REST__SIGNING_NAME": "s3tables",
+        }  # fmt: skip
+        return {prefix + k: v for k, v in values.items()}
 
     def env(self) -> dict[str, str]:
         """``AWS_*`` environment variables that point a client at this server."""

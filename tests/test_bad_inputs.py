@@ -29,6 +29,8 @@ from pydantic import ValidationError
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError, RunFailed, StorageError
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests import s3_server as _s3
@@ -757,22 +759,24 @@ def test_corrupted_data_page_stops_the_run_without_commit(ctx: Ctx) -> None:
     assert not (out / "results").exists() and not (out / "runs").exists()
 
 
-def test_passthrough_type_differing_from_the_results_table_is_refused_before_judging(ctx: Ctx) -> None:
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_passthrough_type_differing_from_the_results_table_is_refused_before_judging(ctx: Ctx, fmt: str) -> None:
     """A later dataset whose pass-through column has another type than the output's results table."""
-    first = run_flow(ctx, dataset_uri=write(ctx.tmp / "a" / "eval.parquet", rows()))
+    first = run_flow(ctx, dataset_uri=write(ctx.tmp / "a" / "eval.parquet", rows()), format=fmt)
     assert first["scored"] == 4
     ctx.fake.reset()
     other = write(ctx.tmp / "b" / "eval.parquet", assign(rows(), "category", [1, 2, 3, 4]))
     with pytest.raises(DatasetError) as info:
-        run_flow(ctx, dataset_uri=other)
+        run_flow(ctx, dataset_uri=other, format=fmt)
     message = str(info.value)
     assert "pass-through column is int64, but the results table" in message
     assert "has 'category' as string: cast the column, rename it, or write to another --output" in message
     assert f"file {other}" in message and "column 'category'" in message and "\n" not in message
     assert ctx.fake.chat_requests == []
-    runs = DeltaTable(str(Path(ctx.out) / "runs")).to_pyarrow_table()
+    store = ResultStore(ctx.out, StorageConfig.from_options(), fmt)  # type: ignore[arg-type]
+    runs = store.read_table("runs").to_table()
     assert runs.column("run_id").to_pylist() == [first["run_id"]]  # nothing committed by the refused run
-    assert DeltaTable(str(Path(ctx.out) / "results")).to_pyarrow_table().num_rows == 4
+    assert store.read_table("results").count_rows() == 4
     assert not list(Path(ctx.out).glob("_chunks/*/*/*.parquet"))[4:]  # no chunk file of the refused run
 
 

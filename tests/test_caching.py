@@ -277,7 +277,7 @@ def test_sigkill_during_judging_then_rerun_resumes(prefect_harness, judge_env, t
     assert not list((out / "_pending").glob("*.json"))
 
 
-@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+@pytest.mark.parametrize("fmt", ["delta", "parquet", "iceberg"])
 def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp_path, fmt):
     rows = make_rows(30, seed=9)
     data = write(tmp_path / "eval.parquet", rows)
@@ -296,6 +296,8 @@ def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp
     assert proc.returncode == -signal.SIGKILL
     store = ResultStore(str(out), StorageConfig.from_options(), fmt)  # type: ignore[arg-type]
     assert store.read_table("runs") is None
+    if fmt == "iceberg":  # the results commit landed before the kill: the rerun must not append it again
+        assert store.read_table("results").count_rows() == 30
     if fmt == "parquet":  # readers see no rows of an uncommitted run
         assert store.read_table("results") is None or store.read_table("results").count_rows() == 0
     requests_before = len(judge_env.chat_requests)

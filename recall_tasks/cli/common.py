@@ -33,7 +33,7 @@ OutputOption = Annotated[
 ]
 FormatOption = Annotated[
     str | None,
-    typer.Option("--format", help="delta | parquet; default: what is at --output already, else delta"),
+    typer.Option("--format", help="delta | parquet | iceberg; default: what is at --output already, else delta"),
 ]
 StorageOption = Annotated[
     list[str] | None,
@@ -108,6 +108,6 @@ def _store(output: str, format: str | None, storage_option: list[str] | None) ->
     storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
     if format is None:
         format = _detect_format(output, storage_option, storage)
-    elif format not in ("delta", "parquet"):
-        raise ConfigError(f"--format must be delta or parquet, got {format!r}")
+    elif format not in ("delta", "parquet", "iceberg"):
+        raise ConfigError(f"--format must be delta, parquet or iceberg, got {format!r}")
     return ResultStore(output, storage, format)  # type: ignore[arg-type]

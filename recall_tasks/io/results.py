@@ -14,6 +14,8 @@ Formats:
   or none), then its run rows to ``runs``. New pass-through columns are merged into the table schema.
 - ``parquet``: Hive-partitioned files under ``results/dataset=<d>/run_date=<day>/``; the run's ``runs`` file is
   written last and is the commit marker: ``read_table("results")`` only returns rows of runs listed in ``runs``.
+- ``iceberg``: tables in a pyiceberg catalog (:mod:`~recall_tasks.io.iceberg`), one catalog commit per run and
+  table; ``<output>`` keeps the caches, chunk files and reports, and records the catalog in ``_warehouse.json``.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import StorageError
+from recall_tasks.errors import RecallBenchError
 from recall_tasks.io.cache import write_atomically
 from recall_tasks.io.schemas import COMPARISON_SCHEMA, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
@@ -38,7 +40,8 @@ from recall_tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
-Format = Literal["delta", "parquet"]
+Format = Literal["delta", "parquet", "iceberg"]
+FORMATS: tuple[str, ...] = ("delta", "parquet", "iceberg")
 
 #: Delta commits retried after a conflict with another run's commit (fresh snapshot, schema merged again).
 COMMIT_ATTEMPTS = 4
@@ -90,11 +93,24 @@ class ResultStore:
     output_uri: str
     storage: StorageConfig
     format: Format = "delta"
+    catalog: str | None = None
+    namespace: str | None = None
 
     def __post_init__(self) -> None:
-        if self.format not in ("delta", "parquet"):
-            raise ValueError(f"format must be 'delta' or 'parquet', got {self.format!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         self.fs, self.root = filesystem(self.output_uri, self.storage)
+        self._iceberg: Any = None
+
+    @property
+    def iceberg(self) -> Any:
+        """The output's :class:`~recall_tasks.io.iceberg.IcebergTables` (``--format iceberg``)."""
+        if self._iceberg is None:
+            from recall_tasks.io.iceberg import IcebergTables, resolve_location
+
+            where = resolve_location(self.fs, self.root, self.output_uri, self.catalog, self.namespace)
+            self._iceberg = IcebergTables(self.output_uri, self.storage, where, self.fs, self.root)
+        return self._iceberg
 
     @property
     def results_uri(self) -> str:
@@ -181,9 +197,11 @@ class ResultStore:
         try:
             if self.format == "delta":
                 self._commit_delta(run_id, parts, dataset, run_date, runs_table)
+            elif self.format == "iceberg":
+                self._commit_iceberg(run_id, parts, dataset, run_date, runs_table)
             else:
                 self._commit_parquet(run_id, parts, dataset, run_date, runs_table)
-        except StorageError:
+        except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.output_uri) from None
@@ -260,6 +278,15 @@ class ResultStore:
         crashpoint("after-results-commit")
         self._delta_append(self.runs_uri, runs, f"recall-bench-runs-{run_id}")
 
+    def _commit_iceberg(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+        if parts:
+            self.iceberg.append(
+                "results", lambda: self._run_batches(run_id, parts, dataset, run_date),
+                f"recall-bench-results-{run_id}", partition_by=["dataset", "run_date"],
+            )  # fmt: skip
+        crashpoint("after-results-commit")
+        self.iceberg.append("runs", lambda: runs, f"recall-bench-runs-{run_id}")
+
     def _commit_parquet(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
         self.fs.makedirs(folder, exist_ok=True)
@@ -290,11 +317,13 @@ class ResultStore:
         try:
             if self.format == "delta":
                 self._delta_append(self.comparisons_uri, table, f"recall-bench-comparison-{comparison_id}")
+            elif self.format == "iceberg":
+                self.iceberg.append("comparisons", lambda: table, f"recall-bench-comparison-{comparison_id}")
             else:
                 folder = self._path("comparisons", f"dataset={dataset}")
                 self.fs.makedirs(folder, exist_ok=True)
                 write_atomically(self.fs, f"{folder}/{comparison_id}.parquet", table.drop_columns(["dataset"]))
-        except StorageError:
+        except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.comparisons_uri) from None
@@ -316,6 +345,8 @@ class ResultStore:
                     return DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
                 except TableNotFoundError:
                     return None
+            if self.format == "iceberg":
+                return cast("pads.Dataset | None", self.iceberg.dataset(name))
             path = self._path(name)
             if not self.fs.exists(path):
                 return None
@@ -329,7 +360,7 @@ class ResultStore:
                 ids = [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()
                 return ds.filter(pads.field("run_id").isin(pa.array(ids, pa.string())))
             return ds
-        except StorageError:
+        except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, uri) from None
@@ -343,12 +374,16 @@ def today() -> str:
 def detect_format(output_uri: str, storage: StorageConfig) -> Format:
     """The format of the tables already at ``output_uri`` (what readers use when ``--format`` is not given).
 
-    A table folder with a ``_delta_log`` means delta; a table folder without one means parquet; an output with
-    no table yet gets the default, delta.
+    A ``_warehouse.json`` means iceberg; a table folder with a ``_delta_log`` means delta; a table folder without
+    one means parquet; an output with no table yet gets the default, delta.
     """
+    from recall_tasks.io.iceberg import MARKER
+
     fs, root = filesystem(output_uri, storage)
     names = ("runs", "results", "comparisons")
     try:
+        if fs.exists(f"{root.rstrip('/')}/{MARKER}"):
+            return "iceberg"
         if any(fs.exists(f"{root.rstrip('/')}/{name}/_delta_log") for name in names):
             return "delta"
         if any(fs.exists(f"{root.rstrip('/')}/{name}") for name in names):

@@ -16,6 +16,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.io.columns import parse_column_overrides, stored_type, type_name
 from recall_tasks.io.datasets import Dataset
+from recall_tasks.io.iceberg import iceberg_type
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults, Retriever
 from recall_tasks.io.schemas import passthrough_name
@@ -105,6 +106,7 @@ def check_results_schema(dataset: Dataset, store: ResultStore) -> None:
     if existing is None:
         return
     by_lower = {f.name.lower(): f for f in existing.schema}
+    iceberg = store.format == "iceberg"
     for col in dataset.passthrough:
         name, typ = passthrough_name(col), dataset.passthrough_types[col]
         old = by_lower.get(name.lower())
@@ -116,7 +118,7 @@ def check_results_schema(dataset: Dataset, store: ResultStore) -> None:
                 f"{old.name!r}, which differs only in case: rename the column or write to another --output",
                 uri=dataset.files[0].uri, column=col,
             )  # fmt: skip
-        if _comparable(old.type) != _comparable(typ):
+        if _comparable(old.type, iceberg) != _comparable(typ, iceberg):
             raise DatasetError(
                 f"pass-through column is {type_name(typ)}, but the results table {store.results_uri} has "
                 f"{old.name!r} as {type_name(old.type)}: cast the column, rename it, or write to another --output",
@@ -124,9 +126,11 @@ def check_results_schema(dataset: Dataset, store: ResultStore) -> None:
             )  # fmt: skip
 
 
-def _comparable(t: pa.DataType) -> str:
+def _comparable(t: pa.DataType, iceberg: bool = False) -> str:
     with contextlib.suppress(ValueError):
         t = stored_type(t)
+    if iceberg:  # Iceberg has no 8- or 16-bit integers: they are stored as int
+        t = iceberg_type(t)
     if pa.types.is_timestamp(t) and t.tz:
         t = pa.timestamp(t.unit, tz="UTC")
     return type_name(t)

@@ -168,7 +168,7 @@ def check_run(params: RunParams) -> Checked:
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     segments = check_segments(params, dataset)
     try:
-        store = ResultStore(params.output_uri, storage, params.format)
+        store = ResultStore(params.output_uri, storage, params.format, params.catalog, params.namespace)
     except (ValueError, ImportError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None

@@ -139,7 +139,8 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
             metric.claim_units.store = cache.claims
     return RunPlan(
         params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset, metric=metric,
-        store=ResultStore(params.output_uri, storage, params.format), started_at=dt.datetime.now(dt.UTC),
+        store=ResultStore(params.output_uri, storage, params.format, params.catalog, params.namespace),
+        started_at=dt.datetime.now(dt.UTC),
         started_clock=time.perf_counter(), cache=cache, budget=_budget(spec),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), config_hash=spec.config_hash,
         retrieval=RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None,
