@@ -118,6 +118,7 @@ def test_concurrent_runs_of_two_datasets_both_commit_and_evolve_the_schema(where
     assert sorted(v for v in results.column("owner").to_pylist() if v) == ["x", "y"]
 
 
+@pytest.mark.parametrize("where", ["sqlite"], indirect=True)  # the conflict itself is tested on REST above
 def test_the_same_run_committed_by_two_writers_at_once_lands_once(where, monkeypatch, caplog):
     from pyiceberg.table import Transaction
 

@@ -119,6 +119,11 @@ def resolve_location(fs: Any, root: str, output_uri: str, catalog: str | None, n
     recorded = read_marker(fs, root)
     wanted = Location(catalog, namespace or DEFAULT_NAMESPACE)
     if recorded is None:
+        if catalog is None and split_uri(output_uri)[0] != "file":
+            raise ConfigError(
+                f"--format iceberg on {output_uri} needs --catalog NAME (a catalog configured in .pyiceberg.yaml "
+                "or PYICEBERG_CATALOG__<NAME>__*): the embedded SQLite catalog needs a local --output"
+            )
         return wanted
     other_catalog = catalog is not None and catalog != recorded.catalog
     if other_catalog or (namespace is not None and namespace != recorded.namespace):
@@ -149,13 +154,8 @@ def load_catalog(output_uri: str, storage: StorageConfig, where: Location) -> An
     from pyiceberg.catalog import load_catalog as pyiceberg_load
     from pyiceberg.utils.config import Config
 
-    if where.catalog is None:
-        protocol, root = split_uri(output_uri)
-        if protocol != "file":
-            raise ConfigError(
-                f"--format iceberg on {output_uri} needs --catalog NAME (a catalog configured in .pyiceberg.yaml or "
-                "PYICEBERG_CATALOG__<NAME>__*): the embedded SQLite catalog needs a local --output"
-            )
+    if where.catalog is None:  # resolve_location refused a non-local output without a catalog
+        root = split_uri(output_uri)[1]
         return pyiceberg_load(
             "recall_bench", type="sql", uri=f"sqlite:///{root}/{CATALOG_DB}", warehouse=f"file://{root}"
         )
