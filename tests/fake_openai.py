@@ -30,7 +30,10 @@ connection is then dropped.
 Batch API (``/v1/files`` and ``/v1/batches``, see :class:`FakeOpenAI`'s ``batch_*`` attributes): an uploaded JSONL
 (multipart, ``purpose=batch``) is processed line by line with the same responder the chat endpoint uses (not
 recorded as chat requests: a batch's lines are not live calls), the output file in shuffled order, failed lines in
-an error file. ``batch_supported = False`` answers 404 on both routes (vLLM's OpenAI server has neither).
+an error file. ``batch_supported = False`` answers 404 on both routes (vLLM's OpenAI server has neither). The list
+routes answer as OpenAI's do: newest first, ``after`` / ``limit`` pagination with ``has_more`` (batches 20 per page
+by default, files 10,000; files also ``order=asc``), so code that takes list order for age meets production's
+order here; file and batch objects carry the real API's fields.
 """
 
 from __future__ import annotations
@@ -329,6 +332,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("PATCH")
 
 
+def _page(items: list[dict[str, Any]], query: dict[str, Any], default_limit: int) -> dict[str, Any]:
+    """One page of a list endpoint as OpenAI returns it: newest first (``order=asc`` for oldest first, files
+    only), the items after the id ``after``, at most ``limit``, with ``first_id``, ``last_id`` and ``has_more``."""
+    ordered = items if query.get("order") == "asc" else items[::-1]  # stored in creation order
+    after = query.get("after")
+    if after:
+        ids = [item["id"] for item in ordered]
+        ordered = ordered[ids.index(after) + 1 :] if after in ids else []
+    limit = int(query.get("limit") or default_limit)
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}  # fmt: skip
+
+
 def _parse_multipart(content_type: str, raw: bytes) -> dict[str, Any]:
     """A multipart/form-data body as ``{field: str}``, files as ``{field: (filename, bytes)}``."""
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
@@ -367,6 +384,7 @@ class FakeOpenAI:
     only the first half of the lines answered, the rest in the error file as ``batch_expired`` | "failed": no
     output, ``errors`` set); ``batch_fail_line(custom_id, body) -> bool`` (those lines go to the error file with a
     500); ``batch_create_faults`` (statuses answered to the next ``POST /batches``, one each);
+    ``batch_create_lost`` (likewise, but answered after the batch was created: a reply lost on the way back);
     ``batch_truncate_output`` (the output file is cut in the middle of its last line); ``batch_unknown_line`` (one
     output line for a custom_id that was never submitted). :meth:`cancel_batch_outside` cancels a batch as if
     someone did it in the provider's console. ``files`` and ``batches`` hold what was uploaded and created.
@@ -490,6 +508,7 @@ class FakeOpenAI:
         self.batch_outcome = "completed"
         self.batch_fail_line: Callable[[str, dict[str, Any]], bool] | None = None
         self.batch_create_faults: list[int] = []
+        self.batch_create_lost: list[int] = []
         self.batch_truncate_output = False
         self.batch_unknown_line = False
 
@@ -551,7 +570,8 @@ class FakeOpenAI:
     def _new_file(self, filename: str, data: bytes, purpose: str) -> dict[str, Any]:
         file_id = f"file-fake{next(self._ids):08d}"
         meta = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-                "filename": filename, "purpose": purpose, "status": "processed"}  # fmt: skip
+                "expires_at": None, "filename": filename, "purpose": purpose, "status": "processed",
+                "status_details": None}  # fmt: skip
         with self._lock:
             self.files[file_id] = {"meta": meta, "data": data}
         return meta
@@ -582,7 +602,7 @@ class FakeOpenAI:
                 with self._lock:
                     data = [f["meta"] for f in self.files.values()
                             if query.get("purpose") in (None, f["meta"]["purpose"])]  # fmt: skip
-                return _Reply(200, {"object": "list", "data": data, "has_more": False})
+                return _Reply(200, _page(data, query, default_limit=10_000))
             stored = self.files.get(parts[1])
             if stored is None:
                 return _Reply(404, error_body(404, message=f"No such File object: {parts[1]}"))
@@ -606,23 +626,27 @@ class FakeOpenAI:
                 "errors": None, "input_file_id": body["input_file_id"],
                 "completion_window": body.get("completion_window", "24h"), "status": "validating",
                 "output_file_id": None, "error_file_id": None, "created_at": int(time.time()),
-                "in_progress_at": None, "expires_at": int(time.time()) + 86400, "completed_at": None,
-                "failed_at": None, "expired_at": None, "cancelled_at": None,
+                "in_progress_at": None, "expires_at": int(time.time()) + 86400, "finalizing_at": None,
+                "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
+                "cancelled_at": None,
                 "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": body.get("metadata"),
             }  # fmt: skip
             with self._lock:
                 self.batches[batch["id"]] = batch
                 self.stats["batch:create"] += 1
             reply = dict(batch)
+            with self._lock:
+                lost = self.batch_create_lost.pop(0) if self.batch_create_lost else None
             if self.batch_hold:
                 batch["status"] = "in_progress"
                 batch["in_progress_at"] = int(time.time())
             else:
                 self._process_batch(batch, self.batch_outcome)
-            return _Reply(200, reply)
+            return _Reply(lost, error_body(lost)) if lost is not None else _Reply(200, reply)
         if method == "GET" and len(parts) == 1:
+            query = json.loads(headers.get("x-fake-query") or "{}")
             with self._lock:
-                return _Reply(200, {"object": "list", "data": list(self.batches.values()), "has_more": False})
+                return _Reply(200, _page([dict(b) for b in self.batches.values()], query, default_limit=20))
         batch = self.batches.get(parts[1])
         if batch is None:
             return _Reply(404, error_body(404, message=f"No such Batch object: {parts[1]}"))

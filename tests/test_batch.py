@@ -261,10 +261,26 @@ def test_a_crash_between_upload_and_batch_creation_never_uploads_twice(prefect_h
     assert cli(judge_env, data, other, "--batch", "--max-retries", "0").exit_code == 2
     (path,) = (other / "_batches").glob("*.json")
     lost = json.loads(path.read_text())
+    (upload,) = [f for f in judge_env.uploads if f["id"] == lost["parts"][0]["file_id"]]
     lost["parts"][0]["file_id"] = None
     path.write_text(json.dumps(lost))
+    decoy = judge_env._new_file(upload["filename"], b"{}\n", "batch")  # newer, same name: listed first
     assert cli(judge_env, data, other, "--batch", "--max-retries", "0").exit_code == 0
-    assert len(judge_env.uploads) == 2 and len(judge_env.batches) == 2
+    assert len(judge_env.uploads) == 3 and len(judge_env.batches) == 2  # no third upload
+    assert list(judge_env.batches.values())[-1]["input_file_id"] == upload["id"] != decoy["id"]  # by content
+
+
+def test_a_batch_created_behind_a_lost_reply_is_found_by_its_metadata_never_created_twice(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(6, seed=61))
+    out = tmp_path / "out"
+    judge_env.batch_create_lost = [500]  # created, but the reply is a 500: the SDK used to send the POST again
+    result = cli(judge_env, data, out, "--batch")
+    assert result.exit_code == 0, result.output
+    assert judge_env.stats["batch:create"] == 1 and runs(out)[0]["status"] == "completed"
+    ((batch_id, batch),) = judge_env.batches.items()
+    assert batch["metadata"]["recall_bench_key"] == record(out)["run_key"] and runs(out)[0]["batch_ids"] == [batch_id]
 
 
 def test_expired_lines_are_judged_live_with_the_fallback_and_an_unusable_reply_gets_one_repair(

@@ -418,3 +418,21 @@ def test_batch_controls_truncate_unknown_create_fault_and_no_support(fake_openai
         client.batches.list()
     with pytest.raises(openai.NotFoundError):
         client.files.create(file=("in.jsonl", _batch_lines(1)), purpose="batch")
+
+
+def test_batch_and_file_lists_are_newest_first_a_page_at_a_time() -> None:
+    """As OpenAI lists them: newest first, ``after`` / ``limit`` / ``has_more`` (the SDK pages through them)."""
+    with FakeOpenAI() as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
+        files = [client.files.create(file=(f"f{i}.jsonl", b""), purpose="batch").id for i in range(3)]
+        batches = [client.batches.create(input_file_id=f, endpoint="/v1/chat/completions", completion_window="24h").id
+                   for f in files]  # fmt: skip
+        page = client.batches.list(limit=2)
+        assert [b.id for b in page.data] == batches[:0:-1] and page.has_more
+        rest = client.batches.list(limit=2, after=page.data[-1].id)
+        assert [b.id for b in rest.data] == batches[:1] and not rest.has_more
+        assert [b.id for b in client.batches.list(limit=2)] == batches[::-1]  # auto-paging: every page
+        assert [f.id for f in client.files.list(purpose="batch")] == files[::-1]
+        first = client.batches.retrieve(batches[0]).model_dump()
+        assert {"cancelling_at", "finalizing_at", "request_counts", "metadata"} <= set(first)
+        assert {"expires_at", "status_details"} <= set(client.files.retrieve(files[0]).model_dump(exclude_unset=True))

@@ -175,7 +175,7 @@ def cancel(
     fs, path, record = _open_record(output, storage_option, run_key)
     params = _command_params(path, record, output, base_url, storage_option)
     try:
-        cancelled = batch_record.cancel(fs, path, record, params)
+        record, cancelled = batch_record.cancel(fs, path, params)
     except RecallBenchError as exc:
         Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None

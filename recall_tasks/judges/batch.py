@@ -10,6 +10,11 @@
 - :class:`BatchClient` wraps the SDK's ``files`` and ``batches`` resources; SDK errors are translated as the
   judge translates them, and :meth:`BatchClient.probe` tells an endpoint without a Batch API (404: vLLM, Ollama)
   before anything is uploaded.
+- **Idempotent remote steps.** The provider lists files and batches newest first, a page at a time: nothing here
+  takes list order for age. An upload is found again by its name, which carries the SHA-256 of its bytes (and by
+  its size), so any file of that name holds those bytes. ``POST /batches`` is never retried blindly (the SDK's
+  retries are off for it): after a timeout, a dropped connection or a 5xx, the batch is looked up by its
+  metadata (:meth:`BatchClient.find_batch`) before another create.
 """
 
 from __future__ import annotations
@@ -150,23 +155,54 @@ class BatchClient:
             raise self._translate(exc) from None
         return str(created.id)
 
-    async def find_upload(self, filename: str) -> str | None:
-        """The id of an uploaded batch input file named ``filename`` (an upload whose id was never recorded)."""
+    async def find_upload(self, filename: str, size: int | None = None) -> str | None:
+        """The id of an uploaded batch input file named ``filename`` (of ``size`` bytes if given): an upload whose
+        id was never recorded. The name carries the content's hash, so any match holds the same bytes; every page
+        is read (the listing is newest first, never taken for age)."""
         try:
-            page = await self._client.files.list(purpose="batch")
+            async for f in self._client.files.list(purpose="batch"):
+                if f.filename == filename and (size is None or f.bytes == size):
+                    return str(f.id)
         except openai.OpenAIError as exc:
             raise self._translate(exc) from None
-        ids = [f.id for f in page.data if f.filename == filename]
-        return str(ids[-1]) if ids else None
+        return None
 
-    async def create(self, file_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+    async def find_batch(self, metadata: dict[str, str], since: float | None = None) -> dict[str, Any] | None:
+        """The batch created with exactly ``metadata`` (newest first, stopping at batches created before
+        ``since``, epoch seconds), or None."""
         try:
-            batch = await self._client.batches.create(
-                input_file_id=file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW, metadata=metadata
-            )
+            async for batch in self._client.batches.list(limit=100):
+                if since is not None and batch.created_at < since - 60:
+                    break  # newest first: every later one is older than the record
+                if batch.metadata and all(batch.metadata.get(k) == v for k, v in metadata.items()):
+                    return batch.model_dump(mode="json")
         except openai.OpenAIError as exc:
             raise self._translate(exc) from None
-        return batch.model_dump(mode="json")
+        return None
+
+    async def create(
+        self, file_id: str, metadata: dict[str, str], since: float | None = None, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """Create a batch, never twice: the SDK does not retry ``POST /batches`` itself; after an error that may
+        hide a created batch (timeout, dropped connection, 5xx) the batch is looked up by ``metadata`` before the
+        next attempt (``attempts``: the client's retries plus one)."""
+        tries = attempts if attempts is not None else self._client.max_retries + 1
+        once = self._client.with_options(max_retries=0)
+        for attempt in range(tries):
+            try:
+                batch = await once.batches.create(
+                    input_file_id=file_id, endpoint=ENDPOINT, completion_window=COMPLETION_WINDOW, metadata=metadata
+                )
+                return batch.model_dump(mode="json")
+            except (openai.APIConnectionError, openai.InternalServerError) as exc:  # timeouts included
+                found = await self.find_batch(metadata, since)
+                if found is not None:
+                    return found
+                if attempt + 1 >= tries:
+                    raise self._translate(exc) from None
+            except openai.OpenAIError as exc:
+                raise self._translate(exc) from None
+        raise AssertionError("unreachable")
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         try:

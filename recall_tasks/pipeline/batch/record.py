@@ -1,7 +1,8 @@
 """The record of a ``--batch`` run's batches, ``<output>/_batches/<run key>.json``, what its batches' output files
 say (:func:`outcomes`), and what reads it without a run (``recall-bench batch status | collect | cancel``).
 
-Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch.settle`). It holds:
+Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch.settle`), by
+compare-and-swap (:mod:`recall_tasks.pipeline.batch.cas`): one writer at a time. It holds:
 
 - ``run_key``, ``run_id``, ``status`` (``submitting`` -> ``pending`` -> ``collected``, or ``cancelled`` by
   ``recall-bench batch cancel``), ``submitted_at`` (ISO) and ``submitted_ts`` (epoch seconds, for
@@ -19,10 +20,7 @@ Written whole before and after each remote step (see :mod:`recall_tasks.pipeline
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import os
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +28,8 @@ from recall_tasks._sync import run_sync
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output
+from recall_tasks.pipeline.batch import cas
+from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 
 log = logging.getLogger(__name__)  # under recall_tasks.pipeline.batch (tests and users filter on it)
 
@@ -42,26 +42,9 @@ def record_file(store: Any, run_key: str) -> str:
     return path
 
 
-def read_at(fs: Any, path: str) -> dict[str, Any] | None:
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "r") as fh:
-        data: dict[str, Any] = json.load(fh)
-    return data
-
-
-def write_at(fs: Any, path: str, record: dict[str, Any]) -> None:
-    """Written whole (local: temp file and rename; object stores: one PUT)."""
-    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-    text = json.dumps(record, indent=1)
-    if type(fs).__name__ == "LocalFileSystem":
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    else:
-        with fs.open(path, "w") as fh:
-            fh.write(text)
+def read_at(fs: Any, path: str) -> Record | None:
+    """The record with the version it was read at (:mod:`recall_tasks.pipeline.batch.cas`)."""
+    return cas.read(fs, path)
 
 
 def now() -> str:
@@ -129,7 +112,7 @@ def records(fs: Any, root: str) -> list[tuple[str, dict[str, Any]]]:
     if not fs.exists(folder):
         return []
     paths = sorted(p for p in fs.find(folder) if p.endswith(".json"))
-    found = []
+    found: list[tuple[str, dict[str, Any]]] = []
     for path in paths:
         record = read_at(fs, path)
         if record is not None:
@@ -160,27 +143,49 @@ def choose_open(
     return opened[0]
 
 
-def cancel(fs: Any, path: str, record: dict[str, Any], params: RunParams) -> list[str]:
-    """Cancel the record's batches that may still run at the provider, then mark the record ``cancelled``.
+def cancel(fs: Any, path: str, params: RunParams) -> tuple[Record, list[str]]:
+    """Mark the record ``cancelled``, then cancel its batches that may still run at the provider.
 
-    Returns the cancelled batch ids. ``params``: the command's (:func:`~recall_tasks.pipeline.batch.command.run_params`:
-    the endpoint and key never come from the record)."""
+    The mark comes first, by compare-and-swap (re-read and marked again if another process wrote in between): a
+    waiting run or a collector writing after it finds the record changed, re-reads it and stops, so a cancelled
+    record is never resubmitted nor set back to pending. Returns the record and the cancelled batch ids.
+    ``params``: the command's (:func:`~recall_tasks.pipeline.batch.command.run_params`: the endpoint and key never
+    come from the record). ConfigError if the record is no longer open."""
     from recall_tasks.pipeline.components import make_judge, release_judge
 
+    record = _mark(fs, path, lambda r: r.update(status="cancelled", cancelled_at=now()))
     judge: Any = make_judge(params)
     todo = [p for p in record["parts"] if p.get("batch_id") and (p.get("status") in ACTIVE or p.get("status") is None)]
+    seen: dict[str, Any] = {}
 
     async def run() -> None:
         client = judge.batch_client()
         for part in todo:
-            batch = await client.cancel(part["batch_id"])
-            part["status"] = batch.get("status")
-            write_at(fs, path, record)
+            seen[part["batch_id"]] = (await client.cancel(part["batch_id"])).get("status")
 
     try:
         run_sync(run())
     finally:
         release_judge(judge)
-    record.update(status="cancelled", cancelled_at=now())
-    write_at(fs, path, record)
-    return [p["batch_id"] for p in todo]
+
+    def statuses(fresh: Record) -> None:
+        for part in fresh["parts"]:
+            part["status"] = seen.get(part.get("batch_id") or "", part.get("status"))
+
+    return _mark(fs, path, statuses, require_open=False), [p["batch_id"] for p in todo]
+
+
+def _mark(fs: Any, path: str, change: Any, *, require_open: bool = True, tries: int = 50) -> Record:
+    """Read, change and write the record by compare-and-swap until no other writer came in between."""
+    for _ in range(tries):
+        record = read_at(fs, path)
+        if record is None or (require_open and record.get("status") not in OPEN):
+            status = None if record is None else record.get("status")
+            raise ConfigError(f"the batch record {path} is {status or 'gone'}, not pending: nothing cancelled")
+        change(record)
+        try:
+            cas.save(fs, path, record)
+        except RecordChanged:
+            continue
+        return record
+    raise ConfigError(f"the batch record {path} kept changing under {tries} attempts to write it; try again")

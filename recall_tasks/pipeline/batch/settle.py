@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from recall_tasks._sync import run_sync
-from recall_tasks.errors import ConfigError, JudgeConfigError, JudgeError
+from recall_tasks.errors import JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
-from recall_tasks.judges.batch import ACTIVE, OutputLine, request_line, split
+from recall_tasks.judges.batch import ACTIVE, OutputLine
 from recall_tasks.metrics.base import Missing
-from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, read_at, record_file, stored_params, write_at
+from recall_tasks.pipeline.batch import remote
+from recall_tasks.pipeline.batch.cas import Record, RecordChanged
+from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, stored_params
 from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
 from recall_tasks.pipeline.steps import RunPlan
 from recall_tasks.summaries import IdleSummary, PendingSummary
@@ -29,18 +31,6 @@ IDLE: Literal["batch_idle"] = "batch_idle"
 
 
 # -- the record (its format: :mod:`recall_tasks.pipeline.batch.record`) ----------------------------------
-
-
-def record_path(plan: RunPlan) -> str:
-    return record_file(plan.store, plan.run_key)
-
-
-def read_record(plan: RunPlan) -> dict[str, Any] | None:
-    return read_at(plan.store.fs, record_path(plan))
-
-
-def write_record(plan: RunPlan, record: dict[str, Any]) -> None:
-    write_at(plan.store.fs, record_path(plan), record)
 
 
 # -- what the run needs ------------------------------------------------------------------------------------
@@ -94,15 +84,40 @@ def _finished(record: dict[str, Any]) -> Settled:
 
 
 def settle(plan: RunPlan) -> Settled:
-    """Submit, check, resubmit or collect the run's batches (see the module docstring); waits with ``--wait``."""
+    """Submit, check, resubmit or collect the run's batches (see the package docstring); waits with ``--wait``.
+
+    One writer at a time: every write of the record is a compare-and-swap, and a waiting run re-reads it before
+    each check. When another process wrote it in between (``batch cancel``, another collector), this run stops,
+    nothing committed: it never writes over a cancel, never resubmits a cancelled record and never creates a round
+    2 that the other process created (a batch it created that the record cannot take is cancelled at once)."""
+    try:
+        return _settle(plan)
+    except RecordChanged:
+        return Settled(pending=_superseded(plan))
+
+
+def _superseded(plan: RunPlan) -> PendingSummary | IdleSummary:
+    """What a run returns when another process wrote its record: the record as that process left it."""
+    fresh = remote.read_record(plan)
+    status = None if fresh is None else fresh.get("status")
+    log.warning("the batch record %s was written by another process (now %s); this run stops here, nothing "
+                "committed", remote.record_path(plan), status)  # fmt: skip
+    if fresh is not None and status in OPEN:
+        return pending_summary(plan, fresh, sum(len(p["custom_ids"]) for p in fresh["parts"] if p.get("round") == 1))
+    why = f"another process left the batches of run {plan.run_id} {status or 'without a record'}"
+    return idle_summary(plan, fresh, f"stopped: {why} (record {remote.record_path(plan)})")
+
+
+def _settle(plan: RunPlan) -> Settled:
     params = plan.params
-    record = read_record(plan)
+    record = remote.read_record(plan)
     status = record.get("status") if record is not None else None
     if record is not None and status == "collected" and record.get("run_id") == plan.run_id:
         log.warning("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
         return _finished(record)
     if params.batch_collect_only and status not in OPEN:
         return Settled(pending=idle_summary(plan, record))
+    token = None if record is None else record.token  # a new record replaces this version, or none
     if record is not None and status == "cancelled":
         log.warning("the batches of run %s were cancelled at %s; submitting new batches", record.get("run_id"),
                     record.get("cancelled_at"))  # fmt: skip
@@ -113,12 +128,16 @@ def settle(plan: RunPlan) -> Settled:
     if record is None:
         if not requests:
             return Settled()
-        record = _new_record(plan, requests)
-    _submit(plan, record, requests)
+        record = _new_record(plan, requests, token)
+    remote.submit(plan, record, requests)
     texts: dict[str, tuple[str, str]] = {}
     deadline = None if params.batch_timeout_s is None else time.monotonic() + params.batch_timeout_s
+    first = True
     while True:
-        _refresh(plan, record)
+        if not first:
+            remote.unchanged(plan, record)  # a cancel or another collector since the last check: stop (RecordChanged)
+        first = False
+        remote.refresh(plan, record)
         if not any(p.get("status") in ACTIVE for p in record["parts"]):
             if _resubmit(plan, record, requests, texts):
                 continue
@@ -132,145 +151,72 @@ def settle(plan: RunPlan) -> Settled:
     return _collect(plan, record, requests, texts)
 
 
-def _parts(plan: RunPlan, requests: Mapping[str, JudgeRequest], keys: list[str], rnd: int) -> list[dict[str, Any]]:
+def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest], token: str | None) -> Record:
     judge: Any = plan.metric.judge
-    parts = split((key, request_line(key, judge.batch_body(requests[key]))) for key in keys)
-    tag = "" if rnd == 1 else f"r{rnd}-"
-    return [{"part": i, "round": rnd, "custom_ids": [k for k, _ in part], "uploading": False, "file_id": None,
-             "filename": f"recall-{plan.run_key}-{tag}{i}.jsonl", "batch_id": None, "status": None}
-            for i, part in enumerate(parts)]  # fmt: skip
-
-
-def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest]) -> dict[str, Any]:
-    judge: Any = plan.metric.judge
-    record = {
+    record = Record({
         "run_key": plan.run_key, "run_id": plan.run_id, "status": "submitting", "submitted_at": now(),
         "submitted_ts": time.time(), "model": judge.model, "endpoint": getattr(judge, "endpoint", None),
         "params": stored_params(plan.params), "batch_fallback": plan.params.batch_fallback,
-        "parts": _parts(plan, requests, list(requests), 1),
-    }  # fmt: skip
-    write_record(plan, record)
+        "parts": remote.parts(plan, requests, list(requests), 1),
+    })  # fmt: skip
+    record.token = token
+    remote.write_record(plan, record)
     return record
 
 
 def _resubmit(
-    plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
+    plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
 ) -> bool:
     """Every batch ended: submit the lines left unanswered (failed, expired, cancelled, missing) ONCE in new
     batches (round 2, same record). Not with ``--batch-fallback live`` (those lines are judged live). True if
     round 2 was submitted now."""
     if plan.params.batch_fallback == "live" or "resubmitted" in record:
         return False
-    _download(plan, record, texts)
+    remote.download(plan, record, texts)
     answers, _ = outcomes(record, texts)
     retry = [k for p in record["parts"] for k in p["custom_ids"] if k not in answers and k in requests]
     record["resubmitted"] = len(retry)
     if retry:
-        record["parts"].extend(_parts(plan, requests, retry, 2))
-    write_record(plan, record)  # round 2 recorded before any upload: a crash is resumed by the rerun's _submit
+        record["parts"].extend(remote.parts(plan, requests, retry, 2))
+    remote.write_record(plan, record)  # round 2 recorded before any upload: a crash is resumed by the rerun
     if not retry:
         return False
-    _submit(plan, record, requests)
+    remote.submit(plan, record, requests)
     ids = ", ".join(p["batch_id"] for p in record["parts"] if p.get("round") == 2)
     log.warning("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
     return True
-
-
-def _submit(plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest]) -> None:
-    """Upload and create what the record does not have yet, writing the record after each remote step."""
-    judge: Any = plan.metric.judge
-    todo = [p for p in record["parts"] if not p.get("batch_id")]
-    if not todo:
-        return
-
-    async def run() -> None:
-        client = judge.batch_client()
-        for part in todo:
-            if not part.get("file_id") and part.get("uploading"):  # uploaded, id lost: find it by name
-                part["file_id"] = await client.find_upload(part["filename"])
-            if not part.get("file_id"):
-                data = b"".join(request_line(k, judge.batch_body(requests[k])) for k in part["custom_ids"])
-                part["uploading"] = True
-                write_record(plan, record)
-                part["file_id"] = await client.upload(part["filename"], data)
-                write_record(plan, record)
-            metadata = {"recall_bench_run": plan.run_id, "part": str(part["part"]), "round": str(part.get("round", 1))}
-            batch = await client.create(part["file_id"], metadata)
-            part.update(batch_id=batch["id"], status=batch["status"])
-            write_record(plan, record)
-
-    missing = [k for p in todo if not p.get("file_id") for k in p["custom_ids"] if k not in requests]
-    if missing:
-        raise ConfigError(
-            f"the batch record {record_path(plan)} names {len(missing)} row(s) the dataset no longer has; "
-            "delete the record to submit afresh"
-        )
-    plan.scope.run(run())
-    record["status"] = "pending"
-    write_record(plan, record)
-    for part in todo:
-        log.warning("submitted batch %s (%d requests)", part["batch_id"], len(part["custom_ids"]))
-
-
-def _refresh(plan: RunPlan, record: dict[str, Any]) -> None:
-    judge: Any = plan.metric.judge
-
-    async def run() -> None:
-        client = judge.batch_client()
-        for part in record["parts"]:
-            if part.get("status") in ACTIVE or part.get("status") is None:
-                batch = await client.retrieve(part["batch_id"])
-                part.update(
-                    status=batch["status"], output_file_id=batch.get("output_file_id"),
-                    error_file_id=batch.get("error_file_id"), request_counts=batch.get("request_counts"),
-                )  # fmt: skip
-
-    plan.scope.run(run())
-    write_record(plan, record)
 
 
 def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> PendingSummary:
     """What the flow returns for a pending run: its batches, nothing committed."""
     return {
         "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
-        "batched_rows": rows, "record": record_path(plan), "output": plan.params.output_uri,
+        "batched_rows": rows, "record": remote.record_path(plan), "output": plan.params.output_uri,
         "base_url": plan.params.base_url, "submitted_at": record.get("submitted_at"),
         "batches": [{"id": p["batch_id"], "status": p.get("status"), "requests": len(p["custom_ids"]),
                      "round": p.get("round", 1), "counts": p.get("request_counts")} for p in record["parts"]],
     }  # fmt: skip
 
 
-def idle_summary(plan: RunPlan, record: dict[str, Any] | None) -> IdleSummary:
+def idle_summary(plan: RunPlan, record: dict[str, Any] | None, reason: str | None = None) -> IdleSummary:
     """What a ``batch_collect_only`` run returns when these parameters have no pending batches: nothing done."""
+    if reason is not None:
+        return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
+                "reason": reason}  # fmt: skip
     if record is None:
         why = "no batches were submitted for these parameters and this data"
     else:
         why = f"the batches of run {record.get('run_id')} are {record.get('status')}"
-    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": record_path(plan),
+    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
             "reason": f"nothing to collect: {why}"}  # fmt: skip
 
 
-def _download(plan: RunPlan, record: dict[str, Any], texts: dict[str, tuple[str, str]]) -> None:
-    """The ended parts' output and error files not downloaded yet, into ``texts`` (file id -> batch id, text)."""
-    judge: Any = plan.metric.judge
-    wanted = [(p[kind], p["batch_id"]) for p in record["parts"] for kind in ("output_file_id", "error_file_id")
-              if p.get(kind) and p[kind] not in texts]  # fmt: skip
-
-    async def run() -> None:
-        client = judge.batch_client()
-        for file_id, batch_id in wanted:
-            texts[file_id] = (batch_id, await client.content(file_id))
-
-    if wanted:
-        plan.scope.run(run())
-
-
 def _collect(
-    plan: RunPlan, record: dict[str, Any], requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
+    plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
 ) -> Settled:
     """Every batch ended: parse the outputs into the row cache; the rest are failures (or judged live)."""
     judge: Any = plan.metric.judge
-    _download(plan, record, texts)
+    remote.download(plan, record, texts)
     answers, failures = outcomes(record, texts)
 
     async def finish(key: str, batch_id: str, line: OutputLine) -> tuple[str, JudgeResponse | str]:
@@ -301,7 +247,7 @@ def _collect(
     record.update(status="collected", collected_at=now(), collected_ts=time.time(), collected=sorted(collected),
                   failures=failures)  # fmt: skip
     record["cost_usd"] = sum(r.cost_usd or 0.0 for r in collected.values())
-    write_record(plan, record)
+    remote.write_record(plan, record)
     log.warning(
         "collected %d row(s) from %d batch(es) (%s); %d failed line(s)%s", len(collected), len(record["parts"]),
         ", ".join(p["batch_id"] for p in record["parts"]), len(failures),
