@@ -110,6 +110,7 @@ def main() -> None:
     checkouts = {"this": ROOT, "base": args.vs.resolve()}
     runs: list[tuple[str, str, dict]] = []  # (measure, checkout, figures)
     with bench_setup(ROOT, max(args.rows, args.zero_rows), args.latency, "recall-cpu-") as bench:
+        (bench.tmp / "zero").mkdir()
         zero, zero_url = start_judge(0.0, bench.tmp / "zero")
         try:
             import pyarrow.parquet as pq

@@ -1,9 +1,9 @@
 """The lean chat path (``judges/_openai_lean.py``) against the SDK path, fault by fault, on the real fake server.
 
-A judge's first chat request goes through the SDK (it records the URL and headers the lean path then reuses);
-later ones through the lean path. Each case runs the same fault once on a fresh judge (the SDK) and once after a
-warm-up call (lean), and compares what a user and the circuit breaker see: the error's type and text, the
-requests counted, every attempt the observer was told about, and the requests the server received.
+Each case runs the same fault once on the SDK path (the judge's lean path switched off on its loop state, as for
+an Azure client) and once on the lean path, each after a warm-up call, and compares what a user and the circuit
+breaker see: the error's type and text, the requests counted, every attempt the observer was told about, and the
+requests the server received (bodies and headers).
 """
 
 from __future__ import annotations
@@ -46,21 +46,23 @@ class Recorder:
         self.events.append(("failed", endpoint, cause, timed_out))
 
 
-def outcome(server: Any, warm: bool, faults: list[Any], **kw: Any) -> dict[str, Any]:
+def outcome(server: Any, lean: bool, faults: list[Any], **kw: Any) -> dict[str, Any]:
     judge = OpenAIJudge(model="gpt-4o-mini", base_url=server.base_url, api_key=KEY, **kw)
     metric = ContextualRecall(judge=judge)
     lean_calls: list[bool] = []
 
     async def run() -> dict[str, Any]:
-        if warm:
-            await metric.a_measure(CASE)
+        if not lean:
+            judge._state().lean = None
+        server.set_responder(lambda body: json.dumps(REPLY))
+        await metric.a_measure(CASE)
         server.reset()
         server.set_responder(lambda body: json.dumps(REPLY))
         server.enqueue(*faults)
         recorder = Recorder()
         token = attempt_observer.set(recorder)
         state = judge._state()
-        lean_calls.append(state.lean is not None and state.lean._session() is not None)
+        lean_calls.append(state.lean is not None and await state.lean._session() is not None)
         try:
             result = await metric.a_measure(CASE)
             got: dict[str, Any] = {"score": result.score, "requests": result.metadata.requests}
@@ -71,11 +73,11 @@ def outcome(server: Any, warm: bool, faults: list[Any], **kw: Any) -> dict[str, 
             await judge.aclose()
         got["events"] = recorder.events
         got["bodies"] = [r["raw"] for r in server.chat_requests]
-        got["retry_counts"] = [r["headers"].get("x-stainless-retry-count") for r in server.chat_requests]
+        got["headers"] = [{k: v for k, v in r["headers"].items() if k != "x-fake-query"} for r in server.chat_requests]
         return got
 
     got = asyncio.run(run())
-    assert lean_calls == [warm], "the case did not take the path it tests"
+    assert lean_calls == [lean], "the case did not take the path it tests"
     return got
 
 

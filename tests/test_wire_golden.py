@@ -68,9 +68,9 @@ def _result(r: Any) -> dict[str, Any]:
 def capture(server: FakeOpenAI) -> dict[str, Any]:
     """Run every scenario against ``server``; the bodies it received and the results, per scenario.
 
-    A judge's first chat request goes through the SDK, the later ones through the lean path
-    (``judges/_openai_lean.py``): each judge makes one call (``EINSTEIN``) when it is made, before its scenario,
-    and ``first_call_sdk_then_lean`` records that first call too.
+    Each judge makes one call (``EINSTEIN``) when it is made, before its scenario (``first_call_sdk_then_lean``
+    records it too: before the lean path built its headers up front, a judge's first request went through the
+    SDK); tests/test_openai_lean.py compares the SDK path and the lean path fault by fault.
     """
     out: dict[str, Any] = {}
 

@@ -4,9 +4,9 @@ Why: at 100 requests in flight, ~70 % of a judged row's client CPU went to the l
 aiohttp (the SDK's request options, URL and header objects, httpx2's client, the httpx2-over-aiohttp bridge),
 not to the request (see docs/design.md, "The judge"). This path sends the same bytes on the same connections:
 
-- **What it sends**: the URL and headers of the SDK's own first chat request on this client, recorded by a
-  request hook (:meth:`LeanChat.record`; only ``x-stainless-retry-count`` changes per attempt), and the body
-  serialised as the SDK does (:func:`dumps`). Until that first request has gone out, calls take the SDK path.
+- **What it sends**: the URL and headers the SDK builds for a chat request on this client (its own
+  ``_build_request``, once, on the first call; only ``x-stainless-retry-count`` changes per attempt), and the body
+  serialised as the SDK does (:func:`dumps`).
 - **What it keeps from the SDK**: its retry decision and delay (``_should_retry``, ``_calculate_retry_timeout``:
   Retry-After, ``x-should-retry``, jittered backoff), its typed errors (``_make_status_error_from_response``,
   ``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception mapping), so
@@ -55,22 +55,33 @@ class LeanChat:
         self._url: str | None = None
         self._request: httpx2.Request | None = None  # what the SDK's errors carry
         self._headers: list[dict[str, str]] = []  # per retry count
+        self._building: asyncio.Lock | None = None
 
-    async def record(self, request: httpx2.Request) -> None:
-        """Request hook: the first chat request's URL and headers (retry count 0) become the template."""
-        if (
-            self._url is None
-            and request.method == "POST"
-            and request.url.path.endswith("/chat/completions")
-            and request.headers.get("x-stainless-retry-count") == "0"
-        ):
-            self._request = httpx2.Request("POST", request.url, headers=request.headers)
-            self._url = str(request.url)
+    async def _template(self) -> None:
+        """The URL and headers of a chat request, built by the SDK as its ``request`` does before sending."""
+        from openai._base_client import get_platform
+        from openai._compat import model_copy
 
-    def _session(self) -> Any:
+        client = self._client
+        if client._platform is None:  # as the SDK's request(): it may do blocking I/O
+            client._platform = await asyncio.to_thread(get_platform)
+        options = await client._prepare_options(model_copy(self._options))
+        request = client._build_request(options, retries_taken=0)
+        await client._prepare_request(request)
+        self._request = httpx2.Request("POST", request.url, headers=request.headers)
+        self._url = str(request.url)
+
+    async def _session(self) -> Any:
+        if self._url is None:
+            self._building = self._building or asyncio.Lock()
+            async with self._building:
+                if self._url is None:
+                    await self._template()
         session = self._transport.client
-        if self._url is None or not isinstance(session, self._session_type) or session.closed:
-            return None
+        if session is None:  # the transport makes its session on its first request: the same one, made here
+            session = self._transport.client = self._transport.get_client()
+        if not isinstance(session, self._session_type) or session.closed:
+            return None  # a closed client: the SDK path raises what it always raised
         return session
 
     def _headers_for(self, retries: int) -> dict[str, str]:
@@ -82,9 +93,9 @@ class LeanChat:
         return self._headers[retries]
 
     async def post(self, body: bytes) -> bytes | None:
-        """The 2xx reply body of ``body`` after the SDK's retries, or None when this path is not ready yet (the
-        caller then uses the SDK). Raises the SDK's errors."""
-        session = self._session()
+        """The 2xx reply body of ``body`` after the SDK's retries, or None when the client is closed (the caller
+        then uses the SDK, which raises as it did). Raises the SDK's errors."""
+        session = await self._session()
         if session is None:
             return None
         max_retries = self._client.max_retries
@@ -147,14 +158,15 @@ class LeanChat:
 
 
 def lean_chat(client: openai.AsyncOpenAI, timeout_s: float) -> LeanChat | None:
-    """The lean path for ``client`` when it applies (see the module's docstring), else None. It takes the URL and
-    headers of the SDK's first chat request on ``client`` (a request hook it adds)."""
+    """The lean path for ``client`` when it applies (see the module's docstring), else None."""
     http = client._client
     observed = http._transport
     inner = getattr(observed, "_inner", None)
     if type(client) is not openai.AsyncOpenAI or client.custom_auth is not None:
         return None
     if getattr(client, "_workload_identity_auth", None) is not None or getattr(client, "_provider_runtime", None):
+        return None
+    if client._idempotency_header:  # a key per request: a template cannot hold it
         return None
     if any(t is not None for t in http._mounts.values()):
         return None
@@ -164,6 +176,4 @@ def lean_chat(client: openai.AsyncOpenAI, timeout_s: float) -> LeanChat | None:
         return None
     if not isinstance(inner, AiohttpTransport) or inner.proxy is not None:
         return None
-    lean = LeanChat(client, inner, observed, timeout_s)
-    http.event_hooks["request"].append(lean.record)
-    return lean
+    return LeanChat(client, inner, observed, timeout_s)
