@@ -125,12 +125,18 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     install = ["alerts", "install", "--webhook-url", hook]
     first = _done(_cli(prefect_server, *install), "alerts install", 0)
     again, listing = _cli(prefect_server, *install), _cli(prefect_server, "alerts", "list")
+    # one team's route: the budget_* datasets also go to the team's own webhook
+    team = _cli(
+        prefect_server, "alerts", "install", "--webhook-url", f"{webhook_receiver.url}/hooks/team-budget",
+        "--block-name", "team-budget", "--dataset", "budget*",
+    )  # fmt: skip
     second = _done(again, "alerts install (again)", 0)
     assert "updated automation recall-bench-alerts" in second, second
     for out in (first, second):
         assert "recall-bench-alerts" in out and TOKEN not in out and webhook_receiver.url not in out, out
     assert "created automation" in first and "updated automation" not in first, first
     listed = _done(listing, "alerts list", 0)
+    assert "created automation recall-bench-alerts-budget*" in _done(team, "alerts install --dataset", 0)
     assert "custom-webhook/recall-bench-alerts" in listed and TOKEN not in listed, listed
     with prefect_server.client() as client:
         (automation,) = client.read_automations_by_name("recall-bench-alerts")
@@ -149,11 +155,12 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
         failing.enqueue(*[Status(500) for _ in range(200)])
         failed = _cli(
             prefect_server, "run", _write(tmp_path / "data" / "failing_set.parquet", _rows(True)), *common,
-            "--judge", "openai", "--base-url", failing.base_url, "--max-retries", "0",
+            "--judge", "openai", "--base-url", failing.base_url, "--max-retries", "0", "--no-cache",
         )  # fmt: skip
         budget = _cli(
             prefect_server, "run", _write(tmp_path / "data" / "budget_set.parquet", _rows(True)), *common,
             "--judge", "openai", "--base-url", judge.base_url, "--max-requests", "3", "--max-concurrency", "1",
+            "--no-cache",  # the same rows as the failing run's: neither takes the other's judged rows
         )  # fmt: skip
         _write(series, _rows(True))
         _done(_cli(prefect_server, "run", str(series), *common, "--judge", "lexical"), "baseline", 0)
@@ -174,9 +181,12 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     t_runs = time.monotonic()
 
     # ---- the messages: one per alerting run, within a minute
-    got = webhook_receiver.wait_for(4, DELIVERY_S)
+    webhook_receiver.wait_for(5, DELIVERY_S)
     time.sleep(QUIET_S)  # nothing more comes (the baseline and the unchanged run are quiet)
-    got = list(webhook_receiver.received)
+    removing = _cli(prefect_server, "alerts", "remove", "recall-bench-alerts-budget*")
+    routed = [g for g in webhook_receiver.received if g.path == "/hooks/team-budget"]
+    assert [_kind_of(g.json["subject"]) for g in routed] == ["budget_exhausted"], [g.json for g in routed]
+    got = [g for g in webhook_receiver.received if g not in routed]
     bodies = [g.json for g in got]
     print("\n" + "\n\n".join(json.dumps(b, indent=2, ensure_ascii=False) for b in bodies))
     assert len(got) == 4, [b.get("subject") for b in bodies]
@@ -226,6 +236,9 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     assert len(completed) == 6
     everything = json.dumps(_events(prefect_server, {}))
     assert TOKEN not in everything and KEY not in everything
+    assert "removed automation recall-bench-alerts-budget*" in _done(removing, "alerts remove", 0)
+    with prefect_server.client() as client:
+        assert [a.name for a in client.read_automations()] == ["recall-bench-alerts"]
     assert not prefect_server.automation_failures()
 
 
