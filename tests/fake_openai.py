@@ -23,6 +23,11 @@ request is answered 429 (``rate_limit_exceeded``) with a ``Retry-After`` of the 
 before any other fault or the responder, and does not use the quota. ``quota_429s`` counts them,
 ``quota_accepted`` holds the arrival times (``time.monotonic()``) of the accepted ones.
 
+``tpm_quota = N`` (a provider's tokens-per-minute quota over a sliding minute): a chat request whose prompt tokens
+(as its ``usage`` reports them) would bring the last ``tpm_window_s`` (60 s) of accepted prompt tokens over ``N``
+is answered 429 (``Retry-After``: until enough has left the window) and does not use the quota; ``tpm_429s``
+counts them, ``tpm_accepted`` holds ``(arrival, prompt tokens)`` of the accepted ones (:meth:`busiest_tokens`).
+
 ``hang = True`` (an outage that accepts connections and never answers): every chat request is recorded, then
 held without an answer until ``hang`` is cleared, :meth:`FakeOpenAI.reset` or :meth:`FakeOpenAI.stop`; the
 connection is then dropped.
@@ -402,9 +407,11 @@ class FakeOpenAI:
         model_id: str = "gpt-4o-mini",
         hang: bool = False,
         rpm_quota: int | None = None,
+        tpm_quota: int | None = None,
     ) -> None:
         self._defaults = {
             "rpm_quota": rpm_quota,
+            "tpm_quota": tpm_quota,
             "responder": responder,
             "latency_s": latency_s,
             "reject_json_schema": reject_json_schema,
@@ -417,6 +424,10 @@ class FakeOpenAI:
         self.quota_window_s = 10.0
         self.quota_accepted: list[float] = []  # arrivals of chat requests within the quota (rpm_quota set)
         self.quota_429s = 0
+        self.tpm_quota = tpm_quota
+        self.tpm_window_s = 60.0
+        self.tpm_accepted: list[tuple[float, int]] = []  # (arrival, prompt tokens) within the token quota
+        self.tpm_429s = 0
         self.responder: Responder | None = responder
         self.latency_s = latency_s
         self.record = True  # benchmarks turn this off: request bodies are not kept
@@ -490,6 +501,8 @@ class FakeOpenAI:
             self.chat_arrivals.clear()
             self.quota_accepted.clear()
             self.quota_429s = 0
+            self.tpm_accepted.clear()
+            self.tpm_429s = 0
             self._faults.clear()
             self.errors.clear()
             self.stats.clear()
@@ -740,6 +753,34 @@ class FakeOpenAI:
             return None
         return max(0.001, self.quota_accepted[len(self.quota_accepted) - allowed] + self.quota_window_s - now)
 
+    # -- token quota (tpm_quota): prompt tokens over a sliding minute
+
+    def _over_token_quota(self, now: float, body: Any) -> float | None:
+        """With ``tpm_quota``: None if the request's prompt tokens fit the window (they are counted), else the
+        seconds until enough tokens have left it."""
+        if not self.tpm_quota or not isinstance(body, dict):
+            return None
+        tokens = len(extract_user_text(body)) // 4  # what the completion's usage reports as prompt_tokens
+        window = [(at, n) for at, n in self.tpm_accepted if at > now - self.tpm_window_s]
+        excess = sum(n for _, n in window) + tokens - self.tpm_quota
+        if excess <= 0 or not window:  # a prompt larger than the whole quota goes into an empty window alone
+            self.tpm_accepted.append((now, tokens))
+            return None
+        for at, n in window:
+            excess -= n
+            if excess <= 0:
+                return max(0.001, at + self.tpm_window_s - now)
+        return max(0.001, window[-1][0] + self.tpm_window_s - now)
+
+    def busiest_tokens(self, window_s: float | None = None) -> int:
+        """The most prompt tokens accepted in any ``window_s`` (default ``tpm_window_s``) under ``tpm_quota``."""
+        window_s = self.tpm_window_s if window_s is None else window_s
+        with self._lock:
+            accepted = list(self.tpm_accepted)
+        return max(
+            (sum(n for at, n in accepted[i:] if at <= t + window_s) for i, (t, _) in enumerate(accepted)), default=0
+        )
+
     def _sleep(self, seconds: float) -> None:
         if seconds > 0:
             self._stopping.wait(seconds)
@@ -760,6 +801,12 @@ class FakeOpenAI:
                 if over is not None:
                     self.quota_429s += 1
                     self.stats["quota:429"] += 1
+                    self._cond.notify_all()
+                    return self._status_reply(Status(429, headers={"retry-after": f"{over:.3f}"}))
+                over = self._over_token_quota(self.chat_arrivals[-1], body)
+                if over is not None:
+                    self.tpm_429s += 1
+                    self.stats["tpm:429"] += 1
                     self._cond.notify_all()
                     return self._status_reply(Status(429, headers={"retry-after": f"{over:.3f}"}))
             fault = self._faults.pop(0) if is_chat and self._faults else None

@@ -1,7 +1,9 @@
 """A small async rate limiter for requests and tokens per minute, optionally fed by a fleet-wide grant source.
 
-Both limits are a continuous leaky bucket: a caller asking for ``amount`` waits until the bucket has room.
-It lives on one event loop (the judge keeps one per loop).
+Both limits charge every amount in full, under two rules (:class:`RateLimiter`): a continuous leaky bucket of
+one second's worth, which an amount larger than the bucket leaves in deficit (its caller waits until the rate has
+paid it back), and a sliding minute (what went out in the last :data:`MINUTE_S` plus the amount stays within the
+quota). It lives on one event loop (the judge keeps one per loop).
 
 Fleet-wide limits (``--rpm``/``--tpm`` shared by every process using the same limit key): the limiter also
 spends a *grant balance* that a :class:`GrantSource` refills, a few hundred milliseconds' worth of the fleet's
@@ -22,9 +24,13 @@ import asyncio
 import hashlib
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+#: The window a per-minute quota is counted over locally: a minute, plus a second for the time between leaving the
+#: limiter and reaching the server (a provider counts arrivals, which may come a little closer than the sends).
+MINUTE_S = 61.0
 #: Seconds' worth of the fleet's rate one grant carries (and how long an unspent balance stays valid).
 GRANT_S = 0.25
 #: The shortest window a provider is assumed to enforce a per-minute quota over (longer for small quotas).
@@ -85,20 +91,30 @@ def limit_key(base_url: str | None, model: str) -> str:
 
 
 class RateLimiter:
-    """Allows ``per_minute`` units per minute with a burst of at most one second's worth (at least 1).
+    """Allows ``per_minute`` units per minute; every amount is charged in full.
+
+    Two rules hold before a caller goes. A leaky bucket of one second's worth (at least 1) smooths the rate: an
+    amount larger than the bucket leaves it in deficit, and its caller waits until the rate has paid the deficit
+    back (a 3,000-token request at ``--tpm 30000`` waits 6 s: its share, not the 1 s a cap at the bucket's size
+    gave it, which let through 6x the quota). A sliding minute keeps any :data:`MINUTE_S` of sends within
+    ``per_minute``: the bucket alone allows its burst, plus a large request paid for before a window opened, on top
+    of a minute's rate. An amount larger than the whole quota waits for an empty minute, then goes alone.
 
     With a ``source``, every unit is also taken from grants of ``grant`` units that the source hands out
-    (fleet-wide); without one, this process alone is limited, as before fleet limits existed.
+    (fleet-wide; a large amount takes several grants); without one, this process alone is limited.
     """
 
     def __init__(self, per_minute: float, source: GrantSource | None = None, grant: int = 1) -> None:
         if per_minute <= 0:
             raise ValueError("a rate limit must be positive")
+        self.per_minute = float(per_minute)
         self.rate = per_minute / 60.0
         self.capacity = max(self.rate, 1.0)
-        self._level = self.capacity
+        self._level = self.capacity  # below zero: a deficit the rate pays back before anyone else goes
         self._stamp = time.monotonic()
         self._lock = asyncio.Lock()
+        self._sent: deque[tuple[float, float]] = deque()  # (when, amount) of the last MINUTE_S
+        self._in_window = 0.0
         self.source = source
         self.grant = max(1, grant)
         self._balance = 0.0
@@ -109,19 +125,38 @@ class RateLimiter:
         self.expired = 0.0
 
     async def acquire(self, amount: float = 1.0) -> None:
-        """Wait until ``amount`` units fit; an amount above capacity waits for a full bucket, then goes."""
+        """Wait until ``amount`` units are paid for (bucket, minute, fleet grants), then count them as sent."""
         async with self._lock:
-            amount = min(amount, self.capacity)
-            while True:
-                now = time.monotonic()
-                self._level = min(self.capacity, self._level + (now - self._stamp) * self.rate)
-                self._stamp = now
-                if self._level >= amount:
-                    self._level -= amount
-                    break
-                await asyncio.sleep((amount - self._level) / self.rate)
+            now = time.monotonic()
+            self._level = min(self.capacity, self._level + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self._level -= amount
+            if self._level < 0:
+                await asyncio.sleep(-self._level / self.rate)
+            await self._fit_minute(amount)
             if self.source is not None:
                 await self._spend(amount)
+            self._sent.append((time.monotonic(), amount))
+            self._in_window += amount
+
+    async def _fit_minute(self, amount: float) -> None:
+        """Wait until the last :data:`MINUTE_S` of sends plus ``amount`` fit in ``per_minute``."""
+        while self._sent:
+            now = time.monotonic()
+            while self._sent and self._sent[0][0] <= now - MINUTE_S:
+                self._in_window -= self._sent.popleft()[1]
+            if not self._sent:
+                self._in_window = 0.0  # no float drift left behind
+                return
+            if self._in_window + amount <= self.per_minute:
+                return
+            excess, wait_until = self._in_window + amount - self.per_minute, now
+            for at, sent in self._sent:  # the sends that must leave the window first
+                excess -= sent
+                wait_until = at + MINUTE_S
+                if excess <= 0:
+                    break
+            await asyncio.sleep(max(wait_until - now, 0.001))
 
     async def _spend(self, amount: float) -> None:
         assert self.source is not None
