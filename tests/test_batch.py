@@ -379,3 +379,67 @@ def test_collect_only_with_nothing_submitted_does_nothing(prefect_harness, judge
     assert not (out / "runs").exists() and not list((out / "_pending").glob("*.json"))
     refused = cli(judge_env, data, out, "--collect-only")
     assert refused.exit_code == 2 and "--collect-only applies to --batch runs" in refused.output, refused.output
+
+
+# -- paying once: --refresh-cache, duplicate rows, budgets -----------------------------------------------------
+
+
+def output_usage(fake) -> tuple[int, int]:
+    """The prompt and completion tokens of every answered line of every batch the fake processed."""
+    prompt = completion = 0
+    for batch in fake.batches.values():
+        if batch.get("output_file_id"):
+            for line in fake.files[batch["output_file_id"]]["data"].decode().splitlines():
+                usage = json.loads(line)["response"]["body"]["usage"]
+                prompt, completion = prompt + usage["prompt_tokens"], completion + usage["completion_tokens"]
+    return prompt, completion
+
+
+def test_refresh_cache_with_batch_serves_what_it_collected_without_a_live_call(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(6, seed=67))
+    out = tmp_path / "out"
+    assert cli(judge_env, data, out).exit_code == 0 and len(judge_env.chat_requests) == 6  # the cache is full
+    judge_env.reset()
+    judge_env.set_responder(judge_script.responder)
+    refreshed = cli(judge_env, data, out, "--batch", "--refresh-cache")  # re-judged in a batch, paid once
+    assert refreshed.exit_code == 0, refreshed.output
+    assert judge_env.chat_requests == [] and len(input_ids(judge_env, next(iter(judge_env.batches)))) == 6
+    latest = max(runs(out), key=lambda r: r["started_at"])
+    assert latest["requests"] == 6 and latest["batch_ids"] == list(judge_env.batches)
+
+
+def test_duplicate_rows_share_one_billed_lines_tokens_and_cost(prefect_harness, judge_env, tmp_path) -> None:
+    rows = make_rows(5, seed=71)
+    rows += [{**rows[0], "row_id": "copy0"}, {**rows[1], "row_id": "copy1"}, {**rows[1], "row_id": "copy1b"}]
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    result = cli(judge_env, data, out, "--batch")
+    assert result.exit_code == 0, result.output
+    (batch_id,) = judge_env.batches
+    assert len(input_ids(judge_env, batch_id)) == 5  # one line per distinct request
+    got = results(out)
+    assert got["copy1b"]["score"] == got["r0001"]["score"] and all(r["error"] is None for r in got.values())
+    (run,) = runs(out)
+    prompt, completion = output_usage(judge_env)
+    assert (run["requests"], run["prompt_tokens"], run["completion_tokens"]) == (5, prompt, completion)
+    assert run["cost_usd"] == pytest.approx((prompt * 0.15 + completion * 0.60) / 1e6 / 2)  # gpt-4o-mini, halved
+
+
+def test_max_requests_bounds_what_the_batch_submits_and_collected_rows_are_never_not_judged(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=73))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch", "--max-requests", "4").exit_code == 0
+    (batch_id,) = judge_env.batches
+    assert len(input_ids(judge_env, batch_id)) == 4  # only what the budget allows is submitted (and billed)
+    judge_env.finish_batches()
+    done = cli(judge_env, data, out, "--batch", "--max-requests", "4")
+    got = results(out).values()
+    assert sum(f"judged in batch {batch_id}" in r["flags"] for r in got) == 4, done.output  # every collected row
+    assert sum((r["reason"] or "").startswith("not judged: request budget reached") for r in got) == 6
+    assert judge_env.chat_requests == [] and runs(out)[0]["status"] == "budget_exhausted"
+    assert runs(out)[0]["requests"] == 4

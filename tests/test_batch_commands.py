@@ -167,6 +167,21 @@ def test_a_record_is_state_it_never_says_where_the_key_goes_nor_what_code_runs(
     assert done.exit_code == 0 and runs(out)[0]["status"] == "completed", done.output
 
 
+def test_collect_judges_failed_lines_live_with_batch_fallback_live_as_the_rerun_would(
+    prefect_harness, judge_env, tmp_path
+) -> None:
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(8, seed=79))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    judge_env.finish_batches("expired")  # half the lines answered, the rest expired
+    collected = batch("collect", "-o", str(out), "--base-url", judge_env.base_url, "--batch-fallback", "live")
+    assert collected.exit_code == 0, collected.output
+    assert len(judge_env.batches) == 1 and len(judge_env.chat_requests) == 4  # no round 2: judged live at once
+    (run,) = runs(out)
+    assert run["status"] == "completed" and run["errors"] == 0 and record(out)["status"] == "collected"
+
+
 @pytest.mark.parametrize("fmt", ["delta", "parquet"])
 def test_a_runs_table_from_before_the_batch_columns_stays_readable(prefect_harness, judge_env, tmp_path, fmt) -> None:
     data = write_parquet(tmp_path / "eval.parquet", make_rows(6, seed=41))

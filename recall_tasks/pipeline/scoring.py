@@ -149,12 +149,15 @@ async def score_rows(
         )
         return RowOutcome(result, None, requests=requests)
 
+    prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
+
     async def judge_one(i: int, prepared: Prepared, key: str) -> None:
         if breaker is not None and breaker.tripped_reason is not None:
             outcomes[i] = not_judged(prepared, breaker.tripped_reason)
             return
-        if budget is not None and not await budget.reserve():
-            outcomes[i] = not_judged(prepared, budget.exhausted_reason or "budget")
+        gate = None if budget is None or (prepaid is not None and prepaid(prepared.request)) else budget
+        if gate is not None and not await gate.reserve():
+            outcomes[i] = not_judged(prepared, gate.exhausted_reason or "budget")
             return
         started = time.perf_counter()
         response: JudgeResponse | None = None
@@ -181,8 +184,8 @@ async def score_rows(
         finally:
             if breaker is not None and task is not None:
                 breaker.leave(task)
-            if budget is not None:
-                budget.release(response.requests if response else attempts, response.cost_usd if response else None)
+            if gate is not None:
+                gate.release(response.requests if response else attempts, response.cost_usd if response else None)
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
         if cache is not None and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from recall_tasks.errors import JudgeResponseError
+from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.pipeline.batch.settle import Settled
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
@@ -51,6 +52,7 @@ class BatchServedJudge:
         self.fingerprint = fingerprint
         self.settled = settled
         self.fallback_live = fallback_live
+        self.billed: set[str] = set()
 
     @property
     def model(self) -> str:
@@ -66,10 +68,18 @@ class BatchServedJudge:
     def __getattr__(self, name: str) -> Any:  # aclose, prices, endpoint...
         return getattr(self.live, name)
 
+    def prepaid(self, request: JudgeRequest) -> bool:
+        """A collected row: paid with its batch, so the run's budget never holds it back (``scoring``)."""
+        return request_key(self.fingerprint, request) in self.served
+
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
         key = request_key(self.fingerprint, request)
         served = self.served.get(key)
         if served is not None:
+            if key in self.billed:  # a duplicate row: the same batch line, its tokens and cost counted once
+                return served.model_copy(update={"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0,
+                                                 "requests": 0})  # fmt: skip
+            self.billed.add(key)
             return served
         failure = self.settled.failures.get(key)
         if failure is not None and not self.fallback_live:
@@ -87,7 +97,14 @@ def install(plan: RunPlan, settled: Settled) -> None:
         return
     fingerprint = metric_fingerprint(plan.metric)
     real = plan.cache
-    served = real.get_many(sorted(settled.collected))  # one read per row group, not one per row (~1-2 KB per row)
+    if settled.served is not None:  # collected by this process: served from memory (also with --refresh-cache)
+        served = {k: v for k, v in settled.served.items() if k in settled.collected}
+    else:  # a resumed finish: one read per row group, not one per row; --refresh-cache opens a reading cache
+        reader = real if real.read else RowVerdictCache(real.uri, real.storage, read=True)
+        served = reader.get_many(sorted(settled.collected))
+    if plan.budget is not None:  # what the batch spent counts toward --max-requests / --max-cost-usd
+        plan.budget.requests += sum(r.requests for r in served.values())
+        plan.budget.cost_usd += sum(r.cost_usd or 0.0 for r in served.values())
     plan.metric.judge = BatchServedJudge(
         plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from recall_tasks.errors import JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine
+from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.metrics.base import Missing
 from recall_tasks.pipeline.batch import remote
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
@@ -71,6 +73,7 @@ class Settled:
     failures: dict[str, str] = field(default_factory=dict)
     batch_ids: list[str] | None = None
     wait_s: float | None = None
+    served: dict[str, JudgeResponse] | None = None  # the collected answers, when this process collected them
 
 
 def _finished(record: dict[str, Any]) -> Settled:
@@ -128,6 +131,7 @@ def _settle(plan: RunPlan) -> Settled:
     if record is None:
         if not requests:
             return Settled()
+        requests = within_budget(plan, requests)
         record = _new_record(plan, requests, token)
     remote.submit(plan, record, requests)
     texts: dict[str, tuple[str, str]] = {}
@@ -149,6 +153,37 @@ def _settle(plan: RunPlan) -> Settled:
         time.sleep(params.poll_interval_s if deadline is None else
                    max(0.0, min(params.poll_interval_s, deadline - time.monotonic())))  # fmt: skip
     return _collect(plan, record, requests, texts)
+
+
+def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str, JudgeRequest]:
+    """The requests a new batch may hold under ``--max-requests`` / ``--max-cost-usd`` (dataset order).
+
+    A line's cost is bounded from above at the batch price: its prompt at ~4 bytes per token plus its full
+    completion budget (``max_tokens``). The rows left out are not submitted; the finish records them "not judged"
+    (the batch's spend counts toward the budget there, ``finish.install``)."""
+    params = plan.params
+    if params.max_requests is None and params.max_cost_usd is None:
+        return requests
+    judge: Any = plan.metric.judge
+    price = price_for(judge.model, getattr(judge, "prices", {}) or {})
+    kept: dict[str, JudgeRequest] = {}
+    cost = 0.0
+    for key, request in requests.items():
+        if params.max_requests is not None and len(kept) >= params.max_requests:
+            break
+        if params.max_cost_usd is not None and price is not None:
+            body = judge.batch_body(request)
+            out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+            prompt = len(json.dumps(body.get("messages"), ensure_ascii=False).encode()) // 4 + 1
+            line = (prompt * price[0] + out * price[1]) / 1e6 * BATCH_PRICE_FACTOR
+            if cost + line > params.max_cost_usd:
+                break
+            cost += line
+        kept[key] = request
+    if len(kept) < len(requests):
+        log.warning("the budget (--max-requests / --max-cost-usd) lets %d of %d row(s) into the batch (at most "
+                    "$%.4f at the batch price); the rest are not judged", len(kept), len(requests), cost)  # fmt: skip
+    return kept
 
 
 def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest], token: str | None) -> Record:
@@ -248,9 +283,11 @@ def _collect(
                   failures=failures)  # fmt: skip
     record["cost_usd"] = sum(r.cost_usd or 0.0 for r in collected.values())
     remote.write_record(plan, record)
+    done = _finished(record)
+    done.served = collected
     log.warning(
         "collected %d row(s) from %d batch(es) (%s); %d failed line(s)%s", len(collected), len(record["parts"]),
         ", ".join(p["batch_id"] for p in record["parts"]), len(failures),
         " judged live (--batch-fallback live)" if failures and plan.params.batch_fallback == "live" else "",
     )  # fmt: skip
-    return _finished(record)
+    return done
