@@ -150,7 +150,7 @@ class RunParams(BaseModel):
     task_runner: Literal["threads", "processes", "dask"] = Field(
         "threads",
         description="Where the chunk tasks run: threads (this process) | processes (a process pool on this "
-        "machine) | dask (a Dask cluster: --dask-address, else a LocalCluster)",
+        "machine) | dask (a LocalCluster, or the scheduler at --dask-address)",
     )
     workers: int | None = Field(
         None, ge=1, le=1024, description="Worker processes of --task-runner processes|dask (default: the cores)"

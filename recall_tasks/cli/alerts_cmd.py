@@ -33,7 +33,7 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.reports.alerts import ALERT_EVENTS
 from recall_tasks.secrets import redact, register_secret
 
-alerts_app = typer.Typer(no_args_is_help=True, help="Prefect automations that send a message when recall drops.")
+alerts_app = typer.Typer(no_args_is_help=True, help="Alerts when recall drops (Prefect automations).")
 
 DEFAULT_BLOCK = "recall-bench-alerts"
 BLOCK_PLACEHOLDER = "{{ block_document_id }}"
