@@ -155,7 +155,7 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
         failing.enqueue(*[Status(500) for _ in range(200)])
         failed = _cli(
             prefect_server, "run", _write(tmp_path / "data" / "failing_set.parquet", _rows(True)), *common,
-            "--judge", "openai", "--base-url", failing.base_url, "--max-retries", "0", "--no-cache",
+            "--judge", "openai", "--base-url", failing.base_url, "--max-retries", "1", "--no-cache",
         )  # fmt: skip
         budget = _cli(
             prefect_server, "run", _write(tmp_path / "data" / "budget_set.parquet", _rows(True)), *common,
@@ -216,8 +216,9 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     incomparable = by_subject["incomparable"].json["text"]
     assert "judge differs (current 'openai', baseline 'lexical')" in _plain(incomparable), incomparable
     failed_text = by_subject["failed"].json["text"]
-    assert "failing\\_set" in failed_text and "8 of 8 assessed rows ended with an error" in failed_text, failed_text
-    assert "Most common error (8 rows): JudgeTransientError" in failed_text, failed_text
+    assert "failing\\_set" in failed_text, failed_text  # 8 rows x 2 attempts: the breaker trips at 10 in a row
+    assert "judge endpoint 127.0.0.1:" in _plain(failed_text) and "attempts in a row" in failed_text, failed_text
+    assert "Rows 8: 0 scored, " in failed_text, failed_text  # with an error or not judged, as the breaker found them
     budget_text = by_subject["budget_exhausted"].json["text"]
     assert "Reason: request budget reached (--max-requests 3)" in _plain(budget_text), budget_text
     assert "Rows 8: 3 scored, 0 with an error, 5 skipped or not judged" in budget_text, budget_text
