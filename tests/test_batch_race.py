@@ -116,7 +116,8 @@ def test_two_collectors_create_round_two_once(prefect_harness, judge_env, s3_out
     judge_env.batch_hold = True
     assert recall_benchmark(params)["status"] == "batch_pending"
     judge_env.finish_batches("expired")  # half the lines unanswered: each collector would resubmit them
-    judge_env.latency_s = 0.3  # every Batch API call: both collectors between reading and writing the record
+    judge_env.latency_s = 1.0  # every Batch API call: both collectors between reading and writing the record (at
+    # 0.3 s the old code was not caught: the threads did not overlap)
     summaries = race(2, lambda _: recall_benchmark(params))
     judge_env.latency_s = 0.0
     assert [s["status"] for s in summaries] == ["batch_pending", "batch_pending"], summaries
