@@ -90,6 +90,22 @@ def test_a_batch_line_carries_the_live_judges_request_body(judge_env) -> None:
     assert line == {"custom_id": "key1", "method": "POST", "url": "/v1/chat/completions", "body": sent["body"]}
 
 
+def test_a_lost_upload_is_found_by_its_name_and_size_whatever_the_list_order(judge_env) -> None:
+    import asyncio
+
+    judge = OpenAIJudge(base_url=judge_env.base_url, api_key=KEY)
+    line = request_line("k", {"model": "m", "messages": [{"role": "user", "content": "x"}]})
+
+    async def uploads() -> tuple[list[str], str | None]:
+        async with judge:
+            client = judge.batch_client()
+            ids = [await client.upload("recall-key-0.jsonl", line * n) for n in (1, 2, 3)]  # same name, 3 runs
+            return ids, await client.find_upload("recall-key-0.jsonl", len(line) * 2)
+
+    (older, mine, newer), found = asyncio.run(uploads())
+    assert found == mine  # listed newest first: neither the first nor the last of the list
+
+
 # -- submit, pending, collect ---------------------------------------------------------------------------------
 
 
