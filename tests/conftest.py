@@ -73,7 +73,14 @@ def _no_local_server_left_behind():
 #: Tests that need a real server process (Prefect, SeaweedFS) or run the CLI in subprocesses: ``integration``.
 #: ``make test-fast`` runs the rest (pure functions, the in-thread fake OpenAI server); ``make test`` runs all.
 _SERVER_FIXTURES = {"prefect_harness", "s3_server", "s3_bucket", "prefect_server"}
-_PROCESS_MODULES = {"test_server", "test_interrupts", "test_run_errors", "test_startup", "test_deployments"}
+_PROCESS_MODULES = {
+    "test_server",
+    "test_interrupts",
+    "test_run_errors",
+    "test_startup",
+    "test_deployments",
+    "test_worker_state",
+}
 
 
 #: The files of the tests marked serial in this session's collection, before ``-m`` deselects any: ``make test``

@@ -18,8 +18,8 @@ owes: its next grant covers the debt first. An increment the counter cannot hold
 reads what is left and takes it; once that does not cover the next call, its budget is exhausted (``request
 budget reached (--max-requests N, the whole run)`` / ``cost budget reached (--max-cost-usd X, the whole run)``),
 the reason travels back in the chunk report and the run ends ``budget_exhausted``. What a worker still holds
-unspent when a chunk ends goes back to the counter. The flow deletes the counters when the run is committed (an
-interrupted run's counters stay, harmless: a rerun creates its own).
+unspent when its last chunk in flight ends goes back to the counter. The flow deletes the counters when the run
+is committed (an interrupted run's counters stay, harmless: a rerun creates its own).
 
 Bounds. As on the threads path the cost of a call is known only when it returns, so calls in flight finish: the
 run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. With a cost
@@ -250,21 +250,26 @@ class FleetBudget(Budget):
             ) from None
 
     async def give_back(self) -> None:
-        """Return what this process holds unspent to the counters (a chunk ended), close this loop's client."""
-        try:
-            for share in self.shares:
-                held, share.allowance = max(share.allowance, 0), min(share.allowance, 0)
-                if not held:
-                    continue
-                try:
-                    client = await fleet._loop_client(self._clients, self.api)
-                    await client.request(
-                        "POST", "/v2/concurrency_limits/decrement", json={"names": [share.name], "slots": held}
-                    )
-                except Exception as exc:  # noqa: BLE001 - the slots are lost to the run, nothing worse
-                    log.warning(
-                        "could not return %d %s to the run's counter %s: %s",
-                        held, "requests" if share.kind == REQUESTS else "micro-dollars", share.name, fleet.reason(exc),
-                    )  # fmt: skip
-        finally:
-            await fleet._close_loop_client(self._clients)
+        """Return what this process holds unspent to the counters (its last chunk in flight ended).
+
+        The loop's client stays open: on a Dask worker another chunk may start on the same loop at once and take
+        a grant with it (closing it here stopped that chunk's run). :meth:`aclose` closes it with the plan.
+        """
+        for share in self.shares:
+            held, share.allowance = max(share.allowance, 0), min(share.allowance, 0)
+            if not held:
+                continue
+            try:
+                client = await fleet._loop_client(self._clients, self.api)
+                await client.request(
+                    "POST", "/v2/concurrency_limits/decrement", json={"names": [share.name], "slots": held}
+                )
+            except Exception as exc:  # noqa: BLE001 - the slots are lost to the run, nothing worse
+                log.warning(
+                    "could not return %d %s to the run's counter %s: %s",
+                    held, "requests" if share.kind == REQUESTS else "micro-dollars", share.name, fleet.reason(exc),
+                )  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Close this loop's API client (the worker's plan is closed)."""
+        await fleet._close_loop_client(self._clients)

@@ -126,6 +126,8 @@ class RunPlan:
     batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
     #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
     budget_counters: dict[str, str] = field(default_factory=dict)
+    #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
+    attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""

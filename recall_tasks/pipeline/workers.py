@@ -6,15 +6,20 @@ worker process has no access to the flow's memory. Here the task takes a :class:
 parameters and identity, the chunk's sequence number and content key, and the block's coordinates
 (file, first row, row count, and the duplicate counts that make its ``~N`` row ids). Rows never travel.
 
-Each worker process builds, once per run id, a plan of its own (:func:`worker_plan`: dataset footers, judge,
+Each worker process builds, once per run attempt, a plan of its own (:func:`checked_out`: dataset footers, judge,
 metric, row cache, result store, contexts from retrieval results or traces) without the run's pre-flight and
 without ``begin_run``: the run id comes from the spec. It re-reads exactly the block, checks that its content key
 is the spec's (the dataset did not change under the run), scores it like the threads path and returns the same
 small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
 
-Per process, not per run: the judge's concurrency, the circuit breaker (a tripped worker reports its reason back,
-and the flow's run takes it). ``--rpm``/``--tpm`` hold for the fleet (``fleet/rate.py``), ``--max-requests``
-and ``--max-cost-usd`` for the run (``fleet/budget.py``).
+Per process and run attempt (the cache's key is :attr:`ChunkSpec.attempt`, so a resumed run, which keeps its run
+id, starts with a fresh plan): the judge's concurrency, the circuit breaker (a tripped worker reports its reason
+back, and the flow's run takes it), the budget's share. Per chunk: a plan counts the chunks scoring with it
+(:func:`checked_out`); what the budget holds goes back when the last of them ends, and a plan evicted from the
+cache (:data:`KEEP_PLANS`) is closed only then, never under a chunk in flight. A Dask worker runs several chunks
+at once on the process's one event loop, so nothing a chunk ends may close what another uses.
+``--rpm``/``--tpm`` hold for the fleet (``fleet/rate.py``), ``--max-requests`` and ``--max-cost-usd`` for the run
+(``fleet/budget.py``).
 No Prefect here: ``pipeline/flow.py`` wraps :func:`score_spec` in a task.
 """
 
@@ -27,6 +32,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from recall_tasks._sync import run_sync
@@ -74,6 +81,7 @@ class ChunkSpec:
     seen: tuple[tuple[str, int], ...] = ()  # identity hash -> its occurrences before the block (``~N`` ids)
     #: the run's budget counters by kind (--max-requests, --max-cost-usd), see fleet/budget.py
     budget_counters: tuple[tuple[str, str], ...] = ()
+    attempt: str = ""  # the flow's RunPlan.attempt: worker state is per attempt, a resumed run's is fresh
 
 
 def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
@@ -88,27 +96,59 @@ def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
         params=plan.params, run_id=plan.run_id, run_key=plan.run_key, config_hash=plan.config_hash,
         dataset_fingerprint=plan.dataset.fingerprint, seq=seq, key=key, source=block.source,
         first_row=block.first_row, rows=len(block.row_ids), seen=tuple(sorted(seen.items())),
-        budget_counters=tuple(sorted(plan.budget_counters.items())),
+        budget_counters=tuple(sorted(plan.budget_counters.items())), attempt=plan.attempt,
     )  # fmt: skip
 
 
-_plans: OrderedDict[str, RunPlan] = OrderedDict()
+@dataclass(eq=False)
+class _Held:
+    """A cached plan and the chunks of this process scoring with it now."""
+
+    plan: RunPlan
+    users: int = 0
+    evicted: bool = False
+
+
+_plans: OrderedDict[str, _Held] = OrderedDict()  # by run attempt, oldest first
 _lock = threading.Lock()
 
 
-def worker_plan(spec: ChunkSpec) -> RunPlan:
-    """This process's plan for the spec's run: built on first use, then reused by every chunk it scores."""
+@contextmanager
+def checked_out(spec: ChunkSpec) -> Iterator[RunPlan]:
+    """This process's plan for the spec's run attempt, held while a chunk scores with it.
+
+    Built on first use, then reused by every chunk of the attempt. Evicting the oldest of more than
+    :data:`KEEP_PLANS` marks it; it is closed when its last chunk ends. When the last chunk in flight ends, the
+    budget's unspent share goes back to the run's counters.
+    """
+    key = spec.attempt or spec.run_id
     with _lock:
-        plan = _plans.get(spec.run_id)
-        if plan is None:
-            plan = build_plan(spec)
-            _plans[spec.run_id] = plan
+        held = _plans.get(key)
+        if held is None:
+            held = _plans[key] = _Held(build_plan(spec))
             while len(_plans) > KEEP_PLANS:
                 _, old = _plans.popitem(last=False)
-                _close(old)
+                old.evicted = True
+                if old.users == 0:
+                    _close(old.plan)
         else:
-            _plans.move_to_end(spec.run_id)
-        return plan
+            _plans.move_to_end(key)
+        held.users += 1
+    try:
+        yield held.plan
+    finally:
+        with _lock:
+            held.users -= 1
+            last = held.users == 0
+        if last:
+            _give_back(held.plan)
+            if held.evicted:
+                _close(held.plan)
+
+
+def _give_back(plan: RunPlan) -> None:
+    if isinstance(plan.budget, FleetBudget):
+        run_sync(plan.budget.give_back())
 
 
 def build_plan(spec: ChunkSpec) -> RunPlan:
@@ -165,20 +205,16 @@ def _budget(spec: ChunkSpec) -> Budget:
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
     """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file."""
-    plan = worker_plan(spec)
-    block = plan.prepare_block(read_block(plan.dataset, spec.source, spec.first_row, spec.rows, dict(spec.seen)))
-    key = steps.chunk_key(plan, block)
-    if key != spec.key:
-        raise DatasetError(
-            f"rows {spec.first_row}-{spec.first_row + spec.rows - 1} read differently in a worker than when run "
-            f"{spec.run_id} planned them: the dataset changed under the run; rerun",
-            uri=spec.source,
-        )
-    try:
+    with checked_out(spec) as plan:
+        block = plan.prepare_block(read_block(plan.dataset, spec.source, spec.first_row, spec.rows, dict(spec.seen)))
+        key = steps.chunk_key(plan, block)
+        if key != spec.key:
+            raise DatasetError(
+                f"rows {spec.first_row}-{spec.first_row + spec.rows - 1} read differently in a worker than when run "
+                f"{spec.run_id} planned them: the dataset changed under the run; rerun",
+                uri=spec.source,
+            )
         report = steps.score_chunk(plan, spec.seq, block, key)
-    finally:
-        if isinstance(plan.budget, FleetBudget):
-            run_sync(plan.budget.give_back())
     reason = plan.breaker.tripped_reason if plan.breaker is not None else None
     spent = plan.budget.exhausted_reason if plan.budget is not None else None
     return dataclasses.replace(report, stopped=reason, budget=spent) if reason or spent else report
@@ -221,6 +257,8 @@ def _close(plan: RunPlan) -> None:
     try:
         if plan.cache is not None:
             plan.cache.close()
+        if isinstance(plan.budget, FleetBudget):
+            run_sync(plan.budget.aclose())
         steps.release(plan)
     except Exception as exc:  # noqa: BLE001 - an old run's clean-up never fails a new run's chunk
         log.warning("could not close run %s's worker state: %s", plan.run_id, exc)
