@@ -13,7 +13,9 @@ compare-and-swap (:mod:`recall_tasks.pipeline.batch.cas`): one writer at a time.
   the collecting command, :mod:`recall_tasks.pipeline.batch.command`); ``batch_fallback`` (the submit's, what
   ``batch collect`` does with failed lines unless told otherwise);
 - ``parts``: one per batch (``round`` 1, or 2 for the one resubmission of the lines round 1 left unanswered),
-  each with its custom ids, input file name and id, batch id, last seen status and output/error file ids;
+  each with its custom ids, input file name (carrying the hash of its bytes), size and id, the claim written
+  before its batch is created (``creating``), batch id, last seen status and output/error file ids
+  (:mod:`recall_tasks.pipeline.batch.remote`);
 - once collected: ``collected_at``, ``collected_ts``, ``collected`` (keys), ``failures`` (key -> message), cost.
 """
 
