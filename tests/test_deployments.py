@@ -127,7 +127,13 @@ def test_yaml_is_portable_and_holds_no_secrets():
     raw = yaml.safe_load(YAML.read_text())
     model = PrefectYamlModel.model_validate(raw)
     names = {d.name: d for d in model.deployments}
+    maintenance = names.pop("nightly-maintenance")
     assert set(names) == {"nightly-recall", "index-built-recall", "nightly-recall-batch-wait", "nightly-recall-batch"}
+    assert maintenance.entrypoint == "flows/recall_flow.py:maintain_tables"
+    assert maintenance.parameters == {"output_uri": "{{ $RECALL_OUTPUT_URI }}", "keep_days": 7}
+    (nightly_maintenance,) = maintenance.schedules or []
+    assert nightly_maintenance.active is False  # optional: switched on by the user
+    assert maintenance.work_pool is not None and maintenance.work_pool.job_variables == {}
     for dep in names.values():
         assert dep.entrypoint == "flows/recall_flow.py:recall_benchmark"
         assert dep.work_pool is not None and dep.work_pool.name == "recall-pool"
@@ -393,6 +399,29 @@ def test_deploy_then_index_built_events_run_the_flow(
         assert mine[0]["index_version"] == version and mine[0]["rows"] == 10 and mine[0]["dataset_uri"] == dataset
         assert mine[0]["flow_run_id"] == str(run.id)
     assert prefect_server.automation_failures(), "the event without dataset_uri did not fail its action"
+
+    # ---- the optional maintenance step, run once by the worker on the default output (Delta on SeaweedFS)
+    def rows_of(output: str) -> list[dict[str, Any]]:
+        return sorted(_runs_table(output, s3_server), key=lambda r: (r["run_id"], str(r["segment_value"])))
+
+    before = rows_of(default_output)
+    t0 = time.monotonic()
+    with prefect_server.client() as client:
+        maintenance = client.read_deployment_by_name("maintain-recall-tables/nightly-maintenance")
+        assert maintenance.parameters == {"output_uri": default_output, "keep_days": 7}
+        assert [s.active for s in maintenance.schedules] == [False]
+        started = client.create_flow_run_from_deployment(maintenance.id)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        with prefect_server.client() as client:
+            state = client.read_flow_run(started.id).state
+        if state is not None and state.is_final():
+            break
+        assert time.monotonic() < deadline, f"maintenance run not done: {state}\n{prefect_worker.log_tail(80)}"
+        time.sleep(1.0)
+    assert state.is_completed(), f"{state.message}\n{prefect_worker.log_tail(80)}"
+    assert rows_of(default_output) == before  # the same rows, compacted and checkpointed
+    timings["maintenance deployment run"] = time.monotonic() - t0
     timings["total"] = time.monotonic() - t_start
     print("\n" + "\n".join(f"  {name:<38} {seconds:6.1f} s" for name, seconds in timings.items()))
     print(f"  event ids: {ids}")

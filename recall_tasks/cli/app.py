@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from recall_tasks.cli import report, server_cmd, tables
+from recall_tasks.cli import maintain, report, server_cmd, tables
 from recall_tasks.cli.alerts_cmd import alerts_app
 from recall_tasks.cli.batch import batch_app
 from recall_tasks.cli.common import (
@@ -255,6 +255,7 @@ _DEMO_WORST_ROWS = (
 app.command()(tables.query)
 app.command()(tables.history)
 app.command()(report.report)
+app.command()(maintain.maintain)
 app.add_typer(server_cmd.server_app, name="server")
 app.add_typer(batch_app, name="batch")
 app.add_typer(alerts_app, name="alerts")

@@ -17,8 +17,9 @@ Decisions:
   commit id: a rerun after a crash between the ``results`` and ``runs`` commits appends nothing twice. A commit
   that loses a race (``CommitFailedException``) is retried on the fresh table, the id checked again first.
   pyiceberg's own retry (which would re-apply the append without that check) is off for the tables it creates
-  (``commit.retry.num-retries=0``). Snapshot expiry (``recall-bench maintain``) keeps
-  :data:`KEEP_DAYS_DEFAULT` days of snapshots, longer than an unfinished run waits for its rerun.
+  (``commit.retry.num-retries=0``). Once ``recall-bench maintain`` has expired snapshots (the table property
+  :data:`EXPIRED_PROPERTY`), an id not found in the remaining snapshots is also looked for as rows (the run id, a
+  scan pruned by the files' column bounds).
 * **Reading**: the current snapshot's data files become one pyarrow dataset (lazy, column projection and filters
   pushed down) with the table's schema in plain Arrow types (``string``, not ``large_string``), so every reader
   (DuckDB ``query``, ``history``, reports, the baseline) sees the same types as from Delta.
@@ -45,6 +46,8 @@ DEFAULT_NAMESPACE = "recall_bench"
 MARKER = "_warehouse.json"
 CATALOG_DB = "_iceberg_catalog.db"
 COMMIT_PROPERTY = "recall-bench.commit-id"
+#: table property set by ``maintain`` once it expired snapshots: the commit-id check then also scans for the key
+EXPIRED_PROPERTY = "recall-bench.snapshots-expired"
 #: appends retried after another writer's commit landed first
 COMMIT_ATTEMPTS = 6
 #: rows per Arrow table handed to one ``append`` inside a run's transaction (bounds commit memory)
@@ -188,8 +191,17 @@ def _created_schema(schema: pa.Schema, partition_by: list[str]) -> tuple[Any, An
     return iceberg_schema, PartitionSpec(*fields)
 
 
-def _committed(table: Any, commit_id: str) -> bool:
-    return any(s.summary is not None and s.summary.get(COMMIT_PROPERTY) == commit_id for s in table.snapshots())
+def _committed(table: Any, commit_id: str, key: tuple[str, str] | None) -> bool:
+    """Whether a snapshot carries ``commit_id``; after snapshot expiry (``maintain``), whether rows with ``key``
+    (column, value) exist: a scan the files' column bounds prune to the files that may hold the value."""
+    if any(s.summary is not None and s.summary.get(COMMIT_PROPERTY) == commit_id for s in table.snapshots()):
+        return True
+    if key is None or EXPIRED_PROPERTY not in table.properties or key[0] not in table.schema().column_names:
+        return False
+    from pyiceberg.expressions import EqualTo
+
+    scan = table.scan(row_filter=EqualTo(term=key[0], value=key[1]), selected_fields=(key[0],), limit=1)
+    return bool(scan.to_arrow().num_rows)
 
 
 def _groups(data: pa.RecordBatchReader | pa.Table) -> Iterator[pa.Table]:
@@ -250,7 +262,11 @@ class IcebergTables:
         location = join_uri(self.output_uri, name) if self.where.catalog is None else None
         return self.catalog.create_table_if_not_exists(
             self.identifier(name), iceberg_schema, location=location, partition_spec=spec,
-            properties={"write.parquet.compression-codec": "zstd", "commit.retry.num-retries": "0"},
+            properties={
+                "write.parquet.compression-codec": "zstd", "commit.retry.num-retries": "0",
+                # metadata.json files: the last 100 kept, older ones deleted at commit (a year of nights stays small)
+                "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "100",
+            },
         )  # fmt: skip
 
     def append(
@@ -259,6 +275,7 @@ class IcebergTables:
         data: Callable[[], pa.RecordBatchReader | pa.Table],
         commit_id: str,
         partition_by: list[str] | None = None,
+        key: tuple[str, str] | None = None,
     ) -> None:
         """Append ``data()`` in ONE catalog commit unless a snapshot already carries ``commit_id``.
 
@@ -272,7 +289,7 @@ class IcebergTables:
             rows = data()
             if table is None:
                 table = self._create(name, rows.schema, partition_by or [])
-            if _committed(table, commit_id):
+            if _committed(table, commit_id, key):
                 if attempt:
                     log.info("%s was committed by a concurrent writer; not appended again", commit_id)
                 return

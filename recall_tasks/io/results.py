@@ -282,10 +282,10 @@ class ResultStore:
         if parts:
             self.iceberg.append(
                 "results", lambda: self._run_batches(run_id, parts, dataset, run_date),
-                f"recall-bench-results-{run_id}", partition_by=["dataset", "run_date"],
+                f"recall-bench-results-{run_id}", partition_by=["dataset", "run_date"], key=("run_id", run_id),
             )  # fmt: skip
         crashpoint("after-results-commit")
-        self.iceberg.append("runs", lambda: runs, f"recall-bench-runs-{run_id}")
+        self.iceberg.append("runs", lambda: runs, f"recall-bench-runs-{run_id}", key=("run_id", run_id))
 
     def _commit_parquet(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
         folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
@@ -318,7 +318,10 @@ class ResultStore:
             if self.format == "delta":
                 self._delta_append(self.comparisons_uri, table, f"recall-bench-comparison-{comparison_id}")
             elif self.format == "iceberg":
-                self.iceberg.append("comparisons", lambda: table, f"recall-bench-comparison-{comparison_id}")
+                self.iceberg.append(
+                    "comparisons", lambda: table, f"recall-bench-comparison-{comparison_id}",
+                    key=("comparison_id", comparison_id),
+                )  # fmt: skip
             else:
                 folder = self._path("comparisons", f"dataset={dataset}")
                 self.fs.makedirs(folder, exist_ok=True)
