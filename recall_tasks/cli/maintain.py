@@ -21,9 +21,10 @@ def maintain(
         float, typer.Option(min=0, help="Keep versions and snapshots this many days (a resumed run's check reads them)")
     ] = 7.0,
 ) -> None:
-    """Compact small files, checkpoint (Delta) or expire snapshots (Iceberg), delete unreferenced files.
+    """Compact the tables and drop old versions.
 
-    Run it while no run commits to the output (e.g. after the nightly run).
+    Delta: compaction, checkpoint, vacuum. Iceberg: compaction, snapshot expiry, orphan files. Run it while no
+    run commits to the output (e.g. after the nightly run).
     """
     from recall_tasks.io.maintenance import maintain as run_maintenance
 
