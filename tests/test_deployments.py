@@ -229,6 +229,7 @@ def test_event_helpers_and_cli_command(prefect_server: PrefectServer):
 # ------------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.timeout(480)  # 4 event runs and the maintenance run on one worker: 299 s at load 15 (5 min default)
 def test_deploy_then_index_built_events_run_the_flow(
     prefect_server: PrefectServer, prefect_worker: PrefectWorker, s3_server: S3Server, tmp_path: Path
 ):
