@@ -124,7 +124,9 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     # ---- install from the shipped definition, twice: one automation, updated in place (listed meanwhile)
     install = ["alerts", "install", "--webhook-url", hook]
     first = _done(_cli(prefect_server, *install), "alerts install", 0)
-    again, listing = _cli(prefect_server, *install), _cli(prefect_server, "alerts", "list")
+    # again, through the block the first install saved (by its bare name): the same automation, updated
+    again = _cli(prefect_server, "alerts", "install", "--block", "recall-bench-alerts")
+    listing = _cli(prefect_server, "alerts", "list")
     # one team's route: the budget_* datasets also go to the team's own webhook
     team = _cli(
         prefect_server, "alerts", "install", "--webhook-url", f"{webhook_receiver.url}/hooks/team-budget",

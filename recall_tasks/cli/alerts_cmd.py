@@ -9,8 +9,8 @@ leaves one), its ``send-notification`` actions pointing at a notification block:
   chooses). The URL is a secret field of the block (Slack/Teams: ``SecretStr``; custom: the block's ``secrets``,
   its ``url`` being the placeholder ``{{webhook_url}}``): Prefect stores it encrypted and never shows it; this
   command prints, logs and puts it nowhere else (its errors are redacted with it).
-- ``--block TYPE/NAME`` uses a block you already have (``slack-webhook/my-team``, ``sendgrid-email/ops``,
-  ``ms-teams-webhook/...``): any block that can notify.
+- ``--block TYPE/NAME`` (or ``NAME`` when one notification block has it) uses a block you already have
+  (``slack-webhook/my-team``, ``sendgrid-email/ops``, ``ms-teams-webhook/...``): any block that can notify.
 
 ``--dataset PATTERN`` limits an automation to the datasets matching the pattern (its trigger then matches the
 events' ``recall.dataset`` resource label) and, unless ``--name`` is given, suffixes the automation's name with
@@ -93,21 +93,35 @@ def save_webhook_block(url: str, kind: str, name: str) -> Any:
     return block.save(name, overwrite=True)
 
 
+def _notifying(document: Any) -> bool:
+    return "notify" in (document.block_schema.capabilities if document.block_schema else [])
+
+
 def existing_block(client: Any, spec: str) -> Any:
-    """The id of the notification block ``TYPE/NAME``; a clear error when it is missing or cannot notify."""
-    slug, sep, name = spec.partition("/")
-    if not sep or not slug or not name:
-        raise ConfigError(f"--block {spec!r}: expected TYPE/NAME, e.g. slack-webhook/my-team (see `prefect block ls`)")
+    """The id of the notification block ``TYPE/NAME`` (or ``NAME`` when one notification block has that name)."""
+    slug, sep, name = spec.rpartition("/")
+    if (sep and not slug) or not name:
+        raise ConfigError(f"--block {spec!r}: expected NAME or TYPE/NAME, e.g. slack-webhook/my-team")
     from prefect.exceptions import ObjectNotFound
 
-    try:
-        document = client.read_block_document_by_name(name, slug, include_secrets=False)
-    except ObjectNotFound:
-        raise ConfigError(f"--block {spec!r}: no such block on this Prefect server (see `prefect block ls`)") from None
-    capabilities = document.block_schema.capabilities if document.block_schema else []
-    if "notify" not in capabilities:
-        raise ConfigError(f"--block {spec!r} cannot send notifications (capabilities {capabilities})")
-    return document.id
+    if sep:
+        try:
+            found = [client.read_block_document_by_name(name, slug, include_secrets=False)]
+        except ObjectNotFound:
+            found = []
+    else:
+        found, offset = [], 0
+        while page := client.read_block_documents(offset=offset, limit=200, include_secrets=False):
+            found += [d for d in page if d.name == name and _notifying(d)]
+            offset += len(page)
+    if not found:
+        raise ConfigError(f"--block {spec!r}: no such notification block on this Prefect server (`prefect block ls`)")
+    if len(found) > 1:
+        types = ", ".join(f"{d.block_type.slug if d.block_type else '?'}/{name}" for d in found)
+        raise ConfigError(f"--block {spec!r}: several notification blocks have that name ({types}): give TYPE/NAME")
+    if not _notifying(found[0]):
+        raise ConfigError(f"--block {spec!r} cannot send notifications")
+    return found[0].id
 
 
 def automation_for(definition: dict[str, Any], block_id: Any, dataset: str | None, name: str | None) -> Any:
@@ -176,9 +190,7 @@ def install(
     webhook_url: Annotated[
         str | None, typer.Option("--webhook-url", help="Save a notification block for this URL (kept secret)")
     ] = None,
-    block: Annotated[
-        str | None, typer.Option("--block", help="Use this notification block: TYPE/NAME, e.g. slack-webhook/my-team")
-    ] = None,
+    block: Annotated[str | None, typer.Option("--block", help="Notification block: NAME or TYPE/NAME")] = None,
     kind: Annotated[str, typer.Option("--kind", help="auto (from the URL's host) | slack | teams | custom")] = "auto",
     block_name: Annotated[
         str, typer.Option("--block-name", help="Name of the block --webhook-url saves")
@@ -197,7 +209,7 @@ def install(
     register_secret(webhook_url)
     try:
         if (webhook_url is None) == (block is None):
-            raise ConfigError("give one of --webhook-url URL or --block TYPE/NAME")
+            raise ConfigError("give one of --webhook-url URL or --block NAME")
         if kind not in ("auto", "slack", "teams", "custom"):
             raise ConfigError(f"--kind {kind!r}: expected auto, slack, teams or custom")
         if not _SLUG.match(block_name):
