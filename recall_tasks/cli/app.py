@@ -163,6 +163,14 @@ def run(
     batch_timeout: Annotated[float | None, _opt("batch_timeout_s", "--batch-timeout")] = _field("batch_timeout_s"),
     batch_fallback: Annotated[str, _opt("batch_fallback")] = _field("batch_fallback"),
     collect_only: Annotated[bool, _opt("batch_collect_only", "--collect-only")] = _field("batch_collect_only"),
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the rows the judge would get, their estimated tokens and cost (live and batch) and the "
+            "limit that would stop the run; no judge call, nothing written",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
@@ -198,6 +206,12 @@ def run(
                 "batch_fallback": batch_fallback, "batch_collect_only": collect_only,
             }
         )  # fmt: skip
+        if dry_run:
+            from recall_tasks.pipeline.estimate import estimate, report
+
+            for line in report(params, estimate(params)):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
     execute(params, output, debug)
 
 

@@ -1,0 +1,64 @@
+"""``run --dry-run``: the bill before paying, against the fake OpenAI server and a real run after it.
+
+The dry run reads the dataset and the row cache, contacts no endpoint, writes nothing, exits 0, and its token and
+cost estimate is within 15 % of what the real run then records in the runs table.
+"""
+
+from __future__ import annotations
+
+import re
+
+from deltalake import DeltaTable
+from typer.testing import CliRunner
+
+from recall_tasks.cli import app as cli
+from recall_tasks.config import RunParams
+from recall_tasks.pipeline.flow import recall_benchmark
+from tests import judge_script
+from tests.test_pipeline import KEY, make_rows, write_parquet
+
+
+def _dry(data: str, out, base_url: str, *extra: str) -> str:
+    argv = ["run", data, "-o", str(out), "--judge", "openai", "--base-url", base_url, "--dry-run", *extra]
+    result = CliRunner().invoke(cli.app, argv)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _number(text: str, pattern: str) -> float:
+    found = re.search(pattern, text)
+    assert found, text
+    return float(found.group(1).replace(",", ""))
+
+
+def test_dry_run_judges_nothing_writes_nothing_and_estimates_the_real_run(prefect_harness, fake_openai, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    rows = [{k: v for k, v in r.items() if k != "row_id"} for r in make_rows(40, seed=77)]
+    rows[30:] = rows[:10]  # ten duplicates: a live run judges each of them (one chunk)
+    data = write_parquet(tmp_path / "data" / "eval.parquet", rows)
+    out = tmp_path / "out"
+
+    text = _dry(data, out, fake_openai.base_url, "--max-requests", "12", "--max-cost-usd", "0.000004",
+                "--tpm", "2000")  # fmt: skip
+    assert fake_openai.requests == [] and not out.exists()  # no call (no pre-flight either), nothing written
+    assert "40 rows, 0 served by the row cache, 40 judge requests" in text
+    assert "--max-requests 12 stops after ~12 rows" in text
+    assert re.search(r"--max-cost-usd 4e-06 stops after ~\d+ rows", text), text
+    assert re.search(r"--tpm 2000: ~\d+\.\d minutes", text), text
+    prompt = _number(text, r"~([\d,]+) prompt")
+    cost = _number(text, r"cost: ~\$([\d.]+) live")
+    batch = _number(text, r"~\$([\d.]+) at the batch price")
+    assert abs(batch - cost / 2) <= 0.0001
+
+    recall_benchmark(
+        RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=fake_openai.base_url, chunk_size=40)
+    )
+    runs = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
+    assert len(runs) == 1 and runs[0]["requests"] == 40
+    assert abs(prompt - runs[0]["prompt_tokens"]) <= 0.15 * runs[0]["prompt_tokens"], (prompt, runs[0])
+    assert abs(cost - runs[0]["cost_usd"]) <= 0.15 * runs[0]["cost_usd"], (cost, runs[0])
+
+    again = _dry(data, out, fake_openai.base_url)  # every row now in the row cache
+    assert "40 rows, 40 served by the row cache, 0 judge requests" in again and "none would stop" in again
