@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rb-nights-"))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
     outs = {fmt: str(work / fmt) for fmt in FORMATS}
     stores = {fmt: ResultStore(out, StorageConfig.from_options(), fmt) for fmt, out in outs.items()}  # type: ignore[arg-type]
     commit_s: dict[str, list[float]] = {f: [] for f in FORMATS}
