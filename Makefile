@@ -53,7 +53,7 @@ PYTEST_WORKERS ?= $(shell $(PY) -c 'import os; print(len(os.sched_getaffinity(0)
 SERIAL_TESTS := tests/test_ratelimit_fleet.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial" --durations=15
 	$(BIN)/python -m pytest -q -m serial $(SERIAL_TESTS)
 
 # the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)
