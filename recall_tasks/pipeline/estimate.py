@@ -13,7 +13,6 @@ estimated; ``--retriever`` is refused (it would call the retriever).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
@@ -26,10 +25,9 @@ from recall_tasks.io.retrieval import RetrievalResults, with_contexts
 from recall_tasks.io.storage import StorageConfig, filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
-from recall_tasks.metrics.base import Missing
 from recall_tasks.pipeline.checks import check_context_source
 from recall_tasks.pipeline.components import make_judge, make_metric
-from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
+from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 
 #: Completion tokens of a verdict answer: a fixed part, and per statement (verdict, chunk ids, a short reason).
 COMPLETION_BASE = 8
@@ -75,15 +73,6 @@ def estimate(params: RunParams) -> Estimate:
             cache = RowVerdictCache(cache_uri, storage, read=True)
     fingerprint = metric_fingerprint(metric)
 
-    async def prepare(rows: list[dict[str, Any]]) -> list[tuple[str, JudgeRequest]]:
-        found = []
-        for row in rows:
-            case = _case(row)
-            prepared = metric.prepare(case, await metric.resolve_context(case))
-            if not isinstance(prepared, Missing):
-                found.append((row_cache_key(fingerprint, prepared), prepared.request))
-        return found
-
     requests: list[JudgeRequest] = []
     cached = 0
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
@@ -92,7 +81,7 @@ def estimate(params: RunParams) -> Estimate:
             block = trace.apply(block)
         elif retrieval is not None:
             block = with_contexts(block, retrieval.contexts_for(block.row_ids))
-        pairs = run_sync(prepare(block.table.select(columns).to_pylist()))
+        pairs = run_sync(keyed_requests(metric, fingerprint, block.table.select(columns).to_pylist()))
         hits = cache.get_many([k for k, _ in pairs]) if cache is not None else {}
         cached += sum(1 for k, _ in pairs if k in hits)
         requests += [r for k, r in pairs if k not in hits]

@@ -90,6 +90,20 @@ def _case(row: dict[str, Any]) -> RecallCase:
     )
 
 
+async def keyed_requests(
+    metric: Metric, fingerprint: str, rows: list[dict[str, Any]]
+) -> list[tuple[str, JudgeRequest]]:
+    """Each assessable row's judge request with its row-cache key, rows missing an input left out: what a batch
+    submits and what a dry run prices."""
+    found = []
+    for row in rows:
+        case = _case(row)
+        prepared = metric.prepare(case, await metric.resolve_context(case))
+        if not isinstance(prepared, Missing):
+            found.append((row_cache_key(fingerprint, prepared), prepared.request))
+    return found
+
+
 async def score_rows(
     metric: Metric,
     rows: list[dict[str, Any]],

@@ -16,11 +16,10 @@ from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
-from recall_tasks.metrics.base import Missing
 from recall_tasks.pipeline.batch import remote
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, stored_params
-from recall_tasks.pipeline.scoring import _case, metric_fingerprint, row_cache_key
+from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 from recall_tasks.pipeline.steps import RunPlan
 from recall_tasks.summaries import IdleSummary, PendingSummary
 
@@ -45,19 +44,10 @@ def misses(plan: RunPlan) -> dict[str, JudgeRequest]:
     cache = plan.cache
     out: dict[str, JudgeRequest] = {}
 
-    async def prepare(rows: list[dict[str, Any]]) -> list[tuple[str, JudgeRequest]]:
-        found = []
-        for row in rows:
-            case = _case(row)
-            prepared = metric.prepare(case, await metric.resolve_context(case))
-            if not isinstance(prepared, Missing):
-                found.append((row_cache_key(fingerprint, prepared), prepared.request))
-        return found
-
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
     for raw in iter_blocks(plan.dataset, plan.params.chunk_size):
         block = plan.prepare_block(raw)
-        pairs = run_sync(prepare(block.table.select(columns).to_pylist()))
+        pairs = run_sync(keyed_requests(metric, fingerprint, block.table.select(columns).to_pylist()))
         hits = cache.get_many([k for k, _ in pairs]) if cache is not None else {}
         out.update((k, r) for k, r in pairs if k not in hits)
     return out
