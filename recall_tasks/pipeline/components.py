@@ -11,6 +11,9 @@ from typing import Any
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
+from recall_tasks.io.columns import parse_column_overrides
+from recall_tasks.io.datasets import Dataset, open_dataset
+from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
@@ -93,3 +96,11 @@ def release_judge(judge: Judge) -> None:
     close = getattr(judge, "aclose", None)
     if close is not None:
         run_sync(close())
+
+
+def open_run_dataset(params: RunParams, storage: StorageConfig, contexts_supplied: bool) -> Dataset:
+    """The run's dataset as ``params`` describe it (column overrides, traces); ``contexts_supplied``: the
+    contexts come from elsewhere (a retrieval file or a retriever), so the column may be missing."""
+    traces = bool(params.context_from or params.context_extractor)
+    overrides = parse_column_overrides(params.columns)
+    return open_dataset(params.dataset_uri, storage, params.metric, overrides, contexts_supplied, traces=traces)

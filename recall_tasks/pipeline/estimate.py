@@ -19,14 +19,12 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.columns import parse_column_overrides
-from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.retrieval import RetrievalResults, with_contexts
 from recall_tasks.io.storage import StorageConfig, filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.pipeline.checks import check_context_source
-from recall_tasks.pipeline.components import make_judge, make_metric
+from recall_tasks.pipeline.components import make_judge, make_metric, open_run_dataset
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 
 #: Completion tokens of a verdict answer: a fixed part, and per statement (verdict, chunk ids, a short reason).
@@ -56,11 +54,7 @@ def estimate(params: RunParams) -> Estimate:
     if params.retriever:
         raise ConfigError("--dry-run cannot estimate a run with --retriever: it would call the retriever")
     storage = StorageConfig.from_options(params.storage_options)
-    traces = bool(params.context_from or params.context_extractor)
-    dataset = open_dataset(
-        params.dataset_uri, storage, params.metric, parse_column_overrides(params.columns),
-        bool(params.retrieval_uri), traces=traces,
-    )  # fmt: skip
+    dataset = open_run_dataset(params, storage, bool(params.retrieval_uri))
     trace = check_context_source(params, dataset)
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     judge = make_judge(params)

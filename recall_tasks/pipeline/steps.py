@@ -31,8 +31,7 @@ from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.columns import parse_column_overrides
-from recall_tasks.io.datasets import Dataset, open_dataset
+from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
@@ -48,7 +47,14 @@ from recall_tasks.pipeline.checks import (
     check_results_schema,
     check_segments,
 )
-from recall_tasks.pipeline.components import check_units, make_judge, make_metric, release_judge, share_limits
+from recall_tasks.pipeline.components import (
+    check_units,
+    make_judge,
+    make_metric,
+    open_run_dataset,
+    release_judge,
+    share_limits,
+)
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
 
@@ -159,10 +165,7 @@ def check_run(params: RunParams) -> Checked:
     check_output_location(params)
     check_units(params)
     storage = StorageConfig.from_options(params.storage_options)
-    overrides = parse_column_overrides(params.columns)
-    supplied = bool(params.retriever or params.retrieval_uri)
-    traces = bool(params.context_from or params.context_extractor)
-    dataset = open_dataset(params.dataset_uri, storage, params.metric, overrides, supplied, traces=traces)
+    dataset = open_run_dataset(params, storage, bool(params.retriever or params.retrieval_uri))
     trace = check_context_source(params, dataset)
     if params.dataset_name:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"

@@ -44,8 +44,6 @@ from recall_tasks.fleet.budget import FleetBudget, budget_options
 from recall_tasks.fleet.guards import Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock, read_block
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.columns import parse_column_overrides
-from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
 from recall_tasks.io.storage import StorageConfig, join_uri
@@ -155,11 +153,7 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
     """A worker's plan from the run's parameters: the flow's plan minus pre-flight, run marker and head start."""
     params = spec.params
     storage = StorageConfig.from_options(params.storage_options)
-    traces = bool(params.context_from or params.context_extractor)
-    dataset = open_dataset(
-        params.dataset_uri, storage, params.metric, parse_column_overrides(params.columns),
-        bool(params.retrieval_uri), traces=traces,
-    )  # fmt: skip
+    dataset = components.open_run_dataset(params, storage, bool(params.retrieval_uri))
     if dataset.fingerprint != spec.dataset_fingerprint:
         raise DatasetError(
             f"the dataset changed after run {spec.run_id} started (its files' fingerprint differs): rerun",
