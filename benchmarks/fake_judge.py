@@ -4,6 +4,11 @@ aiohttp.web on one event loop in its own process (the tests' thread-per-connecti
 queueing at 100 in flight on two cores, which would measure the server, not the client). Every numbered
 statement is answered "yes" with chunk 1; ``usage.prompt_tokens`` is characters / 4, as the test server.
 
+It also answers ragas' context-recall prompt (``LLMContextRecall`` and ``metrics.collections.ContextRecall``,
+ragas 0.4.3, for ``benchmarks/vs_ragas.py``): ragas renders its input model as JSON after "Now perform the same
+with the following input" and expects ``{"classifications": [{"statement", "reason", "attributed"}]}``; every
+sentence of the input's ``answer`` (the reference) is a statement, attributed 1, so both tools score every row 1.0.
+
     python -m benchmarks.fake_judge --latency 0.2 --ready-file /tmp/url
 """
 
@@ -21,11 +26,28 @@ from aiohttp import web
 
 _NUMBERED = re.compile(r'^\d+\. "', re.M)
 _ITEMS = re.compile(r"^Context items to decide \((\d+)\)", re.M)
+#: ragas' PydanticPrompt.to_string (and prompt.metrics.BasePrompt's): the row's input model as JSON between these
+_RAGAS_INPUT = "\nNow perform the same with the following input\ninput: "
+_RAGAS_OUTPUT = "\nOutput: "
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def ragas_context_recall(user: str) -> str | None:
+    """The answer to ragas' context-recall prompt (every reference sentence attributed), None for other prompts."""
+    start = user.rfind(_RAGAS_INPUT)
+    if start < 0 or not user.endswith(_RAGAS_OUTPUT):
+        return None
+    fields = json.loads(user[start + len(_RAGAS_INPUT) : -len(_RAGAS_OUTPUT)])
+    statements = [s for s in _SENTENCE_END.split(str(fields.get("answer", "")).strip()) if s]
+    return json.dumps({"classifications": [{"statement": s, "reason": "", "attributed": 1} for s in statements]})
 
 
 def answer(body: dict) -> tuple[str, int]:
     text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
     user = str(body["messages"][-1].get("content", ""))
+    ragas = ragas_context_recall(user)
+    if ragas is not None:
+        return ragas, len(text) // 4
     items = _ITEMS.search(user)
     n = int(items.group(1)) if items else len(_NUMBERED.findall(user))
     verdicts = [{"id": i, "chunk_ids": [1], "reason": "", "verdict": "yes"} for i in range(1, n + 1)]
