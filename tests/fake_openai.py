@@ -1,7 +1,8 @@
 """A real HTTP server speaking the OpenAI chat-completions API, used as a scripted LLM judge in tests.
 
 Server side is stdlib only (``http.server.ThreadingHTTPServer`` in a daemon thread).  It listens on
-``127.0.0.1`` on a random free port, speaks HTTP/1.1 with keep-alive and always sends ``Content-Length``,
+``127.0.0.1`` on a random free port, speaks HTTP/1.1 with keep-alive and sends ``Content-Length`` (a ``Framed``
+fault answers chunked, compressed or closing instead),
 so the real ``openai`` SDK (sync or async) can fire hundreds of concurrent requests at it.
 
 Typical use::
@@ -47,6 +48,7 @@ import bisect
 import contextlib
 import email.parser
 import email.policy
+import gzip
 import itertools
 import json
 import os
@@ -55,6 +57,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -127,7 +130,21 @@ class Content:
     finish_reason: str = "stop"
 
 
-Fault = Status | Delay | Reset | Content
+@dataclass
+class Framed:
+    """Answer normally, framed on the wire as given: the body compressed (``encoding`` "gzip" | "deflate"), sent in
+    chunks (``chunked``), and/or the connection closed after the reply (``close``: ``Connection: close``)."""
+
+    encoding: str | None = None
+    chunked: bool = False
+    close: bool = False
+    drop: bool = False  # close the connection after the reply without saying so (an idle keep-alive timeout)
+    eof: bool = False  # no Content-Length: the body ends when the connection closes
+
+
+Fault = Status | Delay | Reset | Content | Framed
+
+_framing = threading.local()  # the Framed fault of the request this handler thread is answering
 
 _ERROR_DEFAULTS: dict[int, tuple[str, str, str | None]] = {
     # status: (message, type, code)
@@ -257,6 +274,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def setup(self) -> None:
+        super().setup()
+        fake = self.server.fake
+        with fake._lock:
+            fake.stats["connections"] += 1  # TCP connections accepted (keep-alive reuse shows here)
+
     # -- plumbing
 
     def _read_body(self) -> bytes:
@@ -284,12 +307,32 @@ class _Handler(BaseHTTPRequestHandler):
             data, ctype = json.dumps(payload).encode(), "application/json"
         headers = {"content-type": ctype, "x-request-id": f"req_{next(self.server.fake._ids):08d}"}
         headers.update({k.lower(): str(v) for k, v in reply.headers.items()})
-        headers["content-length"] = str(len(data))
+        framed: Framed | None = getattr(_framing, "fault", None)
+        _framing.fault = None
+        if framed is not None and framed.encoding:
+            data = gzip.compress(data) if framed.encoding == "gzip" else zlib.compress(data)
+            headers["content-encoding"] = framed.encoding
+        if framed is not None and framed.close:
+            headers["connection"] = "close"
+        if framed is not None and (framed.drop or framed.eof):
+            self.close_connection = True
+        if framed is not None and framed.eof:
+            pass
+        elif framed is not None and framed.chunked:
+            headers["transfer-encoding"] = "chunked"
+        else:
+            headers["content-length"] = str(len(data))
         self.send_response(reply.status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(data)
+        if framed is not None and framed.chunked:  # two chunks and the last, each flushed on its own
+            half = len(data) // 2
+            for part in (data[:half], data[half:], b""):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+        else:
+            self.wfile.write(data)
 
     def _reset(self) -> None:
         """Abort the connection with a TCP RST (SO_LINGER 0), without answering."""
@@ -379,7 +422,7 @@ class FakeOpenAI:
     content on that fraction of the remaining requests, drawn from ``random.Random(seed)`` under a lock
     (a fixed number of draws per request, so the counts are deterministic even under concurrency).
 
-    ``stats`` counts outcomes: "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
+    ``stats`` counts outcomes: "connections" (accepted), "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
     "malformed:<kind>", "rejected:json_schema", "responder_error", "hang".  ``errors`` keeps responder exceptions.
     The constructor settings are public attributes; :meth:`reset` restores them.
 
@@ -531,7 +574,7 @@ class FakeOpenAI:
     def enqueue(self, *faults: Fault) -> None:
         """Queue faults, consumed one per chat request (FIFO) before the responder is used."""
         for f in faults:
-            if not isinstance(f, Status | Delay | Reset | Content):
+            if not isinstance(f, Status | Delay | Reset | Content | Framed):
                 raise TypeError(f"not a fault: {f!r}")
         with self._lock:
             self._faults.extend(faults)
@@ -875,6 +918,8 @@ class FakeOpenAI:
                 return self._completion(body, fault.text, fault.finish_reason)
             if isinstance(fault, Delay):
                 self._sleep(fault.seconds)
+            if isinstance(fault, Framed):
+                _framing.fault = fault  # _send frames the normal answer
 
         # 2. json_schema rejection
         rf = body.get("response_format")

@@ -18,7 +18,7 @@ from recall_tasks import ContextualRecall, OpenAIJudge, RecallCase
 from recall_tasks.errors import JudgeError, MissingInputError
 from recall_tasks.judges._openai_lean import LeanChat
 from recall_tasks.judges.base import attempt_observer
-from tests.fake_openai import Delay, Reset, Status
+from tests.fake_openai import Delay, Framed, Reset, Status
 
 KEY = "sk-lean-0123456789"
 CASE = RecallCase(
@@ -50,6 +50,7 @@ def outcome(server: Any, lean: bool, faults: list[Any], **kw: Any) -> dict[str, 
     judge = OpenAIJudge(model="gpt-4o-mini", base_url=server.base_url, api_key=KEY, **kw)
     metric = ContextualRecall(judge=judge)
     lean_calls: list[bool] = []
+    pooled: list[bool] = []  # the lean path on its own HTTP/1.1 connections (judges/_http1.py), not aiohttp's
 
     async def run() -> dict[str, Any]:
         if not lean:
@@ -63,6 +64,7 @@ def outcome(server: Any, lean: bool, faults: list[Any], **kw: Any) -> dict[str, 
         token = attempt_observer.set(recorder)
         state = judge._state()
         lean_calls.append(state.lean is not None and await state.lean._session() is not None)
+        pooled.append(isinstance(state.lean, LeanChat) and state.lean._pool is not None)
         try:
             result = await metric.a_measure(CASE)
             got: dict[str, Any] = {"score": result.score, "requests": result.metadata.requests}
@@ -78,6 +80,7 @@ def outcome(server: Any, lean: bool, faults: list[Any], **kw: Any) -> dict[str, 
 
     got = asyncio.run(run())
     assert lean_calls == [lean], "the case did not take the path it tests"
+    assert pooled == [lean], "the lean path did not use its own connections"
     return got
 
 
@@ -93,6 +96,11 @@ FAULTS = {
     "reset_then_ok": ([Reset()], {}),
     "timeout": ([Delay(1.0), Delay(1.0)], {"timeout_s": 0.3}),
     "not_a_completion": ([Status(200, body="<html>maintenance</html>")], {}),
+    "gzip": ([Framed(encoding="gzip")], {}),
+    "deflate": ([Framed(encoding="deflate")], {}),
+    "chunked_then_close": ([Framed(chunked=True, close=True)], {}),
+    "body_until_close": ([Framed(eof=True)], {}),
+    "gzip_500_chunked": ([Status(500, headers={"retry-after": "0.01"}), Framed(encoding="gzip", chunked=True)], {}),
 }
 
 

@@ -58,6 +58,8 @@ class ChatPoster(Protocol):
 
     async def post(self, body: bytes) -> bytes | None: ...
 
+    async def aclose(self) -> None: ...
+
 
 @dataclass
 class _LoopState:
@@ -67,6 +69,12 @@ class _LoopState:
     tpm: RateLimiter | None
     closer: AsyncGenerator[None, None] | None = None
     lean: ChatPoster | None = None  # the chat requests' path when it applies (judges/_openai_lean.py)
+
+    async def close(self) -> None:
+        """Close the chat path's connections and the SDK client's."""
+        if self.lean is not None:
+            await self.lean.aclose()
+        await self.client.close()
 
 
 def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
@@ -84,7 +92,7 @@ _closing: set[asyncio.Task[None]] = set()  # close tasks of dropped judges, held
 def _schedule_close(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState], loop: Any) -> None:
     state = states.get(loop)
     if state is not None:
-        task = loop.create_task(state.client.close())
+        task = loop.create_task(state.close())
         _closing.add(task)
         task.add_done_callback(_closing.discard)
 
@@ -104,7 +112,7 @@ async def _close_with_loop(
     finally:
         state = states.pop(loop, None)
         if state is not None:
-            await state.client.close()
+            await state.close()
 
 
 async def _count_attempt(request: httpx2.Request) -> None:

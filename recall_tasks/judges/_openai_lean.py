@@ -26,6 +26,7 @@ from typing import Any
 import httpx2
 import openai
 
+from recall_tasks.judges._http1 import Http1Pool
 from recall_tasks.judges._openai_http import _attempts, describe_failure
 from recall_tasks.judges.base import attempt_observer
 
@@ -51,11 +52,14 @@ class LeanChat:
         self._map = map_aiohttp_exceptions
         self._options = FinalRequestOptions.construct(method="post", url="/chat/completions")
         self._timeout = aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s, connect=timeout_s)
+        self._timeout_s = timeout_s
         self._session_type = aiohttp.ClientSession
         self._url: str | None = None
         self._request: httpx2.Request | None = None  # what the SDK's errors carry
         self._headers: list[dict[str, str]] = []  # per retry count
         self._building: asyncio.Lock | None = None
+        self._pool: Http1Pool | None = None  # our HTTP/1.1 connections (judges/_http1.py); None: aiohttp's
+        self._heads: list[bytes] = []  # the pool's request heads, per retry count
 
     async def _template(self) -> None:
         """The URL and headers of a chat request, built by the SDK as its ``request`` does before sending."""
@@ -69,7 +73,11 @@ class LeanChat:
         request = client._build_request(options, retries_taken=0)
         await client._prepare_request(request)
         self._request = httpx2.Request("POST", request.url, headers=request.headers)
-        self._url = str(request.url)
+        url = str(request.url)
+        if Http1Pool.accepts(url) and self._transport.uds is None and self._transport.local_address is None:
+            limit = self._transport.limits.max_connections or 100
+            self._pool = Http1Pool(url, limit, self._timeout_s, self._transport.ssl_context)
+        self._url = url
 
     async def _session(self) -> Any:
         if self._url is None:
@@ -92,6 +100,35 @@ class LeanChat:
             self._headers.append(items)
         return self._headers[retries]
 
+    def _head_for(self, pool: Http1Pool, retries: int) -> bytes:
+        while len(self._heads) <= retries:
+            self._heads.append(pool.head(self._headers_for(len(self._heads))))
+        return self._heads[retries]
+
+    async def _exchange(self, session: Any, body: bytes, retries: int) -> tuple[int, Any, bytes]:
+        """One attempt: status, raw headers and body; on our connections, or aiohttp's (redirects follow there)."""
+        pool = self._pool
+        if pool is not None:
+            status, headers, content = await pool.post(self._head_for(pool, retries), body)
+            if not 300 <= status < 400:
+                return status, headers, content
+            self._pool = None  # an endpoint that redirects: aiohttp follows, from this attempt on
+            await pool.aclose()
+        response = await session.post(
+            self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
+            allow_redirects=True, compress=False,
+        ).__aenter__()  # fmt: skip
+        try:
+            return response.status, response.raw_headers, await response.read()
+        finally:
+            response.release()
+
+    async def aclose(self) -> None:
+        """Close our connections (the SDK client closes aiohttp's)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
+
     async def post(self, body: bytes) -> bytes | None:
         """The 2xx reply body of ``body`` after the SDK's retries, or None when the client is closed (the caller
         then uses the SDK, which raises as it did). Raises the SDK's errors."""
@@ -110,26 +147,17 @@ class LeanChat:
             try:
                 try:
                     with self._map():
-                        response = await session.post(
-                            self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
-                            allow_redirects=True, compress=False,
-                        ).__aenter__()  # fmt: skip
+                        status, raw_headers, content = await self._exchange(session, body, retries)
                 except Exception as exc:
                     if observer is not None:
                         cause, timed_out = describe_failure(exc, self._observed._timeout_s)
                         observer.attempt_failed(self._observed._endpoint, cause, timed_out=timed_out)
                     raise
-                status = response.status
                 if observer is not None:
                     if status >= 500:
                         observer.attempt_failed(self._observed._endpoint, f"HTTP {status}")
                     elif status != 429:
                         observer.attempt_ok()
-                try:
-                    with self._map():
-                        content = await response.read()
-                finally:
-                    response.release()
             except httpx2.TimeoutException as err:
                 if remaining > 0:
                     await self._sleep(remaining, retries, max_retries, None)
@@ -142,7 +170,7 @@ class LeanChat:
                 raise openai.APIConnectionError(request=self._request) from err  # type: ignore[arg-type]
             if 200 <= status < 300:
                 return bytes(content)
-            reply = httpx2.Response(status, headers=response.raw_headers, content=content, request=self._request)
+            reply = httpx2.Response(status, headers=raw_headers, content=content, request=self._request)
             if status == 429 and b"insufficient_quota" in content:  # as _openai_http._quota_is_final
                 reply.headers["x-should-retry"] = "false"
             if remaining > 0 and self._client._should_retry(reply):

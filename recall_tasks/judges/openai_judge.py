@@ -205,7 +205,7 @@ class OpenAIJudge:
         """Close the client of the running loop (its HTTP sessions too: nothing is left unclosed at exit)."""
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            await state.client.close()
+            await state.close()
         for source, _ in self._grants.values():
             await source.aclose()
 

@@ -1,0 +1,116 @@
+"""The judge's own HTTP/1.1 connections (``judges/_http1.py``) against the real fake server: reuse, closes, redirects.
+
+``test_openai_lean.py`` compares every fault and framing with the SDK path; these check what only a run of many
+requests shows: connections are kept alive and reused, a connection the server closes is never used again, a
+redirect is followed (on aiohttp), and an endpoint that refuses connections fails as on the SDK path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+from recall_tasks import ContextualRecall, OpenAIJudge, RecallCase
+from recall_tasks.errors import JudgeError
+from recall_tasks.judges._openai_lean import LeanChat
+from tests.fake_openai import Framed, Status
+
+REPLY = {"verdicts": [{"id": 1, "chunk_ids": [1], "reason": "", "verdict": "yes"}], "summary": ""}
+
+
+def case(i: int) -> RecallCase:
+    return RecallCase(input=f"q{i}", expected_output=f"Fact number {i} holds.", retrieval_context=[f"Fact {i}."])
+
+
+def lean_of(judge: OpenAIJudge) -> LeanChat:
+    lean = judge._state().lean
+    assert isinstance(lean, LeanChat)
+    return lean
+
+
+def test_connections_are_kept_alive_and_one_the_server_closes_is_never_reused(fake_openai):
+    fake_openai.set_responder(lambda body: json.dumps(REPLY))
+    judge = OpenAIJudge(model="gpt-4o-mini", base_url=fake_openai.base_url, api_key="sk-h1", max_concurrency=4)
+    metric = ContextualRecall(judge=judge)
+
+    async def run() -> dict[str, Any]:
+        got: dict[str, Any] = {}
+        results = await asyncio.gather(*(metric.a_measure(case(i)) for i in range(40)))
+        assert lean_of(judge)._pool is not None, "the lean path did not use its own connections"
+        got["scores"] = {r.score for r in results}
+        got["requests"] = sum(r.metadata.requests for r in results)
+        got["connections"] = fake_openai.stats["connections"]
+        # the server says it closes (Connection: close), then closes without saying so (an idle timeout)
+        fake_openai.enqueue(Framed(close=True), Framed(chunked=True, close=True), Framed(drop=True))
+        after = []
+        for i in range(3):
+            after.append(await metric.a_measure(case(100 + i)))
+            await asyncio.sleep(0.05)  # the server's close reaches the client before its next request
+        after += await asyncio.gather(*(metric.a_measure(case(200 + i)) for i in range(4)))  # 4 in flight again
+        got["after"] = [(r.score, r.metadata.requests) for r in after]
+        got["connections_after"] = fake_openai.stats["connections"]
+        await judge.aclose()
+        return got
+
+    got = asyncio.run(run())
+    assert got["scores"] == {1.0} and got["requests"] == 40
+    assert got["connections"] <= 4, "keep-alive: at most one connection per request in flight"
+    # no request went out on a closed connection (no retry: one request each), and the 3 closed were replaced
+    assert got["after"] == [(1.0, 1)] * 7
+    assert got["connections_after"] - got["connections"] == 3
+    assert fake_openai.stats["requests"] == 47
+
+
+def test_a_redirect_is_followed_on_aiohttp_from_then_on(fake_openai):
+    fake_openai.set_responder(lambda body: json.dumps(REPLY))
+    target = f"{fake_openai.base_url}/chat/completions"
+    judge = OpenAIJudge(model="gpt-4o-mini", base_url=fake_openai.base_url, api_key="sk-h1", max_retries=0)
+    metric = ContextualRecall(judge=judge)
+
+    async def run() -> tuple[list[float | None], bool, bool]:
+        first = await metric.a_measure(case(0))
+        pooled = lean_of(judge)._pool is not None
+        fake_openai.enqueue(Status(307, headers={"location": target}, body=""))
+        second = await metric.a_measure(case(1))
+        third = await metric.a_measure(case(2))
+        still_pooled = lean_of(judge)._pool is not None
+        await judge.aclose()
+        return [first.score, second.score, third.score], pooled, still_pooled
+
+    scores, pooled, still_pooled = asyncio.run(run())
+    assert scores == [1.0, 1.0, 1.0]
+    assert pooled and not still_pooled
+    assert fake_openai.stats["queued:status"] == 1
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def refused(lean: bool, url: str) -> tuple[str, str, Any]:
+    judge = OpenAIJudge(model="gpt-4o-mini", base_url=url, api_key="sk-h1", max_retries=1)
+    metric = ContextualRecall(judge=judge)
+
+    async def run() -> tuple[str, str, Any]:
+        if not lean:
+            judge._state().lean = None
+        try:
+            await metric.a_measure(case(0))
+        except JudgeError as exc:
+            return type(exc).__name__, str(exc), getattr(exc, "requests", None)
+        finally:
+            await judge.aclose()
+        raise AssertionError("a refused connection judged a row")
+
+    return asyncio.run(run())
+
+
+def test_a_refused_connection_fails_as_on_the_sdk_path():
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    sdk, lean = refused(False, url), refused(True, url)
+    assert lean == sdk
+    assert "refused" in sdk[1], sdk
