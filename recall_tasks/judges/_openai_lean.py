@@ -19,7 +19,6 @@ not to the request (see docs/design.md, "The judge"). This path sends the same b
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -27,6 +26,7 @@ import httpx2
 import openai
 
 from recall_tasks.judges._http1 import Http1Pool
+from recall_tasks.judges._json import dumps_compact
 from recall_tasks.judges._openai_http import _attempts, describe_failure
 from recall_tasks.judges.base import attempt_observer
 
@@ -35,7 +35,7 @@ log = logging.getLogger("openai._base_client")  # the SDK's retry messages, unde
 
 def dumps(body: dict[str, Any]) -> bytes:
     """A request body as the SDK serialises it (``openapi_dumps``: httpx's JSON settings), byte for byte."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return dumps_compact(body)
 
 
 class LeanChat:

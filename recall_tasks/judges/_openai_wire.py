@@ -11,13 +11,13 @@ attempts, SDK errors) is :mod:`recall_tasks.judges._openai_http`.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.judges import prompts
+from recall_tasks.judges._json import loads
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.parsing import ParseError, parse_verdicts
 
@@ -65,7 +65,7 @@ def request_body(
 def read_completion(raw: bytes, model: str, usage: list[int]) -> tuple[str, str | None]:
     """The content and finish reason of a chat-completion body; its token counts are added to ``usage``."""
     try:
-        reply = json.loads(raw)
+        reply = loads(raw)
         usage_data = reply.get("usage") or {}
         usage[0] += int(usage_data.get("prompt_tokens") or 0)
         usage[1] += int(usage_data.get("completion_tokens") or 0)

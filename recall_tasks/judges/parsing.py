@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from recall_tasks.judges._json import loads
 from recall_tasks.judges.base import JudgeVerdict
 
 #: A verdict's reason and the summary are cut here (a judge's reply is stored with every row).
@@ -79,7 +80,7 @@ class _RawReply(BaseModel):
 def load_json(text: str) -> Any:
     """Strict JSON first, then the tolerant pass; raises ParseError."""
     try:
-        return json.loads(text)
+        return loads(text)
     except (json.JSONDecodeError, TypeError):
         pass
     body = _FENCE.sub("", (text or "").strip())

@@ -10,11 +10,11 @@ and recorded with every result.
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from recall_tasks.judges._json import quote
 from recall_tasks.judges.base import JudgeRequest
 
 PROMPT_VERSION = "v1"
@@ -78,7 +78,7 @@ def claims_messages(
     """
     msgs = [
         {"role": "system", "content": _template(f"{version}.system.txt")},
-        {"role": "user", "content": f"Reference answer: {json.dumps(reference, ensure_ascii=False)}"},
+        {"role": "user", "content": f"Reference answer: {quote(reference)}"},
     ]
     if previous is not None:
         repair = _template(version.replace("claims-", "claims-repair-") + ".txt")
@@ -96,17 +96,17 @@ def _fence(text: str) -> str:
 
 def user_prompt(request: JudgeRequest) -> str:
     """The per-case message: question, numbered statements quoted verbatim, numbered evidence fenced as data."""
-    lines = [f"Question: {json.dumps(request.question, ensure_ascii=False)}", ""]
+    lines = [f"Question: {quote(request.question)}", ""]
     if request.task == "contextual_recall":
         lines.append(f"Sentences to decide ({len(request.statements)}):")
-        lines += [f"{i}. {json.dumps(s, ensure_ascii=False)}" for i, s in enumerate(request.statements, 1)]
+        lines += [f"{i}. {quote(s)}" for i, s in enumerate(request.statements, 1)]
         lines += ["", f"Context chunks ({len(request.evidence)}):"]
         lines += [f'<chunk id="{i}">\n{_fence(c)}\n</chunk>' for i, c in enumerate(request.evidence, 1)]
     else:
         lines.append(f"Context items to decide ({len(request.statements)}):")
         lines += [f'<chunk id="{i}">\n{_fence(c)}\n</chunk>' for i, c in enumerate(request.statements, 1)]
         lines += ["", f"Answer sentences ({len(request.evidence)}):", "<answer>"]
-        lines += [f"{i}. {json.dumps(s, ensure_ascii=False)}" for i, s in enumerate(request.evidence, 1)]
+        lines += [f"{i}. {quote(s)}" for i, s in enumerate(request.evidence, 1)]
         lines.append("</answer>")
     if not request.include_reason:
         lines += ["", 'Leave every "reason" and the "summary" as "".']
