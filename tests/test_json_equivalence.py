@@ -26,7 +26,7 @@ TEXTS = [
 ]
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     A = "a"
 
 

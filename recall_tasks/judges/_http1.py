@@ -57,36 +57,31 @@ class _Connection(asyncio.Protocol):
         self.read_timeout = read_timeout
         self.reply: _Reply | None = None
         self.waiter: asyncio.Future[_Reply] | None = None
+        # the read timeout: one timer per connection, re-armed when it fires early (never cancelled per request)
         self.timer: asyncio.TimerHandle | None = None
+        self.last_io = 0.0  # loop time of the request's write or of its reply's latest bytes
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
-        self.started = False  # a byte of the reply arrived
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
-        self.started = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        assert self.loop is not None
+        self.last_io = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(aiohttp.ClientPayloadError(f"invalid HTTP reply: {exc}"), exc)
             self.close()
-            return
-        if self.waiter is not None and self.timer is None:
-            self._arm()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.close()
         if self.waiter is None or self.waiter.done():
             return
         if exc is None and self.reply is not None and self.reply.until_eof:  # the close ends the body
@@ -122,9 +117,6 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         reply, self.reply = self.reply, None
         waiter, self.waiter = self.waiter, None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         if reply is None or waiter is None or waiter.done():
             self.close()  # an answer nobody asked for: the socket cannot be trusted
             return
@@ -134,18 +126,23 @@ class _Connection(asyncio.Protocol):
 
     # -- ours
     def send(self, data: bytes, waiter: asyncio.Future[_Reply]) -> None:
-        assert self.transport is not None
+        assert self.transport is not None and self.loop is not None
         self.waiter = waiter
-        self.started = False
+        self.last_io = self.loop.time()
         self.transport.write(data)
-        self._arm()
-
-    def _arm(self) -> None:
-        loop = asyncio.get_running_loop() if self.waiter is None else self.waiter.get_loop()
-        self.timer = loop.call_later(self.read_timeout, self._timed_out)
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.last_io + self.read_timeout, self._timed_out)
 
     def _timed_out(self) -> None:
+        """No byte for ``read_timeout`` s while a request waits: fail it (aiohttp's ``sock_read``); else re-arm."""
+        assert self.loop is not None
         self.timer = None
+        if self.waiter is None or self.closed:
+            return  # idle: the next request arms it again
+        due = self.last_io + self.read_timeout
+        if self.loop.time() < due:
+            self.timer = self.loop.call_at(due, self._timed_out)
+            return
         self._fail(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
         self.close()
 
@@ -157,6 +154,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
