@@ -17,10 +17,12 @@ every statement supported, so every row scores 1.0 in both):
   started by a first, uncounted run, as a user's second run finds it; ragas gets an uncounted first run too).
 
 The pairs alternate (the order swaps every pair). Each process is timed from exec to exit (wall, and CPU from
-``os.wait4``: the process and the children it waited for); the fake judge gives the requests made, the time to
-the first request and the scoring window (first request to last answer). Every run must score every row (a run
-that does not stops the benchmark); the rows scored are read back from each tool's own output. Printed: every
-run, then per measure both medians and the ratio ragas / recall-bench. Figures printed, never asserted.
+``os.wait4``: the process and the children it waited for; recall-bench's local Prefect server is not its child,
+so its CPU during the run, read from /proc, is added in a row of its own); the fake judge gives the requests
+made, the time to the first request and the scoring window (first request to last answer). Every run must score
+every row (a run that does not stops the benchmark); the rows scored are read back from each tool's own output.
+Printed: every run, then per measure both medians and the ratio ragas / recall-bench. Figures printed, never
+asserted.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.startup import Bench, bench_setup, one_run  # noqa: E402
+from benchmarks.startup import Bench, bench_setup, group_cpu_s, one_run, server_pid  # noqa: E402
 
 REQUIREMENTS = ROOT / "benchmarks" / "ragas_requirements.txt"
 CHILD = ROOT / "benchmarks" / "_ragas_child.py"
@@ -86,6 +88,7 @@ def run_ragas(bench: Bench, python: Path, data: str, concurrency: int, log: Path
     env["RAGAS_DO_NOT_TRACK"] = "true"
     cmd = [str(python), str(CHILD), data, bench.base_url, "--workers", str(concurrency)]
     run = _window(stats_url, one_run(cmd, env, bench.tmp, stats_url, log))
+    run["server_cpu_s"] = 0.0  # ragas has no server
     lines = [line for line in log.read_text().splitlines() if line.startswith('{"rows"')]
     if not lines:
         raise RuntimeError(f"ragas printed no result:\n{log.read_text()[-3000:]}")
@@ -101,7 +104,11 @@ def run_recall_bench(bench: Bench, data: str, out: Path, concurrency: int, log: 
     stats_url = bench.base_url.removesuffix("/v1") + "/stats"
     cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
            "--base-url", bench.base_url, "--max-concurrency", str(concurrency)]  # fmt: skip
+    server = server_pid(bench.tmp / "state")  # None before the first run starts it
+    server_cpu = group_cpu_s(server) if server else 0.0
     run = _window(stats_url, one_run(cmd, bench.env, ROOT, stats_url, log))
+    server = server or server_pid(bench.tmp / "state")
+    run["server_cpu_s"] = group_cpu_s(server) - server_cpu if server else 0.0
     table = DeltaTable(str(out / "results")).to_pyarrow_table(columns=["score", "error"])
     ok = pc.and_(pc.is_valid(table["score"]), pc.is_null(table["error"]))
     scores = table.filter(ok)["score"]
@@ -138,7 +145,7 @@ def main() -> None:
                 if r["scored"] != args.rows or r["rows"] != args.rows:
                     raise RuntimeError(f"{name} scored {r['scored']} of {r['rows']} rows ({args.rows} given):\n"
                                        f"{log.read_text()[-3000:]}")  # fmt: skip
-                runs.append((name, r))
+                runs.append((name, {**r, "cpu_all_s": r["cpu_s"] + r["server_cpu_s"]}))
                 print(f"pair {pair + 1} {name}: {json.dumps({k: v for k, v in r.items() if v is not None})}",
                       flush=True)  # fmt: skip
 
@@ -151,6 +158,7 @@ def main() -> None:
     measures = {
         "wall s (exec to exit)": "wall_s",
         "CPU s (user+sys)": "cpu_s",
+        "CPU s + Prefect server's": "cpu_all_s",
         "first judge request s": "first_request_s",
         "scoring window s": "window_s",
         "judge requests": "requests",
