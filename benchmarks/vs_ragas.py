@@ -1,6 +1,7 @@
 """Whole processes on the same rows: ``recall-bench run`` against ragas 0.4.3 in its own venv, pair by pair.
 
     python -m benchmarks.vs_ragas [--pairs 3] [--rows 1000] [--latency 0.2] [--concurrency 100] [--venv DIR]
+                                  [--ragas-api evaluate|ascore]
 
 ragas runs in a separate venv (default ``~/.cache/recall-bench/ragas-0.4.3``), made on first use with
 ``python -m venv`` and installed from PyPI with ``benchmarks/ragas_requirements.txt`` (every package pinned;
@@ -12,6 +13,8 @@ every statement supported, so every row scores 1.0 in both):
 - **ragas**: ``benchmarks/_ragas_child.py`` with the venv's Python: ``evaluate()`` with ``LLMContextRecall`` on
   ``llm_factory(model, client=AsyncOpenAI(base_url=...))`` and ``RunConfig(max_workers=CONCURRENCY)``, scores
   read back from the result (``RAGAS_DO_NOT_TRACK=true``: its usage analytics would post to the internet);
+  ``--ragas-api ascore``: the metric's async API instead (``metrics.collections.ContextRecall.ascore`` per row
+  under ``asyncio.gather``, CONCURRENCY at a time), ragas' leanest path;
 - **recall-bench**: ``python -m recall_tasks run DATA --output NEW --judge openai --base-url URL
   --max-concurrency CONCURRENCY`` with this checkout (Parquet -> Prefect -> Delta; the local Prefect server is
   started by a first, uncounted run, as a user's second run finds it; ragas gets an uncounted first run too).
@@ -81,12 +84,12 @@ def _window(stats_url: str, run: dict) -> dict:
     return {**run, "window_s": stats["last_response_at"] - stats["first_request_at"]}
 
 
-def run_ragas(bench: Bench, python: Path, data: str, concurrency: int, log: Path) -> dict:
+def run_ragas(bench: Bench, python: Path, data: str, concurrency: int, api: str, log: Path) -> dict:
     """One whole ragas process on ``data``; its figures and the rows it scored (from its own result)."""
     stats_url = bench.base_url.removesuffix("/v1") + "/stats"
     env = {k: v for k, v in bench.env.items() if k != "PYTHONPATH"}
     env["RAGAS_DO_NOT_TRACK"] = "true"
-    cmd = [str(python), str(CHILD), data, bench.base_url, "--workers", str(concurrency)]
+    cmd = [str(python), str(CHILD), data, bench.base_url, "--workers", str(concurrency), "--api", api]
     run = _window(stats_url, one_run(cmd, env, bench.tmp, stats_url, log))
     run["server_cpu_s"] = 0.0  # ragas has no server
     lines = [line for line in log.read_text().splitlines() if line.startswith('{"rows"')]
@@ -123,6 +126,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="ragas' venv (made if missing or stale)")
+    parser.add_argument("--ragas-api", choices=("evaluate", "ascore"), default="evaluate")
     args = parser.parse_args()
 
     python = ragas_venv(args.venv.expanduser())
@@ -133,13 +137,13 @@ def main() -> None:
         logs.mkdir()
         # uncounted: recall-bench's first run starts the local Prefect server; ragas' first reads its venv from disk
         run_recall_bench(bench, bench.data, bench.tmp / "out-first", args.concurrency, logs / "recall-bench-first")
-        run_ragas(bench, python, bench.data, args.concurrency, logs / "ragas-first")
+        run_ragas(bench, python, bench.data, args.concurrency, args.ragas_api, logs / "ragas-first")
         for pair in range(args.pairs):
             order = ["recall-bench", "ragas"] if pair % 2 == 0 else ["ragas", "recall-bench"]
             for name in order:
                 log = logs / f"{name}-{pair}"
                 if name == "ragas":
-                    r = run_ragas(bench, python, bench.data, args.concurrency, log)
+                    r = run_ragas(bench, python, bench.data, args.concurrency, args.ragas_api, log)
                 else:
                     r = run_recall_bench(bench, bench.data, bench.tmp / f"out-{pair}", args.concurrency, log)
                 if r["scored"] != args.rows or r["rows"] != args.rows:
@@ -153,7 +157,8 @@ def main() -> None:
     print(
         f"\nwhole processes, {args.rows} rows, judge latency {args.latency * 1000:.0f} ms, concurrency "
         f"{args.concurrency}, {args.pairs} pairs (order swapped each pair); ideal scoring window {ideal:.1f} s\n"
-        f"recall-bench: {ROOT} (Python {platform.python_version()})\nragas venv {python.parents[1]}: {ragas_versions}\n"
+        f"recall-bench: {ROOT} (Python {platform.python_version()})\n"
+        f"ragas ({args.ragas_api}), venv {python.parents[1]}: {ragas_versions}\n"
     )
     measures = {
         "wall s (exec to exit)": "wall_s",
