@@ -13,7 +13,11 @@ for each checkout in turn (the order swaps every pair), three whole processes:
 - **CLI**: ``recall-bench run DATA -o NEW --judge openai --max-concurrency C`` (Parquet -> Prefect -> Delta, the
   local Prefect server a first, uncounted run started): the scoring window (fake judge's first request to its
   last answer) against the ideal (rows / concurrency x latency), the process's CPU within that window per row
-  (sampled from /proc every 10 ms), and the whole process's CPU and wall time.
+  (sampled from /proc every 10 ms), and the whole process's CPU and wall time;
+- **CLI, marginal** (``--marginal-rows N``, e.g. 5000): the same command on N rows; the whole process's CPU
+  beyond the ``--rows`` run's, per extra row, is what each row costs the CLI once start-up is paid (Python,
+  the imports, Prefect's flow run: the same at any size). At 1,000 rows that fixed part is most of the CPU
+  inside the scoring window too: Prefect is imported while the head start's chunks are judged.
 
 Printed: every run, then per measure the medians of both checkouts and their ratio. On a shared machine the
 ratios of alternating pairs are the comparison, not the absolute figures. Figures printed, never asserted.
@@ -104,12 +108,13 @@ def main() -> None:
     parser.add_argument("--zero-rows", type=int, default=3000)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--marginal-rows", type=int, default=0, help="also run the CLI on this many rows (see above)")
     parser.add_argument("--only", nargs="+", choices=("library", "zero", "cli"), default=("library", "zero", "cli"))
     args = parser.parse_args()
 
     checkouts = {"this": ROOT, "base": args.vs.resolve()}
     runs: list[tuple[str, str, dict]] = []  # (measure, checkout, figures)
-    with bench_setup(ROOT, max(args.rows, args.zero_rows), args.latency, "recall-cpu-") as bench:
+    with bench_setup(ROOT, max(args.rows, args.zero_rows, args.marginal_rows), args.latency, "recall-cpu-") as bench:
         (bench.tmp / "zero").mkdir()
         zero, zero_url = start_judge(0.0, bench.tmp / "zero")
         try:
@@ -120,12 +125,16 @@ def main() -> None:
             pq.write_table(full.slice(0, args.rows), data)
             zero_data = str(bench.tmp / "zero.parquet")
             pq.write_table(full.slice(0, args.zero_rows), zero_data)
+            large_data = str(bench.tmp / "large.parquet")
+            if args.marginal_rows:
+                pq.write_table(full.slice(0, args.marginal_rows), large_data)
             if "cli" in args.only:  # starts the local Prefect server both checkouts then use
                 cli(bench.env, ROOT, data, str(bench.tmp / "out-cold"), bench.base_url, args.concurrency, args.rows)
             for pair in range(args.pairs):
                 order = ["this", "base"] if pair % 2 == 0 else ["base", "this"]
                 for name in order:
                     code = checkouts[name]
+                    start = len(runs)
                     if "library" in args.only:
                         r = library(bench.env, code, data, bench.base_url, args.concurrency)
                         runs.append(("library", name, r))
@@ -136,13 +145,18 @@ def main() -> None:
                         out = str(bench.tmp / f"out-{name}-{pair}")
                         r = cli(bench.env, code, data, out, bench.base_url, args.concurrency, args.rows)
                         runs.append(("cli", name, r))
+                    if "cli" in args.only and args.marginal_rows:
+                        out = str(bench.tmp / f"out-{name}-{pair}-large")
+                        r = cli(bench.env, code, large_data, out, bench.base_url, args.concurrency, args.marginal_rows)
+                        runs.append(("cli_large", name, r))
                     print(f"pair {pair + 1} {name}: " + "; ".join(
-                        f"{m} {json.dumps(r)}" for m, n, r in runs[-len(args.only):]), flush=True)  # fmt: skip
+                        f"{m} {json.dumps(r)}" for m, _, r in runs[start:]), flush=True)  # fmt: skip
         finally:
             zero.terminate()
             zero.wait(10)
 
     ideal = args.rows / args.concurrency * args.latency
+    marginal: dict[str, float] = {}
     measures = {
         "library CPU ms/row": ("library", lambda r: 1000 * r["cpu_s"] / r["rows"]),
         "library wall s": ("library", lambda r: r["wall_s"]),
@@ -153,6 +167,7 @@ def main() -> None:
         "CLI window / ideal": ("cli", lambda r: r["window_s"] / ideal),
         "CLI whole-process CPU s": ("cli", lambda r: r["cpu_s"]),
         "CLI whole-process wall s": ("cli", lambda r: r["wall_s"]),
+        f"CLI {args.marginal_rows:,} rows: whole-process CPU s": ("cli_large", lambda r: r["cpu_s"]),
     }
     print(
         f"\nclient CPU per row: {args.rows} rows, judge latency {args.latency * 1000:.0f} ms, concurrency "
@@ -169,6 +184,14 @@ def main() -> None:
         pairs = " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(this, base, strict=False))
         mt, mb = statistics.median(this), statistics.median(base)
         print(f"{label:<38} {pairs:<44} {mt:>8.2f} {mb:>8.2f} {mt / mb:>9.2f}")
+    if args.marginal_rows:
+        extra = args.marginal_rows - args.rows
+        for name in ("this", "base"):
+            small = statistics.median(r["cpu_s"] for m, n, r in runs if m == "cli" and n == name)
+            large = statistics.median(r["cpu_s"] for m, n, r in runs if m == "cli_large" and n == name)
+            marginal[name] = 1000 * (large - small) / extra
+        print(f"{'CLI marginal CPU ms/row (medians)':<38} {'':<44} {marginal['this']:>8.2f} {marginal['base']:>8.2f} "
+              f"{marginal['this'] / marginal['base']:>9.2f}")  # fmt: skip
     digests = {(n, r["scores"]) for m, n, r in runs if m in ("library", "zero")}
     print(f"\nscore digests (library path; one per dataset and checkout): {sorted(digests)}")
 

@@ -42,10 +42,10 @@ def test_flow_parameters_are_serialised_as_prefect_would_without_fastapi():
 def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps_its_rows(
     prefect_harness, fake_openai, tmp_path
 ):
-    """The first chunk is judged before Prefect is even imported: with a dead API URL that only Prefect itself
+    """The first chunks are judged before Prefect is even imported: with a dead API URL that only Prefect itself
     can read (a profile, checked after its import), the run fails in one line AFTER the head start judged its
-    chunk; nothing is committed, the rows are in the row cache, and the rerun against a live server judges
-    only the other rows. Then each row was judged exactly once."""
+    window of chunks (--max-workers 4 of the 5); nothing is committed, the rows are in the row cache, and the
+    rerun against a live server judges only the other rows. Then each row was judged exactly once."""
     from deltalake import DeltaTable
 
     from tests import judge_script
@@ -54,7 +54,7 @@ def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps
     from tests.test_pipeline import expected, make_rows
 
     fake_openai.set_responder(judge_script.responder)
-    rows = make_rows(60, seed=5)
+    rows = make_rows(100, seed=5)
     data = write(tmp_path / "eval.parquet", rows)
     out = tmp_path / "out"
     dead = f"http://127.0.0.1:{free_port()}/api"
@@ -68,14 +68,14 @@ def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps
     assert first.returncode == 2, first.stdout + first.stderr
     assert f"error: the Prefect API at {dead} (PREFECT_API_URL) cannot be reached" in first.stderr
     judged = len(fake_openai.chat_requests)
-    assert judged == 20, first.stderr  # the head start's chunk, judged while Prefect was imported
+    assert judged == 80, first.stderr  # the head start's 4 chunks, judged while Prefect was imported
     assert not (out / "results").exists() and not (out / "runs").exists()
 
     rerun = subprocess.run(cmd, env=cli_env(fake_openai), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert len(fake_openai.chat_requests) == len(rows)  # the other 40 rows only: every row judged once
+    assert len(fake_openai.chat_requests) == len(rows)  # the other 20 rows only: every row judged once
     (run,) = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
-    assert run["rows"] == 60 and run["errors"] == 0 and run["cached"] == 20
+    assert run["rows"] == 100 and run["errors"] == 0 and run["cached"] == 80
     results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
     by_id = {r["row_id"]: r for r in results}
     assert all(by_id[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)

@@ -196,17 +196,18 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
     params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=5)
     head_start.preflight(params)
     ahead = head_start.plan_ahead(params)
-    assert ahead.head_start is not None
-    assert ahead.head_start.future.done()  # an offline chunk sends no request: plan_ahead waited for it
-    first = ahead.head_start.future.result(timeout=30)  # judged before any flow exists
-    assert judged == [f"r{i:04d}" for i in range(5)]
+    assert sorted(ahead.head_starts) == [0, 1, 2, 3]  # a window of chunks: --max-workers (4)
+    # offline chunks send no request: plan_ahead waited for them; judged before any flow exists
+    ahead_reports = {seq: h.future.result(timeout=30) for seq, h in ahead.head_starts.items()}
+    assert sorted(judged) == [f"r{i:04d}" for i in range(20)]
 
     plan = steps.plan_run(params)  # what the flow calls: it takes the plan made ahead
     assert plan is ahead
     tally = score_chunks(plan, PoolExecutor(plan))
-    assert plan.head_start is None  # taken by chunk 0's task
-    assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: chunk 0 was not judged again
-    assert tally.parts[0].path == first.path and tally.done_rows == 45
+    assert plan.head_starts == {}  # each taken by its chunk's task
+    assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: no chunk was judged again
+    assert [p.path for p in tally.parts[:4]] == [ahead_reports[seq].path for seq in range(4)]
+    assert tally.done_rows == 45
     assert head_start.abandon(params) == 0  # nothing left to abandon once the flow took the plan
 
 
@@ -227,9 +228,9 @@ def test_the_head_start_returns_once_its_first_request_is_out(
     head_start.preflight(params)
     ahead = head_start.plan_ahead(params)
     try:
-        assert ahead.head_start is not None
+        assert ahead.head_starts
         assert ahead.breaker is not None and ahead.breaker.first_sent.is_set()  # going out as plan_ahead returned
         assert fake_openai.wait_for_requests(1, timeout=5)  # a real request on the wire
-        assert not ahead.head_start.future.done()  # and not answered yet: the wait ends at the request
+        assert not any(h.future.done() for h in ahead.head_starts.values())  # none answered: the wait ends there
     finally:
         assert head_start.abandon(params) == 0  # cancelled in flight: nothing judged, nothing kept

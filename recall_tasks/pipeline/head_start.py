@@ -1,4 +1,4 @@
-"""The CLI's ad-hoc path before Prefect starts: the pre-flight checks and the head start on the first chunk.
+"""The CLI's ad-hoc path before Prefect starts: the pre-flight checks and the head start on the first chunks.
 
 Deployment runs use neither: their flow checks and plans the run itself. What these functions build is handed
 to the flow's :func:`~recall_tasks.pipeline.steps.plan_run` through ``steps.PREFLIGHTED`` and ``steps.PLANNED``
@@ -8,12 +8,13 @@ to the flow's :func:`~recall_tasks.pipeline.steps.plan_run` through ``steps.PREF
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from concurrent.futures import Future
 
 from recall_tasks.config import RunParams
-from recall_tasks.io.blocks import iter_blocks
+from recall_tasks.io.blocks import RowBlock, iter_blocks
 from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.steps import PLANNED, PREFLIGHTED, ChunkReport, HeadStart, RunPlan
 
@@ -27,14 +28,16 @@ def preflight(params: RunParams) -> list[str]:
 
 
 def plan_ahead(params: RunParams) -> RunPlan:
-    """The CLI's head start: plan the run and start judging its first chunk before Prefect is imported.
+    """The CLI's head start: plan the run and start judging its first chunks before Prefect is imported.
 
-    Importing Prefect and creating the flow run take ~1.5 s of an ad-hoc run's start-up; the first chunk's judge
-    calls wait on the network meanwhile instead of after it. The flow's ``steps.plan_run`` takes this plan, and
-    the first chunk's task takes the head start's result (``steps.score_chunk``): the chunk loop is unchanged,
-    each row is judged once. Not with a run-time retriever (its calls would run twice). If the flow never
-    takes the plan (Prefect could not start, an interrupt), :func:`abandon` cancels and keeps what was judged.
-    Deployment runs do not plan ahead.
+    Importing Prefect and creating the flow run take ~2 s of an ad-hoc run's start-up; the first chunks' judge
+    calls wait on the network meanwhile instead of after it. As many chunks start as the flow keeps in flight
+    (``--max-workers``: the same memory bound), so the judge has a full window of requests from the first one
+    until the flow's own tasks take over; with one chunk, the judge idled at the end of that chunk until Prefect
+    was up. The flow's ``steps.plan_run`` takes this plan, and each of these chunks' tasks takes its head start's
+    result (``steps.score_chunk``): the chunk loop is unchanged, each row is judged once. Not with a run-time
+    retriever (its calls would run twice). If the flow never takes the plan (Prefect could not start, an
+    interrupt), :func:`abandon` cancels and keeps what was judged. Deployment runs do not plan ahead.
     """
     plan = steps.plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
     PLANNED[params.model_dump_json()] = plan
@@ -48,40 +51,52 @@ def plan_ahead(params: RunParams) -> RunPlan:
     if (
         plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
     ):  # others: not judged here, or not live
-        block = next(iter_blocks(plan.dataset, params.chunk_size), None)
-        if block is not None:
+        futures: list[Future[ChunkReport]] = []
+        for seq, block in enumerate(itertools.islice(iter_blocks(plan.dataset, params.chunk_size), params.max_workers)):
             block = plan.prepare_block(block)
             key = steps.chunk_key(plan, block)
             future: Future[ChunkReport] = Future()
-
-            def first_chunk() -> None:
-                try:
-                    future.set_result(steps.score_first_chunk(plan, block, key))
-                except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
-                    future.set_exception(exc)
-
-            plan.head_start = HeadStart(key, future)
-            threading.Thread(target=first_chunk, name="recall-bench-head-start", daemon=True).start()
-            _wait_for_first_request(plan, future)
+            plan.head_starts[seq] = HeadStart(key, future)
+            futures.append(future)
+            threading.Thread(
+                target=_score_ahead, args=(plan, seq, block, key, future), name=f"recall-bench-head-start-{seq}",
+                daemon=True,
+            ).start()  # fmt: skip
+        if futures:
+            _wait_for_first_request(plan, futures)
     return plan
+
+
+def _score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str, future: Future[ChunkReport]) -> None:
+    try:
+        future.set_result(steps.score_ahead(plan, seq, block, key))
+    except BaseException as exc:  # noqa: BLE001 - handed to the task (or abandon) that takes it
+        future.set_exception(exc)
+
+
+def settle_all(plan: RunPlan) -> None:
+    """Give every head start still held :data:`steps.ABORT_WAIT_S` to settle (after an abort cancelled them)."""
+    for head in list(plan.head_starts.values()):
+        with contextlib.suppress(BaseException):
+            head.future.exception(timeout=steps.ABORT_WAIT_S)
 
 
 #: How long the CLI waits for the head start's first judge request before it imports Prefect anyway.
 FIRST_REQUEST_WAIT_S = 2.0
 
 
-def _wait_for_first_request(plan: RunPlan, future: Future[ChunkReport]) -> None:
+def _wait_for_first_request(plan: RunPlan, futures: list[Future[ChunkReport]]) -> None:
     """Let the head start send its first request before Prefect's import takes the interpreter.
 
     Everything before the first request is CPU (building the first prompts, the judge's client), and so is
     Prefect's import: run side by side they share the GIL and the first request waited for both. Once it is out,
     the judge waits on the network while Prefect imports. Returns at once for a chunk served from the caches or
-    judged offline (it finishes without a request), and after :data:`FIRST_REQUEST_WAIT_S` in any case.
+    judged offline (they finish without a request), and after :data:`FIRST_REQUEST_WAIT_S` in any case.
     """
     if plan.breaker is None:
         return
     deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
-    while not plan.breaker.first_sent.wait(0.01) and not future.done() and time.monotonic() < deadline:
+    while not plan.breaker.first_sent.wait(0.01) and not all(f.done() for f in futures) and time.monotonic() < deadline:
         pass
 
 
@@ -91,21 +106,19 @@ def abandon(params: RunParams) -> int:
     if plan is None:
         return 0
     steps.abort(plan)
-    if plan.head_start is not None:
-        with contextlib.suppress(BaseException):
-            plan.head_start.future.exception(timeout=steps.ABORT_WAIT_S)
+    settle_all(plan)
     try:
         return steps.keep_judged(plan)
     finally:
         steps.release(plan)
 
 
-def drop_head_start(plan: RunPlan, kept: ChunkReport) -> None:
-    """The first chunk came from Prefect's chunk cache after all: let the head start finish, drop its file.
+def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:
+    """Chunk ``seq`` came from Prefect's chunk cache after all: let its head start finish, drop its file.
 
     Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
     """
-    head, plan.head_start = plan.head_start, None
+    head = plan.head_starts.pop(seq, None)
     if head is None:
         return
     try:

@@ -98,7 +98,7 @@ def new_run_id() -> str:
 
 @dataclass
 class HeadStart:
-    """The first chunk, scored in a thread from before Prefect starts until its task takes the result."""
+    """One of the first chunks, scored in a thread from before Prefect starts until its task takes the result."""
 
     key: str
     future: Future[ChunkReport]
@@ -126,7 +126,8 @@ class RunPlan:
     retrieval: RetrievalResults | None = None
     pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
-    head_start: HeadStart | None = None  # the first chunk, judged while Prefect starts (see plan_ahead)
+    #: the first chunks (the flow's window) by sequence number, judged while Prefect starts (see plan_ahead)
+    head_starts: dict[int, HeadStart] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
     batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
@@ -313,18 +314,19 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     """Score one block (async judge calls on the shared loop) and write its result file.
 
     Raises :class:`RunInterrupted` if the run is aborted before or while the block is judged (no file written).
-    The chunk the head start is judging (same key) waits for it instead, once; a retry scores it afresh.
+    A chunk the head start is judging (same sequence number and key) waits for it instead, once; a retry scores
+    it afresh.
     """
-    head = plan.head_start
-    if head is not None and head.key == key and seq == 0:
-        plan.head_start = None
+    head = plan.head_starts.get(seq)
+    if head is not None and head.key == key:
+        del plan.head_starts[seq]
         return head.future.result()
     return _score_chunk(plan, seq, block, key)
 
 
-def score_first_chunk(plan: RunPlan, block: RowBlock, key: str) -> ChunkReport:
-    """The head start's chunk 0 (``head_start.plan_ahead``): scored as any chunk, before its task exists."""
-    return _score_chunk(plan, 0, block, key)
+def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
+    """A head start's chunk (``head_start.plan_ahead``): scored as any chunk, before its task exists."""
+    return _score_chunk(plan, seq, block, key)
 
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:

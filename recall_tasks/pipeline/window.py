@@ -16,7 +16,6 @@ each chunk as a cached Prefect task, a test can run them on a thread pool. What 
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -122,8 +121,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
             key = steps.chunk_key(plan, block)
             cached = None if not params.cache or params.refresh_cache else executor.cached(key)
             if cached is not None and served_from_cache(plan, cached, block):
-                if seq == 0:
-                    head_start.drop_head_start(plan, cached)
+                head_start.drop_head_start(plan, seq, cached)
                 tally.served_from_cache += 1
                 record(seq, cached, reused=is_reused(plan, cached))
                 continue
@@ -138,9 +136,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
         steps.abort(plan)
         for handle, _, _ in window:
             handle.wait(ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited
-        if plan.head_start is not None:
-            with contextlib.suppress(Exception):
-                plan.head_start.future.exception(timeout=ABORT_WAIT_S)
+        head_start.settle_all(plan)
         steps.keep_judged(plan)
         raise
     finally:
