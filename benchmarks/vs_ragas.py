@@ -24,8 +24,8 @@ The pairs alternate (the order swaps every pair). Each process is timed from exe
 so its CPU during the run, read from /proc, is added in a row of its own); the fake judge gives the requests
 made, the time to the first request and the scoring window (first request to last answer). Every run must score
 every row (a run that does not stops the benchmark); the rows scored are read back from each tool's own output.
-Printed: every run, then per measure both medians and the ratio ragas / recall-bench. Figures printed, never
-asserted.
+Printed: every run, then per measure both medians, their ratio ragas / recall-bench and the median of the pairs'
+own ratios. Figures printed, never asserted.
 """
 
 from __future__ import annotations
@@ -169,7 +169,10 @@ def main() -> None:
         "judge requests": "requests",
         "rows scored": "scored",
     }
-    header = f"{'measure':<24} {'pairs (ragas / recall-bench)':<44} {'ragas':>8} {'recall-b.':>9} {'ratio':>6}"
+    header = (
+        f"{'measure':<24} {'pairs (ragas / recall-bench)':<44} {'ragas':>8} {'recall-b.':>9} {'ratio':>6} "
+        f"{'pair ratios':>11}"
+    )
     print(header)
     print("-" * len(header))
     for label, key in measures.items():
@@ -179,9 +182,13 @@ def main() -> None:
             f"{a:.2f}/{b:.2f}" if a < 100 else f"{a:.0f}/{b:.0f}" for a, b in zip(ragas, ours, strict=True)
         )
         mr, mo = statistics.median(ragas), statistics.median(ours)
-        print(f"{label:<24} {pairs:<44} {mr:>8.2f} {mo:>9.2f} {mr / mo:>6.2f}")
+        by_pair = statistics.median(a / b for a, b in zip(ragas, ours, strict=True))
+        print(f"{label:<24} {pairs:<44} {mr:>8.2f} {mo:>9.2f} {mr / mo:>6.2f} {by_pair:>11.2f}")
     means = sorted({(n, r["mean"]) for n, r in runs})
-    print(f"\nratio = ragas median / recall-bench median; mean score per tool and run: {means}")
+    print(
+        "\nratio = ragas median / recall-bench median; pair ratios = median of each pair's ragas / recall-bench "
+        f"(pair i: the i-th run of each); mean score per tool and run: {means}"
+    )
 
 
 if __name__ == "__main__":
