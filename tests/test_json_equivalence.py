@@ -95,3 +95,20 @@ def test_replies_read_as_the_json_module_reads_them(data):
     assert ours == reference
     if ours[0] == "ok":
         assert repr(ours[1]) == repr(reference[1])  # -0.0 and inf included
+
+
+def test_the_judges_schemas_are_checked_once_and_bodies_holding_them_stay_the_same_bytes():
+    from recall_tasks.judges import _json, _openai_wire, prompts
+
+    for name, schema in (_openai_wire.VERDICTS, _openai_wire.CLAIMS):
+        assert id(schema) in _json._CONSTANTS, name
+        body = {
+            "model": "m",
+            "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+        }
+        reference = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        assert dumps_compact(body) == reference
+    assert prompts.RESPONSE_SCHEMA is _openai_wire.VERDICTS[1]
+    assert _json.constant({"x": 1e-05}) is not None and not any(
+        isinstance(v, dict) and v.get("x") == 1e-05 for v in _json._CONSTANTS.values()
+    )  # a value that orjson would spell otherwise is never marked

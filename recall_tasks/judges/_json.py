@@ -26,10 +26,23 @@ import orjson
 
 _COMPACT = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False}
 
+#: constants checked once (:func:`constant`) by id, held here so that no other object can take their id
+_CONSTANTS: dict[int, Any] = {}
+
+
+def constant(value: Any) -> Any:
+    """Mark a module constant that is never mutated (the judge's JSON schemas) as checked: bodies holding it are
+    not walked into it again (walking the verdict schema was most of :func:`dumps_compact`'s time)."""
+    if _plain(value):
+        _CONSTANTS[id(value)] = value
+    return value
+
 
 def _plain(value: Any) -> bool:
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if id(value) in _CONSTANTS:
         return True
     if kind is float:
         text = repr(value)

@@ -17,7 +17,7 @@ from typing import Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.judges import prompts
-from recall_tasks.judges._json import loads
+from recall_tasks.judges._json import constant, loads
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.parsing import ParseError, parse_verdicts
 
@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 #: ``response_format`` values, in the order the judge falls back when an endpoint rejects one.
 FORMATS = ("json_schema", "json_object", "none")
 #: (name, JSON schema) of the strict ``response_format`` for verdicts and for claims.
-VERDICTS = ("recall_verdicts", prompts.RESPONSE_SCHEMA)
-CLAIMS = ("recall_claims", prompts.CLAIMS_SCHEMA)
+VERDICTS = ("recall_verdicts", constant(prompts.RESPONSE_SCHEMA))
+CLAIMS = ("recall_claims", constant(prompts.CLAIMS_SCHEMA))
 
 #: What :func:`parse_or_repair` returns: the verdicts, the summary and the flags of a parsed reply.
 Parsed = tuple[list[Any], str, list[str]]
