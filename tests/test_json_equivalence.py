@@ -109,6 +109,7 @@ def test_the_judges_schemas_are_checked_once_and_bodies_holding_them_stay_the_sa
         reference = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
         assert dumps_compact(body) == reference
     assert prompts.RESPONSE_SCHEMA is _openai_wire.VERDICTS[1]
-    assert _json.constant({"x": 1e-05}) is not None and not any(
-        isinstance(v, dict) and v.get("x") == 1e-05 for v in _json._CONSTANTS.values()
-    )  # a value that orjson would spell otherwise is never marked
+    exponent = {"x": 1e-05}
+    _json.constant(exponent)
+    assert id(exponent) not in _json._CONSTANTS  # a value orjson would spell otherwise is never marked
+    assert dumps_compact({"k": exponent}) == b'{"k":{"x":1e-05}}'
