@@ -48,12 +48,17 @@ lock-upgrade: | $(UV)
 # PYTEST_WORKERS=0 runs serially (a debugger, -x, -s). Tests marked serial measure a share of a rate quota, which
 # another worker's load would cut: they run alone after the rest.
 PYTEST_WORKERS ?= $(shell $(PY) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+# Each worker takes the next test in collection order when it is nearly idle, and the tests sharing a module-scoped
+# fixture go to one worker as one unit (tests/conftest.py collects the longest first and adds the xdist_group marks):
+# the long tests start in the first minutes instead of one of them running alone at the end, and no module fixture
+# (a Prefect server, a built wheel) is set up on two workers.
+PYTEST_DIST := --dist loadgroup --no-loadscope-reorder
 # The files holding the serial tests: the second step collects only them, not the whole suite again (~10 s of
 # imports and assertion rewriting). tests/conftest.py refuses a serial test in a file not listed here.
 SERIAL_TESTS := tests/test_ratelimit_fleet.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not serial" --durations=15
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_DIST) -m "not serial" --durations=15
 	$(BIN)/python -m pytest -q -m serial $(SERIAL_TESTS)
 
 # the inner loop: everything but the tests that start servers or CLI processes (make test runs them all)

@@ -27,6 +27,12 @@ os.environ["RECALL_BENCH_STATE_DIR"] = _STATE_DIR
 
 from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
 from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
+from tests.scheduling import (  # noqa: E402,F401
+    order_and_group,
+    pytest_configure,
+    pytest_unconfigure,
+    pytest_xdist_make_scheduler,
+)
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +100,7 @@ def pytest_collection_modifyitems(config, items):
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _PROCESS_MODULES:
             item.add_marker(pytest.mark.integration)
     config.stash[SERIAL_FILES] = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("serial")}
+    order_and_group(config, items)  # longest first; a module fixture's tests on one worker (tests/scheduling.py)
 
 
 def pytest_collection_finish(session):

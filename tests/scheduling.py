@@ -1,0 +1,115 @@
+"""How ``make test`` spreads the tests over its pytest-xdist workers (hooks imported by tests/conftest.py).
+
+The suite is CPU-bound on a 2-core machine (~1,200 s of CPU for ~650 s of wall at c286e28), so two things matter:
+
+* the longest tests start first: with ``--dist loadgroup --no-loadscope-reorder`` each worker takes the next
+  test of the collection when it is nearly idle, and :data:`START_FIRST` puts the longest at the head of the
+  collection. With ``--dist load`` and the collection's file order, the SIGKILL test of test_runners (104 s) was
+  dealt late and ran alone at the end of the parallel step; the token-quota test (it mostly waits for its
+  minute) now overlaps the others' CPU work instead.
+* the tests of a file sharing a module-scoped fixture (a Prefect server and worker, a built and installed wheel,
+  a Dask cluster, two CLI runs) run on one worker, one after the other: sent to two workers, each would set the
+  fixture up again. pytest-xdist's own ``xdist_group`` marks do nothing under pytest 9 (xdist 3.8 renames
+  ``item._nodeid``, which pytest 9 no longer reads), so the workers write each grouped test's group to a file
+  and :func:`pytest_xdist_make_scheduler` reads it: the groups are found from the fixtures, no list to keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: The longest tests (seconds of one parallel step at c286e28, 3 workers on 2 shared cores at load 6-13), longest
+#: first; a prefix names every test it starts (all parameters, a whole file). Collected first, started first.
+START_FIRST = (
+    "tests/test_deployments.py::test_deploy_then_index_built_events_run_the_flow",  # 159 s
+    "tests/test_alerts.py::test_alerts_reach_the_webhook_once_per_alerting_run",  # 126 s
+    "tests/test_token_quota.py::test_3000_token_prompts_keep_every_minute_within_the_token_quota",  # 91 s, waits
+    "tests/test_runners.py::test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once",  # 104 s
+    "tests/test_server.py::test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it",  # 96 s
+    "tests/test_wheel.py::",  # 39 + 37 s, and 13 s building and installing the wheel
+    "tests/test_worker_state.py::test_a_chunk_ending_never_closes_the_budget_client_another_chunk_uses",  # 59 s
+    "tests/test_ratelimit_fleet.py::test_worker_processes_share_one_budget_instead_of_one_each",  # 55 s
+    "tests/test_ratelimit_fleet.py::test_max_requests_holds_for_the_whole_run_across_worker_processes",  # 54 s
+    "tests/test_ratelimit_fleet.py::test_max_cost_usd_holds_for_the_whole_run_across_worker_processes",  # 44 s
+    "tests/test_readme.py::test_demo_prints_what_the_readme_shows_and_its_queries_work",  # 40 s
+    "tests/test_interrupts.py::test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes",  # 2 x 39 s
+    "tests/test_caching.py::test_sigkill_between_results_and_runs_commit",  # 39 + 25 + 23 s
+    "tests/test_iceberg.py::test_two_nights_on_iceberg_give_the_tables_verdicts_and_reports_of_delta",  # 36 + 19 s
+    "tests/test_runners.py::test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads",  # 33 s
+    "tests/test_run_errors.py::test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback",  # 32 s
+    "tests/test_caching.py::test_sigkill_during_judging_then_rerun_resumes",  # 31 s
+    "tests/test_caching.py::test_two_runs_at_once_do_not_corrupt",  # 29 s
+    "tests/test_claims.py::test_two_nights_in_claims_mode",  # 29 s
+)
+
+#: Where the workers write ``{nodeid: group}`` for the controller's scheduler (set by the controller, inherited)
+_GROUPS_FILE = "RECALL_BENCH_XDIST_GROUPS"
+
+
+def _start_rank(nodeid: str) -> int:
+    return next((i for i, prefix in enumerate(START_FIRST) if nodeid.startswith(prefix)), len(START_FIRST))
+
+
+def module_fixture_group(item: pytest.Item) -> str | None:
+    """The test's file if the test uses a module-scoped fixture, else None."""
+    info: Any = getattr(item, "_fixtureinfo", None)
+    for name in info.names_closure if info else ():
+        defs = info.name2fixturedefs.get(name, ())
+        if defs and defs[-1].scope == "module":
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def order_and_group(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Sort ``items`` longest first (stable: the rest keep the file order; a group goes where its first test
+    goes), and on an xdist worker write the groups for the controller's scheduler."""
+    groups = {item.nodeid: group for item in items if (group := module_fixture_group(item))}
+    ranks = {item.nodeid: _start_rank(item.nodeid) for item in items}
+    group_rank: dict[str, int] = {}
+    for nodeid, group in groups.items():
+        group_rank[group] = min(group_rank.get(group, ranks[nodeid]), ranks[nodeid])
+    items.sort(key=lambda item: group_rank.get(groups.get(item.nodeid, ""), ranks[item.nodeid]))
+    path = os.environ.get(_GROUPS_FILE)
+    if path and hasattr(config, "workerinput"):  # every worker collects the same tests: the last write wins
+        partial = f"{path}.{os.getpid()}"
+        Path(partial).write_text(json.dumps(groups))
+        os.replace(partial, path)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") == "loadgroup":
+        os.environ[_GROUPS_FILE] = str(Path(tempfile.mkdtemp(prefix="recall-xdist-")) / "groups.json")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = os.environ.get(_GROUPS_FILE)
+    if path and not hasattr(config, "workerinput"):
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the groups the workers found (read once all workers have collected)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FixtureGroups(LoadGroupScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                with contextlib.suppress(OSError, ValueError):
+                    self.groups = json.loads(Path(os.environ[_GROUPS_FILE]).read_text())
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+    return FixtureGroups(config, log)
