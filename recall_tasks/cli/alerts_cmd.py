@@ -30,7 +30,6 @@ import yaml
 
 from recall_tasks.cli.common import _fail, console
 from recall_tasks.errors import ConfigError
-from recall_tasks.reports.alerts import ALERT_EVENTS
 from recall_tasks.secrets import redact, register_secret
 
 alerts_app = typer.Typer(no_args_is_help=True, help="Alerts when recall drops (Prefect automations).")
@@ -159,6 +158,8 @@ def install_automation(client: Any, automation: Any) -> tuple[str, Any]:
 
 def ours(automation: Any) -> bool:
     """Whether an automation listens to recall-bench's alert events."""
+    from recall_tasks.reports.alerts import ALERT_EVENTS  # numpy and the regression analysis: not at CLI start
+
     expect = set(getattr(automation.trigger, "expect", ()) or ())
     return bool(expect & set(ALERT_EVENTS.values())) or automation.name.startswith("recall-bench")
 
