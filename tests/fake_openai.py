@@ -54,6 +54,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -451,7 +452,9 @@ class FakeOpenAI:
         hang: bool = False,
         rpm_quota: int | None = None,
         tpm_quota: int | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        self.tls = tls  # a server-side context: the server speaks HTTPS (base_url https://)
         self._defaults = {
             "rpm_quota": rpm_quota,
             "tpm_quota": tpm_quota,
@@ -508,9 +511,11 @@ class FakeOpenAI:
         self._stopping.clear()
         httpd = _Server(("127.0.0.1", 0), _Handler)
         httpd.fake = self
+        if self.tls is not None:  # accepted sockets do their TLS handshake on accept
+            httpd.socket = self.tls.wrap_socket(httpd.socket, server_side=True)
         self._httpd = httpd
         self.port = httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.base_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"fake-openai-{self.port}"
         )

@@ -8,14 +8,17 @@ redirect is followed (on aiohttp), and an endpoint that refuses connections fail
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import socket
+import ssl
+from pathlib import Path
 from typing import Any
 
 from recall_tasks import ContextualRecall, OpenAIJudge, RecallCase
 from recall_tasks.errors import JudgeError
 from recall_tasks.judges._openai_lean import LeanChat
-from tests.fake_openai import Framed, Status
+from tests.fake_openai import FakeOpenAI, Framed, Status
 
 REPLY = {"verdicts": [{"id": 1, "chunk_ids": [1], "reason": "", "verdict": "yes"}], "summary": ""}
 
@@ -114,3 +117,82 @@ def test_a_refused_connection_fails_as_on_the_sdk_path():
     sdk, lean = refused(False, url), refused(True, url)
     assert lean == sdk
     assert "refused" in sdk[1], sdk
+
+
+def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, signed by its own key (its own CA): cert and key files."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / f"{name}.pem", tmp / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_file, key_file
+
+
+def https_outcome(url: str, lean: bool) -> dict[str, Any]:
+    judge = OpenAIJudge(model="gpt-4o-mini", base_url=url, api_key="sk-h1", max_retries=1)
+    metric = ContextualRecall(judge=judge)
+
+    async def run() -> dict[str, Any]:
+        if not lean:
+            judge._state().lean = None
+        got: dict[str, Any] = {}
+        try:
+            results = await asyncio.gather(*(metric.a_measure(case(i)) for i in range(6)))
+            got["scores"] = [r.score for r in results]
+            got["requests"] = sum(r.metadata.requests for r in results)
+            state = judge._state()
+            got["pooled_tls"] = (
+                isinstance(state.lean, LeanChat) and state.lean._pool is not None and state.lean._pool.is_ssl
+            )
+        except JudgeError as exc:
+            got["error"] = (type(exc).__name__, str(exc))
+        finally:
+            await judge.aclose()
+        return got
+
+    return asyncio.run(run())
+
+
+def test_https_endpoints_verify_the_certificate_and_answer_as_on_the_sdk_path(tmp_path, monkeypatch):
+    """The judge's own connections speak TLS with the SDK's verification: a certificate the trust store holds
+    is accepted and every row is judged as on the SDK path; one it does not hold fails both paths alike."""
+    cert, key = self_signed(tmp_path, "judge")
+    other, _ = self_signed(tmp_path, "other")
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    with FakeOpenAI(lambda body: json.dumps(REPLY), tls=server_tls) as server:
+        assert server.base_url.startswith("https://")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the SDK's trust store (httpx2: SSL_CERT_FILE)
+        sdk, lean = https_outcome(server.base_url, False), https_outcome(server.base_url, True)
+        assert sdk == {"scores": [1.0] * 6, "requests": 6, "pooled_tls": False}
+        assert lean == {**sdk, "pooled_tls": True}
+        bodies = [r["raw"] for r in server.chat_requests]
+        assert len(bodies) == 12 and sorted(bodies[:6]) == sorted(bodies[6:])
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(other))  # a trust store without the server's certificate
+        sdk, lean = https_outcome(server.base_url, False), https_outcome(server.base_url, True)
+        assert "error" in sdk and lean == sdk
+        assert "TLS" in sdk["error"][1] or "certificate" in sdk["error"][1].lower(), sdk
