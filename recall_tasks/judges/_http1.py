@@ -194,6 +194,7 @@ class Http1Pool:
                     self.port,
                     ssl=self.ssl,
                     server_hostname=self.host if self.ssl is not None else None,
+                    happy_eyeballs_delay=0.25,  # as aiohttp: IPv6 and IPv4 raced, not tried one after the other
                 )
         except TimeoutError as exc:
             raise aiohttp.ConnectionTimeoutError(
