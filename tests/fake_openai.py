@@ -264,6 +264,12 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:  # quiet: clients go away
         pass
 
+    def get_request(self) -> tuple[Any, Any]:
+        sock, addr = self.socket.accept()
+        if self.fake.tls is not None:  # the handshake runs in the handler's thread (setup): a failed one is closed
+            sock = self.fake.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -276,6 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            self.request.do_handshake()
         super().setup()
         fake = self.server.fake
         with fake._lock:
@@ -511,8 +520,6 @@ class FakeOpenAI:
         self._stopping.clear()
         httpd = _Server(("127.0.0.1", 0), _Handler)
         httpd.fake = self
-        if self.tls is not None:  # accepted sockets do their TLS handshake on accept
-            httpd.socket = self.tls.wrap_socket(httpd.socket, server_side=True)
         self._httpd = httpd
         self.port = httpd.server_address[1]
         self.base_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"

@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohappyeyeballs
 import aiohttp
 import httptools
 from aiohttp.client_reqrep import ConnectionKey
@@ -188,14 +189,20 @@ class Http1Pool:
         key = ConnectionKey(self.host, self.port, self.is_ssl, True, None, None, None)
         try:
             async with asyncio.timeout(self.timeout_s):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self.timeout_s),
-                    self.host,
-                    self.port,
-                    ssl=self.ssl,
-                    server_hostname=self.host if self.ssl is not None else None,
-                    happy_eyeballs_delay=0.25,  # as aiohttp: IPv6 and IPv4 raced, not tried one after the other
-                )
+                infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+                # IPv6 and IPv4 raced as aiohttp does, with its library: asyncio's own race (happy_eyeballs_delay)
+                # leaves a connected socket unclosed when the task is cancelled mid-race (Python 3.11)
+                sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25, interleave=1)
+                try:
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self.timeout_s),
+                        sock=sock,
+                        ssl=self.ssl,
+                        server_hostname=self.host if self.ssl is not None else None,
+                    )
+                except BaseException:
+                    sock.close()
+                    raise
         except TimeoutError as exc:
             raise aiohttp.ConnectionTimeoutError(
                 f"Connection timeout to host {'https' if self.is_ssl else 'http'}://{self.host}:{self.port}"
