@@ -12,6 +12,7 @@ What it keeps from aiohttp, so that callers, the SDK's retries and the circuit b
   DNS/SSL subclasses on connect, ``ConnectionTimeoutError``, ``SocketTimeoutError`` when no byte arrives for the
   read timeout, ``ClientOSError`` from a reset, ``ServerDisconnectedError`` on a close before the reply,
   ``ClientPayloadError`` for a body it cannot decode), so ``map_aiohttp_exceptions`` maps them as before;
+- connections raced over IPv6 and IPv4 with aiohappyeyeballs (aiohttp's library for it);
 - the pool's limit (connections per client), keep-alive reuse (most recently used first), ``Connection: close``
   and HTTP/1.0 replies closing their socket, and gzip/deflate bodies decoded (the SDK sends
   ``accept-encoding: gzip, deflate``).
