@@ -63,7 +63,7 @@ def outcome(server: Any, lean: bool, faults: list[Any], **kw: Any) -> dict[str, 
         recorder = Recorder()
         token = attempt_observer.set(recorder)
         state = judge._state()
-        lean_calls.append(state.lean is not None and await state.lean._session() is not None)
+        lean_calls.append(state.lean is not None and await state.lean._ready())
         pooled.append(isinstance(state.lean, LeanChat) and state.lean._pool is not None)
         try:
             result = await metric.a_measure(CASE)

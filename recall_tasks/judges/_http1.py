@@ -40,14 +40,19 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class _Reply:
-    __slots__ = ("body", "headers", "status", "keep_alive", "until_eof")
+    __slots__ = ("body", "headers", "status", "keep_alive", "headers_done")
 
     def __init__(self) -> None:
         self.body: list[bytes] = []
         self.headers: Headers = []
         self.status = 0
         self.keep_alive = True
-        self.until_eof = False  # no length and not chunked: the body ends when the server closes
+        self.headers_done = False
+
+    def ends_at_close(self, status: int) -> bool:
+        """No length and not chunked: the body ends when the server closes (read only when it closes)."""
+        names = {name.lower() for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names and status not in (204, 304)
 
 
 class _Connection(asyncio.Protocol):
@@ -86,8 +91,11 @@ class _Connection(asyncio.Protocol):
         self.close()
         if self.waiter is None or self.waiter.done():
             return
-        if exc is None and self.reply is not None and self.reply.until_eof:  # the close ends the body
-            self.reply.keep_alive = False
+        reply = self.reply
+        ended = reply is not None and reply.headers_done and reply.ends_at_close(self.parser.get_status_code())
+        if exc is None and ended:  # the close ends the body
+            assert reply is not None
+            reply.keep_alive = False
             self.on_message_complete()
         elif exc is None:
             self._fail(aiohttp.ServerDisconnectedError(None))
@@ -106,11 +114,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self.reply is not None
-        names = {name.lower() for name, _ in self.reply.headers}
-        status = self.parser.get_status_code()
-        self.reply.until_eof = (
-            b"content-length" not in names and b"transfer-encoding" not in names and status not in (204, 304)
-        )
+        self.reply.headers_done = True
 
     def on_body(self, body: bytes) -> None:
         assert self.reply is not None

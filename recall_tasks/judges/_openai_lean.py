@@ -22,6 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
+import aiohttp
 import httpx2
 import openai
 
@@ -42,7 +43,6 @@ class LeanChat:
     """POST ``/chat/completions`` bodies on ``client``'s aiohttp session, with the SDK's retries and errors."""
 
     def __init__(self, client: openai.AsyncOpenAI, transport: Any, observed: Any, timeout_s: float) -> None:
-        import aiohttp
         from openai._models import FinalRequestOptions
         from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions
 
@@ -77,14 +77,22 @@ class LeanChat:
         if Http1Pool.accepts(url) and self._transport.uds is None and self._transport.local_address is None:
             limit = self._transport.limits.max_connections or 100
             self._pool = Http1Pool(url, limit, self._timeout_s, self._transport.ssl_context)
+        self._aiohttp()  # the SDK's session exists (and closes with the client) whichever path sends
         self._url = url
 
-    async def _session(self) -> Any:
+    async def _ready(self) -> bool:
+        """The template is built; False when the client is closed (the caller then uses the SDK, which raises)."""
         if self._url is None:
             self._building = self._building or asyncio.Lock()
             async with self._building:
                 if self._url is None:
                     await self._template()
+        if self._pool is not None:
+            return not self._client.is_closed()
+        return self._aiohttp() is not None
+
+    def _aiohttp(self) -> Any:
+        """The SDK client's aiohttp session, made as its transport would; None once closed."""
         session = self._transport.client
         if session is None:  # the transport makes its session on its first request: the same one, made here
             session = self._transport.client = self._transport.get_client()
@@ -105,7 +113,7 @@ class LeanChat:
             self._heads.append(pool.head(self._headers_for(len(self._heads))))
         return self._heads[retries]
 
-    async def _exchange(self, session: Any, body: bytes, retries: int) -> tuple[int, Any, bytes]:
+    async def _exchange(self, body: bytes, retries: int) -> tuple[int, Any, bytes]:
         """One attempt: status, raw headers and body; on our connections, or aiohttp's (redirects follow there)."""
         pool = self._pool
         if pool is not None:
@@ -114,6 +122,9 @@ class LeanChat:
                 return status, headers, content
             self._pool = None  # an endpoint that redirects: aiohttp follows, from this attempt on
             await pool.aclose()
+        session = self._aiohttp()
+        if session is None:
+            raise aiohttp.ClientConnectionError("the judge's client is closed")
         response = await session.post(
             self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
             allow_redirects=True, compress=False,
@@ -132,8 +143,7 @@ class LeanChat:
     async def post(self, body: bytes) -> bytes | None:
         """The 2xx reply body of ``body`` after the SDK's retries, or None when the client is closed (the caller
         then uses the SDK, which raises as it did). Raises the SDK's errors."""
-        session = await self._session()
-        if session is None:
+        if not await self._ready():
             return None
         max_retries = self._client.max_retries
         for retries in range(max_retries + 1):
@@ -147,7 +157,7 @@ class LeanChat:
             try:
                 try:
                     with self._map():
-                        status, raw_headers, content = await self._exchange(session, body, retries)
+                        status, raw_headers, content = await self._exchange(body, retries)
                 except Exception as exc:
                     if observer is not None:
                         cause, timed_out = describe_failure(exc, self._observed._timeout_s)
