@@ -18,6 +18,7 @@ from recall_tasks.judges.batch import ConfigError, parse_output, request_line, s
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
+from tests.fake_openai import FakeOpenAI
 from tests.test_pipeline import KEY, make_rows, write_parquet
 
 NO_BATCH_API = "this endpoint has no Batch API; run without --batch"
@@ -42,6 +43,16 @@ def results(out: Path) -> dict[str, dict]:
 
 def runs(out: Path) -> list[dict]:
     return [r for r in DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist() if r["segment_column"] is None]
+
+
+def submit_held(judge_env: FakeOpenAI, tmp_path: Path, rows: int, seed: int, *extra: str) -> tuple[str, Path]:
+    """A ``--batch`` run of ``rows`` rows submitted to a fake that holds its batches (they stay in progress)."""
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(rows, seed=seed))
+    out = tmp_path / "out"
+    judge_env.batch_hold = True
+    submitted = cli(judge_env, data, out, "--batch", *extra)
+    assert submitted.exit_code == 0, submitted.output
+    return data, out
 
 
 def record(out: Path) -> dict:
@@ -195,10 +206,7 @@ def test_an_endpoint_without_a_batch_api_is_refused_before_any_upload(prefect_ha
 
 
 def test_a_batch_cancelled_outside_gives_row_errors_or_live_judging(prefect_harness, judge_env, tmp_path) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=8))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 10, 8)
     (batch_id,) = judge_env.batches
     judge_env.cancel_batch_outside(batch_id)
     resubmitted = cli(judge_env, data, out, "--batch")  # every line unanswered: resubmitted once, in batch 2
@@ -335,10 +343,7 @@ def input_ids(fake, batch_id: str) -> list[str]:
 def test_expired_lines_are_resubmitted_once_with_exactly_the_missing_lines_then_scored(
     prefect_harness, judge_env, tmp_path
 ) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=19))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 10, 19)
     judge_env.finish_batches("expired")  # half the lines answered, the rest in the error file as batch_expired
     (first,) = judge_env.batches
     output = judge_env.files[judge_env.batches[first]["output_file_id"]]["data"].decode()
@@ -446,10 +451,7 @@ def test_duplicate_rows_share_one_billed_lines_tokens_and_cost(prefect_harness, 
 def test_max_requests_bounds_what_the_batch_submits_and_collected_rows_are_never_not_judged(
     prefect_harness, judge_env, tmp_path
 ) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(10, seed=73))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch", "--max-requests", "4").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 10, 73, "--max-requests", "4")
     (batch_id,) = judge_env.batches
     assert len(input_ids(judge_env, batch_id)) == 4  # only what the budget allows is submitted (and billed)
     judge_env.finish_batches()

@@ -16,7 +16,7 @@ from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges._openai_http import endpoint_host
 from tests import judge_script
 from tests.fake_openai import FakeOpenAI
-from tests.test_batch import cli, record, results, runs
+from tests.test_batch import cli, record, results, runs, submit_held
 from tests.test_pipeline import KEY, make_rows, write_parquet
 
 
@@ -97,10 +97,7 @@ def test_collect_says_clearly_what_it_cannot_do(prefect_harness, judge_env, tmp_
 def test_cancel_cancels_the_pending_batches_and_a_later_run_submits_new_ones(
     prefect_harness, judge_env, tmp_path
 ) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(8, seed=37))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 8, 37)
     (first,) = judge_env.batches
     key = record(out)["run_key"]
 
@@ -129,10 +126,7 @@ def test_a_record_is_state_it_never_says_where_the_key_goes_nor_what_code_runs(
     prefect_harness, judge_env, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(6, seed=43))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 6, 43)
     (file,) = (out / "_batches").glob("*.json")
     honest = json.loads(file.read_text())
     assert honest["params"]["base_url"] == judge_env.base_url and honest["batch_fallback"] == "error"
@@ -170,10 +164,7 @@ def test_a_record_is_state_it_never_says_where_the_key_goes_nor_what_code_runs(
 def test_collect_judges_failed_lines_live_with_batch_fallback_live_as_the_rerun_would(
     prefect_harness, judge_env, tmp_path
 ) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(8, seed=79))
-    out = tmp_path / "out"
-    judge_env.batch_hold = True
-    assert cli(judge_env, data, out, "--batch").exit_code == 0
+    data, out = submit_held(judge_env, tmp_path, 8, 79)
     judge_env.finish_batches("expired")  # half the lines answered, the rest expired
     collected = batch("collect", "-o", str(out), "--base-url", judge_env.base_url, "--batch-fallback", "live")
     assert collected.exit_code == 0, collected.output
