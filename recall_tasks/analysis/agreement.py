@@ -1,0 +1,438 @@
+"""How well a judge agrees with human labels: pure functions over paired verdicts, with bootstrap intervals.
+
+Input: one :class:`PairedRow` per labelled row: the human verdict of each unit (sentence or context item;
+``True`` = supported), the judge's verdict of the same units, optionally a category, and optionally row scores
+(a row labelled only with an expected score has no unit verdicts; its human score is that number).
+
+Figures (:func:`agreement`), "positive" meaning *supported*:
+
+- ``accuracy``: share of units where judge and human agree;
+- ``kappa``: Cohen's κ, (p_o - p_e) / (1 - p_e), agreement corrected for chance (raw agreement overstates a
+  judge on a set that is mostly one class);
+- ``tpr``: of the units humans call supported, the share the judge calls supported (sensitivity);
+- ``tnr``: of the units humans call unsupported, the share the judge calls unsupported (specificity);
+- ``mae``: mean absolute difference of the row scores (0..1), over rows that have both;
+- ``spearman``: Spearman rank correlation of the row scores (ties get average ranks).
+
+Intervals: percentile bootstrap, 95 % by default, resampling ROWS with replacement (units of one row share a
+reference and a context, so they are not independent; resampling units would give intervals that are too
+narrow). ``resamples`` (2000) replicates from ``numpy.random.default_rng(seed)``: the same rows and seed give
+the same interval, always. A replicate where a figure is undefined (e.g. it drew no unsupported unit, so TNR has
+no denominator) is left out of that figure's interval; ``Figure.undefined_share`` says how many were.
+
+Undefined figures are ``None`` with the reason, never a made-up 0 or 1:
+- κ when the human labels are all one class (κ then measures nothing: it is 0 whenever the judge says anything
+  else, and 0/0 when it agrees on everything), or when there are no units;
+- TPR without a human-supported unit, TNR without a human-unsupported unit;
+- MAE without a row with both scores; Spearman with fewer than 3 such rows or when either side's scores are all
+  equal (a rank correlation of a constant is 0/0).
+
+Whether two agreements differ (the judge drifted): :func:`compare` resamples the rows of both (jointly when both
+are the same rows, matched by ``key``: a paired bootstrap; independently otherwise) and takes the bootstrap
+interval of the DIFFERENCE b - a; the two differ when that interval excludes 0. When only stored figures are at
+hand (no rows), :func:`figures_differ` says they differ when their intervals do not overlap: a stricter rule
+(two non-overlapping 95 % intervals correspond to p < ~0.006 for equal widths), so it flags fewer drifts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "FIGURES",
+    "Agreement",
+    "Confusion",
+    "Difference",
+    "Figure",
+    "PairedRow",
+    "agreement",
+    "by_category",
+    "cohen_kappa",
+    "compare",
+    "figures_differ",
+    "spearman",
+]
+
+#: The figures :func:`agreement` reports, in display order.
+FIGURES = ("accuracy", "kappa", "tpr", "tnr", "mae", "spearman")
+
+DEFAULT_RESAMPLES = 2000
+DEFAULT_SEED = 0
+
+Array = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    """One labelled row: human and judge verdicts per unit (same order, ``True`` = supported), and scores.
+
+    ``human_score``/``judge_score`` default to the share of supported units when the row has units; a row
+    labelled only with an expected score gives ``human`` and ``judge`` empty and both scores.
+    ``key`` (e.g. the row id) lets :func:`compare` pair the rows of two agreements.
+    """
+
+    human: Sequence[bool]
+    judge: Sequence[bool]
+    category: str | None = None
+    human_score: float | None = None
+    judge_score: float | None = None
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.human) != len(self.judge):
+            raise ValueError(f"row {self.key or ''}: {len(self.human)} human verdicts but {len(self.judge)} judge's")
+
+    def scores(self) -> tuple[float | None, float | None]:
+        """(human, judge) row scores, computed from the units when not given."""
+        h = self.human_score if self.human_score is not None else _share(self.human)
+        j = self.judge_score if self.judge_score is not None else _share(self.judge)
+        return h, j
+
+
+def _share(units: Sequence[bool]) -> float | None:
+    return sum(map(bool, units)) / len(units) if units else None
+
+
+@dataclass(frozen=True)
+class Confusion:
+    """Unit counts; rows are the human verdict, columns the judge's (positive = supported)."""
+
+    tp: int  # human supported, judge supported
+    fn: int  # human supported, judge unsupported
+    fp: int  # human unsupported, judge supported
+    tn: int  # human unsupported, judge unsupported
+
+    @property
+    def units(self) -> int:
+        return self.tp + self.fn + self.fp + self.tn
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One agreement figure: its value and bootstrap interval, or ``None`` with the reason."""
+
+    name: str
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    reason: str | None = None
+    undefined_share: float = 0.0  # share of bootstrap replicates where the figure was undefined
+
+    def contains(self, x: float, tol: float = 1e-12) -> bool:
+        """Whether ``x`` lies within the interval (False when there is none)."""
+        return self.low is not None and self.high is not None and self.low - tol <= x <= self.high + tol
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Every figure of one judge against the labels, with the counts they come from."""
+
+    rows: int
+    units: int
+    confusion: Confusion
+    accuracy: Figure
+    kappa: Figure
+    tpr: Figure
+    tnr: Figure
+    mae: Figure
+    spearman: Figure
+    score_rows: int = 0  # rows with both a human and a judge score (MAE and Spearman use these)
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+    confidence: float = 0.95
+
+    def figures(self) -> dict[str, Figure]:
+        """The figures by name, in :data:`FIGURES` order."""
+        return {name: getattr(self, name) for name in FIGURES}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """b - a for one figure, with the bootstrap interval of the difference; ``differs`` when it excludes 0."""
+
+    name: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    low: float | None
+    high: float | None
+    differs: bool
+    paired: bool
+    reason: str | None = None
+
+
+# ------------------------------------------------------------------------------------------ point figures
+
+
+def cohen_kappa(c: Confusion) -> tuple[float | None, str | None]:
+    """Cohen's κ of a 2x2 table, or ``(None, reason)`` (see the module docstring)."""
+    n = c.units
+    if n == 0:
+        return None, "no units"
+    value = _kappa(np.array([[c.tp, c.fn, c.fp, c.tn]], dtype=np.float64))[0]
+    if np.isnan(value):
+        cls = "supported" if c.tp + c.fn else "unsupported"
+        return None, f"undefined: every human label is {cls} (kappa needs both classes)"
+    return float(value), None
+
+
+def _kappa(counts: Array) -> Array:
+    """κ per row of an (k, 4) array of (tp, fn, fp, tn); NaN where the human labels are one class."""
+    tp, fn, fp, tn = counts.T
+    n = counts.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        po = (tp + tn) / n
+        human_pos, judge_pos = (tp + fn) / n, (tp + fp) / n
+        pe = human_pos * judge_pos + (1 - human_pos) * (1 - judge_pos)
+        k = (po - pe) / (1 - pe)
+    one_class = (tp + fn == 0) | (fp + tn == 0)
+    return np.where(one_class | (n == 0), np.nan, k)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, str | None]:
+    """Spearman's ρ (Pearson correlation of average ranks), or ``(None, reason)``."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    value = _spearman_weighted(a, b, np.ones((1, len(a))))[0]
+    if len(a) < 3:
+        return None, f"needs at least 3 rows with both scores, has {len(a)}"
+    if np.isnan(value):
+        return None, "undefined: the human or the judge scores are all equal"
+    return float(value), None
+
+
+def _spearman_weighted(x: Array, y: Array, w: Array) -> Array:
+    """ρ per row of the (k, n) multiplicity matrix ``w`` (a bootstrap replicate repeats row i w[r, i] times).
+
+    Ranks of a sample with repeats come from the distinct values: the average rank of value v is
+    (draws below v) + (draws of v + 1) / 2.
+    """
+    k = w.shape[0]
+    if len(x) == 0:
+        return np.full(k, np.nan)
+
+    def ranks(v: Array) -> Array:
+        distinct, inverse = np.unique(v, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        starts = np.searchsorted(inverse[order], np.arange(len(distinct)))
+        count = np.add.reduceat(w[:, order], starts, axis=1)  # (k, distinct): how often each value was drawn
+        rank = np.cumsum(count, axis=1) - count + (count + 1.0) / 2.0
+        return np.asarray(rank[:, inverse], dtype=np.float64)  # (k, n): each original row's rank per replicate
+
+    rx, ry = ranks(x), ranks(y)
+    total = w.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mx = (w * rx).sum(axis=1, keepdims=True) / total
+        my = (w * ry).sum(axis=1, keepdims=True) / total
+        cov = (w * (rx - mx) * (ry - my)).sum(axis=1)
+        vx = (w * (rx - mx) ** 2).sum(axis=1)
+        vy = (w * (ry - my) ** 2).sum(axis=1)
+        rho = cov / np.sqrt(vx * vy)
+    few = (w > 0).sum(axis=1) < 2
+    flat = (vx <= 1e-12) | (vy <= 1e-12)
+    return np.where(few | flat | (total[:, 0] < 3), np.nan, rho)
+
+
+# ------------------------------------------------------------------------------------------ bootstrap
+
+
+@dataclass
+class _Table:
+    """Per-row counts and scores as arrays, so a replicate's figures are a matrix product."""
+
+    counts: Array  # (n, 4): tp, fn, fp, tn per row
+    scored: npt.NDArray[np.bool_]  # (n,): row has both scores
+    human: Array  # (n,) scores (NaN where missing)
+    judge: Array
+    keys: list[str | None] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rows: Sequence[PairedRow]) -> _Table:
+        counts = np.zeros((len(rows), 4), dtype=np.float64)
+        human = np.full(len(rows), np.nan)
+        judge = np.full(len(rows), np.nan)
+        for i, r in enumerate(rows):
+            for h, j in zip(r.human, r.judge, strict=True):
+                counts[i, (0 if j else 1) if h else (2 if j else 3)] += 1
+            hs, js = r.scores()
+            if hs is not None and js is not None:
+                human[i], judge[i] = hs, js
+        return cls(counts, ~np.isnan(human) & ~np.isnan(judge), human, judge, [r.key for r in rows])
+
+    def figures(self, w: Array) -> dict[str, Array]:
+        """Each figure for each replicate (row of the (k, n) multiplicity matrix ``w``); NaN where undefined."""
+        c = w @ self.counts
+        tp, fn, fp, tn = c.T
+        n = c.sum(axis=1)
+        ws = w[:, self.scored]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = {
+                "accuracy": (tp + tn) / n,
+                "kappa": _kappa(c),
+                "tpr": tp / (tp + fn),
+                "tnr": tn / (tn + fp),
+                "mae": ws @ np.abs(self.human[self.scored] - self.judge[self.scored]) / ws.sum(axis=1),
+                "spearman": _spearman_weighted(self.human[self.scored], self.judge[self.scored], ws),
+            }
+        return {k: np.where(np.isfinite(v), v, np.nan) for k, v in out.items()}
+
+
+def _resample(rng: np.random.Generator, n: int, resamples: int) -> Array:
+    """(resamples, n) multiplicities: each replicate draws n rows with replacement."""
+    if n == 0:
+        return np.zeros((resamples, 0))
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
+
+
+def _chunks(n: int, resamples: int) -> list[int]:
+    """Replicates per chunk, so a chunk's (replicates, n) matrices stay ~16 MB whatever the set's size."""
+    size = max(1, min(resamples, 2_000_000 // max(n, 1)))
+    return [min(size, resamples - i) for i in range(0, resamples, size)]
+
+
+def _bootstrap(tables: Sequence[_Table], order: list[int] | None, resamples: int, seed: int) -> list[dict[str, Array]]:
+    """Each table's figures over the same seeded replicates; with ``order`` (two tables of the same rows) the
+    second reuses the first's draws, row i of the first being row order[i] of the second."""
+    rng = np.random.default_rng(seed)
+    parts: list[list[dict[str, Array]]] = [[] for _ in tables]
+    n0 = len(tables[0].counts)
+    for size in _chunks(max(len(t.counts) for t in tables), resamples):
+        w0 = _resample(rng, n0, size)
+        for t, table in enumerate(tables):
+            if t == 0:
+                w = w0
+            elif order is not None:
+                w = np.zeros_like(w0)
+                w[:, order] = w0
+            else:
+                w = _resample(rng, len(table.counts), size)
+            parts[t].append(table.figures(w))
+    return [{name: np.concatenate([p[name] for p in chunks]) for name in FIGURES} for chunks in parts]
+
+
+def _interval(values: Array, confidence: float) -> tuple[float | None, float | None, float]:
+    ok = values[~np.isnan(values)]
+    undefined = 1.0 - len(ok) / len(values) if len(values) else 1.0
+    if len(ok) == 0:
+        return None, None, undefined
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(ok, [tail, 100 - tail])
+    return float(low), float(high), undefined
+
+
+def _reasons(c: Confusion, table: _Table) -> dict[str, str]:
+    n_scored = int(table.scored.sum())
+    out = {
+        "accuracy": "no units",
+        "kappa": cohen_kappa(c)[1] or "",
+        "tpr": "no unit labelled supported",
+        "tnr": "no unit labelled unsupported",
+        "mae": "no row with both a human and a judge score",
+        "spearman": spearman(table.human[table.scored].tolist(), table.judge[table.scored].tolist())[1] or "",
+    }
+    if n_scored == 0:
+        out["spearman"] = out["mae"]
+    return out
+
+
+def agreement(
+    rows: Sequence[PairedRow],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> Agreement:
+    """Every figure with its bootstrap interval (rows resampled; see the module docstring)."""
+    table = _Table.of(rows)
+    total = table.counts.sum(axis=0)
+    confusion = Confusion(*(int(v) for v in total))
+    point = table.figures(np.ones((1, len(rows))))
+    boot = _bootstrap([table], None, resamples, seed)[0]
+    reasons = _reasons(confusion, table)
+    figures: dict[str, Figure] = {}
+    for name in FIGURES:
+        value = float(point[name][0])
+        if np.isnan(value):
+            figures[name] = Figure(name, None, reason=reasons[name])
+            continue
+        low, high, undefined = _interval(boot[name], confidence)
+        figures[name] = Figure(name, value, low, high, undefined_share=undefined)
+    return Agreement(
+        rows=len(rows),
+        units=confusion.units,
+        confusion=confusion,
+        score_rows=int(table.scored.sum()),
+        resamples=resamples,
+        seed=seed,
+        confidence=confidence,
+        **figures,
+    )
+
+
+def by_category(
+    rows: Sequence[PairedRow],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> dict[str, Agreement]:
+    """:func:`agreement` per category (rows without one under ``"(none)"``), categories sorted."""
+    groups: dict[str, list[PairedRow]] = {}
+    for r in rows:
+        groups.setdefault(r.category if r.category is not None else "(none)", []).append(r)
+    return {
+        cat: agreement(groups[cat], resamples=resamples, seed=seed, confidence=confidence) for cat in sorted(groups)
+    }
+
+
+# ------------------------------------------------------------------------------------------ comparison
+
+
+def _paired(a: Sequence[PairedRow], b: Sequence[PairedRow]) -> list[int] | None:
+    """For each row of ``a``, the index of the row of ``b`` with its key; None unless both are the same keys."""
+    ka, kb = [r.key for r in a], [r.key for r in b]
+    if None in ka or None in kb or len(ka) != len(kb) or len(set(ka)) != len(ka) or set(ka) != set(kb):
+        return None
+    where = {k: i for i, k in enumerate(kb)}
+    return [where[k] for k in ka]
+
+
+def compare(
+    a: Sequence[PairedRow],
+    b: Sequence[PairedRow],
+    figure: str = "accuracy",
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    confidence: float = 0.95,
+) -> Difference:
+    """Whether ``figure`` moved from ``a`` to ``b`` beyond chance: the bootstrap interval of b - a excludes 0.
+
+    Paired (one resampling of the shared rows, matched by ``PairedRow.key``) when ``a`` and ``b`` hold the same
+    keys, e.g. one canary set judged in two runs; otherwise each side is resampled on its own.
+    """
+    if figure not in FIGURES:
+        raise ValueError(f"unknown figure {figure!r}; choose {', '.join(FIGURES)}")
+    ta, tb = _Table.of(a), _Table.of(b)
+    pa_ = float(ta.figures(np.ones((1, len(a))))[figure][0])
+    pb_ = float(tb.figures(np.ones((1, len(b))))[figure][0])
+    va, vb = (None if np.isnan(pa_) else pa_), (None if np.isnan(pb_) else pb_)
+    order = _paired(a, b)
+    if va is None or vb is None:
+        which = "a" if va is None else "b"
+        return Difference(figure, va, vb, None, None, None, False, order is not None, f"{figure} undefined in {which}")
+    boot_a, boot_b = _bootstrap([ta, tb], order, resamples, seed)
+    diff = boot_b[figure] - boot_a[figure]
+    low, high, _ = _interval(diff, confidence)
+    differs = low is not None and high is not None and (low > 0 or high < 0)
+    return Difference(figure, va, vb, vb - va, low, high, differs, order is not None)
+
+
+def figures_differ(a: Figure, b: Figure) -> bool:
+    """Whether two stored figures' intervals do not overlap (the rule when the rows are not at hand)."""
+    if a.low is None or a.high is None or b.low is None or b.high is None:
+        return False
+    return a.high < b.low or b.high < a.low
