@@ -317,3 +317,67 @@ def test_dataset_text_never_becomes_markup_in_the_message() -> None:
     assert "\n" not in subject and "<img" not in subject and "](" not in subject
     assert "set\\_\\[a\\]\\(http://x.test\\)" in subject, subject
     assert "Nothing was committed" in message
+
+
+# ----------------------------------------------------------------------- the commands' own output and errors
+
+
+def _alerts_cli(*args: str, env: dict[str, str] | None = None) -> Any:
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    return CliRunner().invoke(app, ["alerts", *args], env={"COLUMNS": "400", **(env or {})})
+
+
+def _one_error_line(result: Any) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["list"], ["remove"], ["remove", "recall-bench-alerts"], ["install", "--block", "recall-bench-alerts"]],
+    ids=["list", "remove-the-file's", "remove-by-name", "install"],
+)
+def test_alerts_commands_without_a_reachable_prefect_api_say_so_in_one_line(args: list[str]) -> None:
+    """Before: ``list`` and ``remove`` ended with a ServerError traceback and exit 1 (``install`` said one line)."""
+    url = f"http://127.0.0.1:{_prefect.free_port()}/api"  # nothing listens there
+    line = _one_error_line(_alerts_cli(*args, env={"PREFECT_API_URL": url}))
+    assert f"the Prefect API at {url} (PREFECT_API_URL) cannot be reached" in line, line
+
+
+def test_alert_names_are_printed_as_given_and_an_empty_dataset_is_refused(prefect_harness, tmp_path: Path) -> None:
+    """Names with brackets print whole (Rich markup ate ``[ab]``); ``--dataset ''`` changes nothing (it used to
+    update the automation of every dataset)."""
+    from prefect.client.orchestration import get_client
+
+    yaml_text = (REPO / "deployments" / "alerts.yaml").read_text(encoding="utf-8")
+    definition = yaml_text.replace("name: recall-bench-alerts", "name: spend-test-alerts")
+    file = tmp_path / "alerts.yaml"
+    file.write_text(definition, encoding="utf-8")
+    hook = ["--webhook-url", "http://127.0.0.1:9/hooks/x", "--block-name", "spend-test-hook", "--file", str(file)]
+
+    installed = _alerts_cli("install", *hook, "--dataset", "[ab]*")
+    assert installed.exit_code == 0, installed.output
+    assert "created automation spend-test-alerts-[ab]* (" in installed.output, installed.output
+    assert "'recall.dataset': '[ab]*'" in installed.output, installed.output  # the listing of its trigger
+    listed = _alerts_cli("list")
+    assert listed.exit_code == 0 and "spend-test-alerts-[ab]*  " in listed.output, listed.output
+
+    line = _one_error_line(_alerts_cli("install", *hook, "--dataset", ""))
+    assert "--dataset '': an empty pattern; omit --dataset for the automation on every dataset" in line, line
+    with get_client(sync_client=True) as client:
+        assert client.read_automations_by_name("spend-test-alerts") == []  # the every-dataset one: not created
+        assert len(client.read_automations_by_name("spend-test-alerts-[ab]*")) == 1
+
+    removed = _alerts_cli("remove", "spend-test-alerts-[ab]*")
+    assert removed.exit_code == 0 and removed.output.strip() == "removed automation spend-test-alerts-[ab]*", (
+        removed.output
+    )
+    with get_client(sync_client=True) as client:
+        assert client.read_automations_by_name("spend-test-alerts-[ab]*") == []

@@ -20,7 +20,9 @@ that runs use (``cli/server.py``).
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -208,7 +210,7 @@ def install(
     """
     secret = [webhook_url] if webhook_url else []
     register_secret(webhook_url)
-    try:
+    with _one_line_errors(secret):
         if (webhook_url is None) == (block is None):
             raise ConfigError("give one of --webhook-url URL or --block NAME")
         if kind not in ("auto", "slack", "teams", "custom"):
@@ -218,6 +220,12 @@ def install(
         definitions = load_definitions(definitions_file(file))
         if name and len(definitions) > 1:
             raise ConfigError("--name: the file holds several automations")
+        if dataset is not None and not dataset.strip():  # before: '' silently updated the every-dataset automation
+            raise ConfigError(
+                f"--dataset {dataset!r}: an empty pattern; omit --dataset for the automation on every dataset"
+            )
+        if name is not None and not name.strip():
+            raise ConfigError(f"--name {name!r}: an automation needs a name; omit --name for the file's")
         with _client() as client:
             if webhook_url is not None:
                 block_id = save_webhook_block(webhook_url, kind, block_name)
@@ -228,24 +236,37 @@ def install(
             for definition in definitions:
                 automation = automation_for(definition, block_id, dataset, name)
                 verb, automation_id = install_automation(client, automation)
-                console.print(f"{verb} automation {automation.name} ({automation_id}) via {via}", soft_wrap=True)
-                console.print(describe(client, client.read_automation(automation_id)), soft_wrap=True, markup=False)
+                _say(f"{verb} automation {automation.name} ({automation_id}) via {via}")
+                _say(describe(client, client.read_automation(automation_id)))
+
+
+def _say(line: str) -> None:
+    """Print ``line`` as is: automation, block and dataset names are the user's text, never Rich markup."""
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def _one_line_errors(secret: list[str] | None = None) -> Iterator[None]:
+    """Any error of an ``alerts`` command (a Prefect API that cannot be reached included) as one ``error:`` line,
+    exit 2, redacted (``secret``: the webhook URL too)."""
+    try:
+        yield
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001 - one line, never the URL
         _fail(RuntimeError(redact(f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
-                                  secret)))  # fmt: skip
+                                  secret or [])))  # fmt: skip
 
 
 @alerts_app.command("list")
 def list_alerts() -> None:
     """The alert automations and the blocks they send through."""
-    with _client() as client:
+    with _one_line_errors(), _client() as client:
         found = [a for a in client.read_automations() if ours(a)]
         for automation in found:
-            console.print(describe(client, automation), soft_wrap=True, markup=False)
+            _say(describe(client, automation))
     if not found:
-        console.print("no recall-bench alert automation on this server (recall-bench alerts install)")
+        _say("no recall-bench alert automation on this server (recall-bench alerts install)")
 
 
 @alerts_app.command("remove")
@@ -257,22 +278,18 @@ def remove(
 
     `prefect block delete` removes a block.
     """
-    try:
+    with _one_line_errors():
         wanted = names or [d["name"] for d in load_definitions(definitions_file(file))]
-    except ConfigError as exc:
-        _fail(exc)
-    with _client() as client:
-        for name in wanted:
-            same = client.read_automations_by_name(name)
-            for automation in same:
-                client.delete_automation(automation.id)
-            console.print(f"removed automation {name}" if same else f"no automation named {name}", soft_wrap=True)
+        with _client() as client:
+            for name in wanted:
+                same = client.read_automations_by_name(name)
+                for automation in same:
+                    client.delete_automation(automation.id)
+                _say(f"removed automation {name}" if same else f"no automation named {name}")
 
 
 def _client() -> Any:
     """A sync Prefect client on the server runs use (``PREFECT_API_URL``, else the local server)."""
-    import contextlib
-
     from recall_tasks.cli.runtime import _prefect_api
 
     @contextlib.contextmanager

@@ -57,7 +57,8 @@ def server_status() -> None:
 
     current = server.status()
     if os.environ.get("PREFECT_API_URL"):  # live: Prefect's own setting, the one runs will use
-        err.print(f"note: PREFECT_API_URL is set ({os.environ['PREFECT_API_URL']}): runs use that server, not this one")
+        url = os.environ["PREFECT_API_URL"]
+        err.print(f"note: PREFECT_API_URL is set ({url}): runs use that server, not this one", markup=False)
     if current.info is None:
         stale = " (removed the record of a server that is gone)" if current.stale_removed else ""
         console.print(f"local Prefect server: stopped{stale}", soft_wrap=True)
