@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -12,6 +17,8 @@ from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.pipeline.flow import recall_benchmark
 from tests import sample_retriever
 from tests.test_pipeline import make_rows
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def questions_only(rows: list[dict]) -> list[dict]:
@@ -111,3 +118,51 @@ def test_dataset_without_contexts_needs_a_source(prefect_harness, tmp_path):
     pq.write_table(pa.Table.from_pylist(questions_only(make_rows(3))), data)
     with pytest.raises(DatasetError, match="no retrieval_context column"):
         recall_benchmark(RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "out")))
+
+
+def _write_retrieval(path, rows: list[dict]) -> None:
+    pq.write_table(
+        pa.table({"row_id": [r["row_id"] for r in rows], "retrieved_contexts": [r["contexts"] for r in rows]}), path
+    )
+
+
+def _cli(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "recall_tasks", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_retrieval_file_matching_no_row_id_is_refused_before_judging(prefect_harness, tmp_path):
+    """A dataset without row_id has hashed ids an index build cannot know: exit 2, both sides' ids named."""
+    rows = make_rows(50, seed=47)
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "row_id"} for r in questions_only(rows)]),
+                   data)  # fmt: skip
+    retrieved = tmp_path / "index-v2.parquet"
+    _write_retrieval(retrieved, rows)
+    out = tmp_path / "out"
+    done = _cli(["run", str(data), "--output", str(out), "--retrieval-uri", str(retrieved), "--judge", "lexical"],
+                tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert f"0 of 50 row ids found in the retrieval file {retrieved}" in errors[0]
+    assert repr(rows[0]["row_id"]) in errors[0] and "no row_id column" in errors[0]
+    assert not out.exists()
+
+
+def test_retrieval_file_missing_some_row_ids_is_a_note_with_the_count(prefect_harness, tmp_path):
+    rows = make_rows(10, seed=53)
+    data = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist(questions_only(rows)), data)
+    retrieved = tmp_path / "index-v2.parquet"
+    kept = rows[3:]
+    _write_retrieval(retrieved, kept)
+    done = _cli(["run", str(data), "--output", str(tmp_path / "out"), "--retrieval-uri", str(retrieved),
+                 "--judge", "lexical", "--on-missing", "skip"], tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"7 of 10 row ids found in the retrieval file {retrieved}; the 3 others" in " ".join(done.stderr.split())
+    assert "--on-missing skip" in done.stderr

@@ -191,6 +191,41 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
     return _block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
 
 
+def iter_row_ids(ds: Dataset) -> Iterator[str]:
+    """Every row's id in dataset order, as :func:`iter_blocks` gives them, reading only the columns ids come from.
+
+    The ``row_id`` column when there is one; else the question and reference answer (hashed as in
+    :func:`_block`, with the same ``~N`` suffixes). Used by the pre-flight check of ``--retrieval-uri``.
+    """
+    if ds.has_row_id:
+        cols = [ds.columns["row_id"]]
+    else:
+        cols = [ds.columns[r] for r in ("input", "expected_output") if r in ds.columns]
+    seen: dict[str, int] = {}
+    for f in ds.files:
+        with _parquet(ds, f) as pf:
+            for g in range(pf.num_row_groups):
+                try:
+                    group = pf.read_row_group(g, columns=cols)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    if isinstance(exc, FileNotFoundError | PermissionError):
+                        raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
+                    raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
+                if ds.has_row_id:
+                    yield from (str(v) for v in group.column(0).to_pylist())
+                    continue
+                values = {r: group.column(ds.columns[r]).cast(pa.string()).to_pylist()
+                          for r in ("input", "expected_output") if r in ds.columns}  # fmt: skip
+                nulls = [None] * group.num_rows
+                for question, expected in zip(
+                    values.get("input", nulls), values.get("expected_output", nulls), strict=True
+                ):
+                    h = identity_hash(question, expected)
+                    n = seen.get(h, 0) + 1
+                    seen[h] = n
+                    yield h if n == 1 else f"{h}~{n}"
+
+
 def _read_columns(ds: Dataset) -> list[str]:
     """The columns a block reads: the roles' and the pass-through ones, each once."""
     return list(dict.fromkeys([*ds.columns.values(), *ds.passthrough]))

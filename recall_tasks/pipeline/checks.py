@@ -14,6 +14,7 @@ import pyarrow as pa
 from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.io.blocks import iter_row_ids
 from recall_tasks.io.columns import parse_column_overrides, stored_type, type_name
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.iceberg import iceberg_type
@@ -163,3 +164,41 @@ def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | 
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)} both supply the retrieval context: give one")
     return TraceContext.from_options(params.context_from, params.context_extractor, dataset.columns["messages"])
+
+
+def check_retrieval_coverage(params: RunParams, dataset: Dataset, retrieval: RetrievalResults) -> str | None:
+    """``--retrieval-uri`` must hold contexts for the dataset's rows, matched by row id.
+
+    Policy: refused (one error naming both sides' ids) when none of the dataset's row ids is in the file: every
+    row would go unjudged, whatever ``--on-missing`` says. When some are missing, the run goes on and this returns
+    a note with the count (those rows get no context and follow ``--on-missing``). Reads only the dataset's id
+    columns (``row_id``, else the question and reference answer the ids are hashed from: ``io/blocks.py``).
+    """
+    known = set(retrieval.row_ids.to_pylist())
+    total = found = 0
+    missing: list[str] = []
+    for row_id in iter_row_ids(dataset):
+        total += 1
+        if row_id in known:
+            found += 1
+        elif len(missing) < 2:
+            missing.append(row_id)
+    if found == total:
+        return None
+    uri = params.retrieval_uri
+    if found == 0:
+        theirs = ", ".join(repr(v) for v in list(dict.fromkeys(retrieval.row_ids.to_pylist()))[:2]) or "none"
+        how = (
+            "the dataset has a row_id column: the retrieval file must use the same values"
+            if dataset.has_row_id
+            else "the dataset has no row_id column, so its ids are hashes of input and expected_output that an "
+            "index build cannot know: add a row_id column to the dataset and write the same ids in the retrieval file"
+        )
+        raise ConfigError(
+            f"--retrieval-uri: 0 of {total} row ids found in the retrieval file {uri} (dataset ids such as "
+            f'{", ".join(repr(v) for v in missing)}; the file has {theirs}); {how} (docs/usage.md, "Row ids")'
+        )
+    return (
+        f"--retrieval-uri: {found} of {total} row ids found in the retrieval file {uri}; the {total - found} others "
+        f"(such as {', '.join(repr(v) for v in missing)}) get no context and follow --on-missing {params.on_missing}"
+    )

@@ -23,7 +23,7 @@ from recall_tasks.io.retrieval import RetrievalResults, with_contexts
 from recall_tasks.io.storage import StorageConfig, filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
-from recall_tasks.pipeline.checks import check_context_source
+from recall_tasks.pipeline.checks import check_context_source, check_retrieval_coverage
 from recall_tasks.pipeline.components import make_judge, make_metric, open_run_dataset
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 
@@ -57,6 +57,8 @@ def estimate(params: RunParams) -> Estimate:
     dataset = open_run_dataset(params, storage, bool(params.retrieval_uri))
     trace = check_context_source(params, dataset)
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
+    if retrieval is not None:
+        check_retrieval_coverage(params, dataset, retrieval)  # refuses a file matching no row; a note otherwise
     judge = make_judge(params)
     metric = make_metric(params, judge)
     cache = None

@@ -45,6 +45,7 @@ from recall_tasks.pipeline.checks import (
     check_output_location,
     check_priced,
     check_results_schema,
+    check_retrieval_coverage,
     check_segments,
 )
 from recall_tasks.pipeline.components import (
@@ -180,8 +181,12 @@ def check_run(params: RunParams) -> Checked:
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     check_results_schema(dataset, store)
     check_baseline_reference(params, store, dataset)
-    judge = make_judge(params)
     notes = []
+    if retrieval is not None:
+        note = check_retrieval_coverage(params, dataset, retrieval)
+        if note:
+            notes.append(note)
+    judge = make_judge(params)
     probe = getattr(judge, "preflight", None)
     if probe is not None:
         note = probe()
