@@ -7,6 +7,7 @@ or Prefect Secret blocks; ``storage_options`` holds only non-secret settings (en
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
@@ -22,6 +23,25 @@ BATCH_CONTROL_FIELDS = frozenset(
 
 #: Parameters that only say which fleet-wide limit a run shares: not part of the run key either.
 RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
+
+
+#: One level of an Iceberg namespace (``--namespace team.recall`` has two): pyiceberg refuses an empty or blank
+#: level; recall-bench also keeps to the characters every catalog (REST, SQL, Glue, Hive) accepts.
+NAMESPACE_LEVEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+
+
+def namespace_problem(value: str) -> str | None:
+    """Why ``value`` is not an Iceberg namespace recall-bench can use, or None: dot-separated levels, none empty."""
+    levels = value.split(".")
+    if any(not level for level in levels):
+        return (
+            "an Iceberg namespace is one or more names separated by single dots, none empty "
+            "(no leading, trailing or double dot), e.g. recall_bench or team.recall"
+        )
+    bad = next((level for level in levels if not NAMESPACE_LEVEL.fullmatch(level)), None)
+    if bad is not None:
+        return f"level {bad!r} may hold only letters, digits, '_' and '-' (not first)"
+    return None
 
 
 class RunParams(BaseModel):
@@ -94,7 +114,7 @@ class RunParams(BaseModel):
     )
     namespace: str | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        max_length=128,
         description="--format iceberg: the catalog namespace of the tables (default: recall_bench, or the one "
         "the output records)",
     )
@@ -106,7 +126,9 @@ class RunParams(BaseModel):
         None, description="Prefect result storage for the chunk cache: a path, an fsspec URL or block:<slug>"
     )
     chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
-    max_cost_usd: float | None = Field(None, gt=0, description="Stop judging once this much was spent")
+    max_cost_usd: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Stop judging once this much was spent (USD, finite, above 0)"
+    )
     max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
     prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
@@ -189,6 +211,17 @@ class RunParams(BaseModel):
                 f"storage option(s) {', '.join(bad)} look secret: pass credentials through AWS_* environment "
                 "variables or a Prefect Secret block, never as run parameters"
             )
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _iceberg_namespace(cls, value: str | None) -> str | None:
+        """Checked before any judge call or write: pyiceberg refuses an empty level only when the tables are
+        created, after every row was judged (and ``_warehouse.json`` recorded the name)."""
+        if value is not None:
+            problem = namespace_problem(value)
+            if problem:
+                raise ValueError(f"--namespace {value!r}: {problem}")
         return value
 
     @field_validator("base_url")

@@ -968,6 +968,24 @@ CLI = [
         one_line=False,
     ),
     CliCase(
+        "namespace-trailing-dot",
+        lambda c: _cli_data(c, "--format", "iceberg", "--namespace", "a."),
+        ["error: namespace: --namespace 'a.': an Iceberg namespace is one or more names separated by single dots"],
+    ),
+    CliCase(
+        "namespace-double-dot",
+        lambda c: _cli_data(c, "--format", "iceberg", "--namespace", "a..b"),
+        ["--namespace 'a..b':", "none empty"],
+    ),
+    CliCase(
+        "namespace-leading-dot",
+        lambda c: _cli_data(c, "--format", "iceberg", "--namespace", ".a"),
+        ["--namespace '.a':", "none empty"],
+    ),
+    CliCase("max-cost-infinite", lambda c: _cli_data(c, "--max-cost-usd", "inf"), ["max_cost_usd", "finite number"]),
+    CliCase("max-cost-nan", lambda c: _cli_data(c, "--max-cost-usd", "nan"), ["max_cost_usd"]),
+    CliCase("max-cost-zero", lambda c: _cli_data(c, "--max-cost-usd", "0"), ["max_cost_usd", "greater than 0"]),
+    CliCase(
         "malformed-storage-option",
         lambda c: _cli_data(c, "--storage-option", CLI_SECRET),
         ["invalid --storage-option #1", "chars hidden"],

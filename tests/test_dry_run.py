@@ -62,3 +62,32 @@ def test_dry_run_judges_nothing_writes_nothing_and_estimates_the_real_run(prefec
 
     again = _dry(data, out, fake_openai.base_url)  # every row now in the row cache
     assert "40 rows, 40 served by the row cache, 0 judge requests" in again and "none would stop" in again
+
+
+REFUSED = {
+    "batch-lexical": ["--batch", "--judge", "lexical"],
+    "unknown-catalog": ["--format", "iceberg", "--catalog", "nosuch"],
+    "namespace-trailing-dot": ["--format", "iceberg", "--namespace", "a."],
+    "max-cost-infinite": ["--max-cost-usd", "inf"],
+    "segment-by-missing": ["--segment-by", "team"],
+    "baseline-unknown": ["--baseline", "label:nope"],
+}
+
+
+def test_dry_run_refuses_what_the_run_refuses(prefect_harness, fake_openai, tmp_path, monkeypatch) -> None:
+    """One check function for both (``steps.check_run``, the dry run without the endpoint probes): each refusal is
+    the same ``error:`` line, exit 2, with no request to the judge and nothing written. Before, the dry run
+    estimated ``--batch --judge lexical`` and an unknown ``--catalog``, which the run then refused."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    data = write_parquet(tmp_path / "data" / "eval.parquet", make_rows(6, seed=5))
+    out = tmp_path / "out"
+    for name, extra in REFUSED.items():
+        lines = []
+        for dry in (["--dry-run"], []):
+            argv = ["run", data, "-o", str(out), "--judge", "openai", "--base-url", fake_openai.base_url, *extra, *dry]
+            result = CliRunner().invoke(cli.app, argv, env={"COLUMNS": "400"})
+            errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+            assert result.exit_code == 2 and len(errors) == 1, (name, dry, result.output)
+            lines.append(errors[0])
+        assert lines[0] == lines[1], name
+        assert fake_openai.requests == [] and not out.exists(), name

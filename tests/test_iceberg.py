@@ -264,3 +264,34 @@ def test_two_nights_on_iceberg_give_the_tables_verdicts_and_reports_of_delta(
     kept = [marker] + [json.dumps(s.summary.model_dump(mode="json")) for s in i_store.iceberg.table("runs").snapshots()]
     kept += [json.dumps(i_store.iceberg.table(n).properties) for n in ("results", "runs", "comparisons")]
     assert not any(s and s in text for s in secret for text in kept)
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ['{"format": "iceberg", "catalog": null, "namespace": "a."}', "{not json"],
+    ids=["namespace-a-dot", "not-json"],
+)
+def test_a_broken_warehouse_marker_is_one_error_line_on_every_command(prefect_harness, tmp_path, marker):
+    """``_warehouse.json`` as a run with ``--namespace 'a.'`` left it before the namespace was checked (or any
+    unreadable one): every command that opens the output says so in one ``error:`` line naming the file, exit 2;
+    ``maintain`` ended with a ValueError traceback, ``history`` with a storage error."""
+    out = tmp_path / "out"
+    store = ResultStore(str(out), StorageConfig.from_options(), "iceberg", None, "nightly")
+    store.commit("run-0", "d", "2026-12-01", [chunk(store, "e", "run-0", "team")], [{"run_id": "run-0"}])
+    (out / "_warehouse.json").write_text(marker, encoding="utf-8")
+    data = write(tmp_path / "data" / "eval.parquet", make_rows(4))
+    commands = {
+        "history": ["history", "-o", str(out)],
+        "query": ["query", "SELECT count(*) FROM runs", "-o", str(out)],
+        "report": ["report", "run-0", "-o", str(out)],
+        "maintain": ["maintain", "-o", str(out)],
+        "run": ["run", data, "-o", str(out)],
+        "dry-run": ["run", data, "-o", str(out), "--dry-run"],
+    }
+    for name, argv in commands.items():
+        result = cli(*argv)
+        assert result.exit_code == 2, (name, result.exit_code, result.output, result.exception)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (name, result.exception)
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"{out}/_warehouse.json: " in errors[0], (name, result.output)
+    assert (out / "_warehouse.json").read_text(encoding="utf-8") == marker  # nothing rewrote it

@@ -101,12 +101,35 @@ class Location:
 
 
 def read_marker(fs: Any, root: str) -> Location | None:
-    """The location recorded in the output at ``root`` (of ``fs``), or None when it holds no Iceberg tables."""
+    """The location recorded in the output at ``root`` (of ``fs``), or None when it holds no Iceberg tables.
+
+    A marker that is not what :func:`write_marker` writes (not JSON, a namespace pyiceberg refuses: what runs
+    before the namespace check wrote) is a :class:`ConfigError` naming the file, on every command.
+    """
+    from recall_tasks.config import namespace_problem
+
+    path = f"{root.rstrip('/')}/{MARKER}"
     try:  # one GET (an ``exists`` first would be one more request)
-        data = json.loads(fs.cat_file(f"{root.rstrip('/')}/{MARKER}"))
+        raw = fs.cat_file(path)
     except FileNotFoundError:
         return None
-    return Location(catalog=data.get("catalog"), namespace=data.get("namespace") or DEFAULT_NAMESPACE)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    catalog = data.get("catalog") if isinstance(data, dict) else None
+    namespace = (data.get("namespace") or DEFAULT_NAMESPACE) if isinstance(data, dict) else None
+    problem: str | None = None
+    if not isinstance(namespace, str) or not (catalog is None or isinstance(catalog, str)):
+        problem = "it is not the JSON object recall-bench writes"
+    elif (bad := namespace_problem(namespace)) is not None:
+        problem = f"its namespace {namespace!r} is not valid: {bad}"
+    if problem is not None or not isinstance(namespace, str):
+        raise ConfigError(
+            f"{path}: {problem}; it records where the output's Iceberg tables are: fix it, or delete it if the "
+            "output holds no Iceberg table"
+        )
+    return Location(catalog=catalog, namespace=namespace)
 
 
 def write_marker(fs: Any, root: str, where: Location) -> None:

@@ -19,12 +19,10 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.io.retrieval import RetrievalResults, with_contexts
-from recall_tasks.io.storage import StorageConfig, filesystem, join_uri
+from recall_tasks.io.retrieval import with_contexts
+from recall_tasks.io.storage import filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
-from recall_tasks.pipeline.checks import check_context_source, check_retrieval_coverage
-from recall_tasks.pipeline.components import make_judge, make_metric, open_run_dataset
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 
 #: Completion tokens of a verdict answer: a fixed part, and per statement (verdict, chunk ids, a short reason).
@@ -53,14 +51,13 @@ def estimate(params: RunParams) -> Estimate:
     """What ``params`` would send to the judge, from the dataset and the row cache alone."""
     if params.retriever:
         raise ConfigError("--dry-run cannot estimate a run with --retriever: it would call the retriever")
-    storage = StorageConfig.from_options(params.storage_options)
-    dataset = open_run_dataset(params, storage, bool(params.retrieval_uri))
-    trace = check_context_source(params, dataset)
-    retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
-    if retrieval is not None:
-        check_retrieval_coverage(params, dataset, retrieval)  # refuses a file matching no row; a note otherwise
-    judge = make_judge(params)
-    metric = make_metric(params, judge)
+    from recall_tasks.pipeline.steps import check_run
+
+    # the run's own checks (one function: a dry run refuses what the run refuses), without the endpoint's probes
+    checked = check_run(params, contact=False)
+    storage, dataset, trace, retrieval = checked.storage, checked.dataset, checked.trace, checked.retrieval
+    metric = checked.metric
+    judge = metric.judge
     cache = None
     cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
     if params.cache and not params.refresh_cache:

@@ -158,11 +158,13 @@ def _run_key(params: RunParams, dataset: Dataset) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def check_run(params: RunParams) -> Checked:
+def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     """Every check that can fail a run, in order of cost, before any judge call or write.
 
     Output location, dataset (files, schema, row ids), retriever, segment columns, output store, baseline
     reference, judge configuration and endpoint (one cheap request). Raises one :class:`ConfigError`.
+    ``contact=False`` (``run --dry-run``): the same checks without the endpoint's probes (``GET /models``, the
+    Batch API's), so a dry run refuses what the run refuses and contacts no endpoint.
     """
     check_output_location(params)
     check_units(params)
@@ -187,7 +189,7 @@ def check_run(params: RunParams) -> Checked:
         if note:
             notes.append(note)
     judge = make_judge(params)
-    probe = getattr(judge, "preflight", None)
+    probe = getattr(judge, "preflight", None) if contact else None
     if probe is not None:
         note = probe()
         if note:
@@ -196,7 +198,7 @@ def check_run(params: RunParams) -> Checked:
     if params.batch:
         from recall_tasks.pipeline.batch.checks import check_batch
 
-        check_batch(params, judge)
+        check_batch(params, judge, probe=contact)
     return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
 
 

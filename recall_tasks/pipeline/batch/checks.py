@@ -8,9 +8,10 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.judges.base import Judge
 
 
-def check_batch(params: RunParams, judge: Judge) -> None:
+def check_batch(params: RunParams, judge: Judge, *, probe: bool = True) -> None:
     """``--batch`` needs the OpenAI judge, fixed contexts, sentence units, the row cache and an endpoint with a
-    Batch API (probed: 404 on /batches or /files is refused before anything is uploaded). Raises ConfigError."""
+    Batch API (probed: 404 on /batches or /files is refused before anything is uploaded). Raises ConfigError.
+    ``probe=False`` (a dry run): every check but the endpoint's."""
     if params.judge != "openai":
         raise ConfigError("--batch needs --judge openai (the lexical judge makes no calls)")
     if not params.cache:
@@ -25,8 +26,10 @@ def check_batch(params: RunParams, judge: Judge) -> None:
     client = getattr(judge, "batch_client", None)
     if client is None:
         raise ConfigError("--batch needs a judge with a Batch API client (--judge openai)")
+    if not probe:
+        return
 
-    async def probe() -> None:
+    async def probe_endpoint() -> None:
         await client().probe()
 
-    run_sync(probe())
+    run_sync(probe_endpoint())
