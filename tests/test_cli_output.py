@@ -12,6 +12,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +29,7 @@ from tests.test_tracking import degrade, write
 
 SECRET = "sk-test-output-secret-0123456789"
 LABEL = "idx [/] [bold]v2[/bold]"
+ROOT = Path(__file__).resolve().parents[1]
 LEXICAL_LINE = "judge: lexical (offline approximation; use --judge openai for numbers you report)"
 
 
@@ -141,6 +144,10 @@ def test_run_prints_the_judge_first_and_accepts_markup_in_labels(out):
     second = out["second"]
     assert second.stderr.splitlines()[0] == LEXICAL_LINE
     assert LABEL in second.stdout  # the run summary, after the commit: no MarkupError
+    # the threshold a pass needs is shown beside the pass rate and the flips
+    assert re.search(r"│ threshold\s+│ 0\.5\s+│", second.stdout), second.stdout
+    assert re.search(r"\d+ pass->fail / \d+ fail->pass at threshold 0\.5, 60 paired\)", second.stdout), second.stdout
+    assert "open it locally" not in second.stdout  # a local report opens as it is
 
 
 def test_openai_judge_line_names_model_and_host_only():
@@ -246,7 +253,14 @@ def test_query_reads_delta_tables_on_s3_with_external_access_off(prefect_harness
         monkeypatch.setenv(key, value)
     data = write(tmp_path / "eval.parquet", make_rows(6, seed=4))
     output = f"s3://{s3_bucket}/recall"
-    assert invoke("run", data, "--output", output).exit_code == 0
+    ran = invoke("run", data, "--output", output)
+    assert ran.exit_code == 0, ran.output
+    (run_id,) = re.findall(r"│ run_id\s+│ (\S+)\s+│", ran.stdout)
+    assert f"HTML report: {output}/reports/{run_id}.html" in ran.stdout
+    hint = f"open it locally: recall-bench report {run_id} --output {output} --to ."
+    assert hint in ran.stdout  # a browser cannot open s3://
+    local = invoke("report", run_id, "--output", output, "--to", str(tmp_path))
+    assert local.exit_code == 0 and (tmp_path / f"{run_id}.html").is_file(), local.output
     joined = invoke("query", "SELECT count(*) AS n, max(r.rows) AS rows FROM results JOIN runs r USING (run_id) "
                     "WHERE r.segment_column IS NULL", "--output", output, "--output-format", "json")  # fmt: skip
     assert joined.exit_code == 0, joined.output
@@ -403,3 +417,28 @@ def test_terminal_tables_fold_values_and_keep_run_ids_whole():
     assert run_id in shown and "…" not in shown and "arr[i] + b[j]" in shown and "[/]" in shown
     assert shown.count("x") == 120  # folded over lines, not cut
     assert max(len(line) for line in shown.splitlines()) <= 50
+
+
+def test_history_fits_an_80_column_terminal_and_shows_the_threshold(out):
+    """A real terminal of 80 columns: columns dropped (not folded into 3-character pieces), the threshold shown."""
+    first, second = out["run_ids"]
+    env = {**os.environ, "COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "PYTHONPATH": str(ROOT)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "recall_tasks", "history", "--output", out["output"]],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in shown.stdout.splitlines()]  # the header's bold
+    assert lines and max(len(line) for line in lines) <= 80, shown.stdout
+    header = [c.strip() for c in re.split(r"[│┃]", next(line for line in lines if "run_id" in line))[1:-1]]
+    assert {"run_id", "mean", "pass rate", "verdict"} <= set(header) and "judge" not in header
+    widths = [len(c) for c in re.split(r"[│┃]", next(line for line in lines if "run_id" in line))[1:-1]]
+    assert min(widths) > 5, lines  # no column squeezed to a few characters
+    rows = [dict(zip(header, [c.strip() for c in re.split(r"[│┃]", line)[1:-1]], strict=True))
+            for line in lines if first in line or second in line]  # fmt: skip
+    assert [r["run_id"] for r in rows] == [first, second]
+    assert [r["verdict"] for r in rows] == ["first", "regressed"]
+    assert all(re.fullmatch(r"\d+\.\d% ≥0\.5", r["pass rate"]) for r in rows), rows
+    assert all(re.fullmatch(r"0\.\d{3}", r["mean"]) for r in rows), rows
+    # the long label may continue on a second line; every other cell of a row is on the run id's line
+    assert len(lines) <= 4 + 2 * 2, lines

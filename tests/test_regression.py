@@ -526,6 +526,10 @@ def test_find_baseline_errors() -> None:
     assert "'nope'" in message and "'r7'" in message and "'r3'" in message
     with pytest.raises(ConfigError, match="run being compared"):
         find_baseline(runs, dataset="faq", metric="contextual_recall", spec="r7", exclude_run_id="r7")
+    # a dataset with no completed run lists none: never another dataset's runs as its own
+    with pytest.raises(ConfigError) as info:
+        find_baseline(runs, dataset="brand-new", metric="contextual_recall", spec="run:nope")
+    assert str(info.value).endswith("recent runs of dataset 'brand-new' and metric 'contextual_recall': none")
     with pytest.raises(ConfigError, match="empty"):
         find_baseline(runs, dataset="faq", metric="contextual_recall", spec=" ")
 

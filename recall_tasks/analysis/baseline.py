@@ -136,7 +136,7 @@ def find_baseline(
         raise ConfigError(f"the baseline run {run_id!r} is the run being compared; choose an earlier run")
     candidates = overall.filter(_eq(overall, "run_id", run_id))
     if candidates.num_rows == 0:
-        recent = _distinct_recent(completed if completed.num_rows else overall, "run_id")
+        recent = _distinct_recent(completed, "run_id")  # this series' only: another dataset's run is no candidate
         raise ConfigError(
             f"no run with id {run_id!r} in the runs table; recent runs of dataset {dataset!r} and metric "
             f"{metric!r}: {_shown(recent)}"

@@ -26,11 +26,21 @@ def print_summary(summary: RunSummary, output: str) -> None:
     console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
     if summary.get("report_uri"):
         console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
+        if not is_local(str(summary["report_uri"])):  # a browser cannot open s3://: say how to get a local copy
+            console.print(
+                Text(f"  open it locally: recall-bench report {summary['run_id']} --output {output} --to ."),
+                soft_wrap=True,
+            )
 
 
-def verdict_line(comparison: dict[str, Any]) -> str:
-    """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass,
-    300 paired)``, or the reason a comparison is incomparable."""
+def is_local(uri: str) -> bool:
+    """A path a browser opens as it is (a plain path or ``file://``), not an object-storage URI."""
+    return "://" not in uri or uri.startswith("file://")
+
+
+def verdict_line(comparison: dict[str, Any], threshold: float | None = None) -> str:
+    """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass at
+    threshold 0.5, 300 paired)``, or the reason a comparison is incomparable."""
     head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
     if comparison.get("verdict") == "incomparable":
         return f"{head} ({comparison.get('reason')})"
@@ -41,7 +51,8 @@ def verdict_line(comparison: dict[str, Any]) -> str:
     if lo is not None and hi is not None:
         parts.append(f"95 % CI {lo:+.4f}..{hi:+.4f}")
     flips = comparison.get("flips") or {}
-    parts.append(f"{flips.get('pass_to_fail', 0)} pass->fail / {flips.get('fail_to_pass', 0)} fail->pass")
+    at = f" at threshold {threshold:g}" if threshold is not None else ""
+    parts.append(f"{flips.get('pass_to_fail', 0)} pass->fail / {flips.get('fail_to_pass', 0)} fail->pass{at}")
     parts.append(f"{comparison.get('n_paired', 0)} paired")
     return f"{head} ({', '.join(parts)})"
 
@@ -53,7 +64,7 @@ def print_outcome(summary: RunSummary, output: str) -> None:
     print_summary(summary, output)
     comparison = summary.get("comparison")
     if comparison:
-        console.print(escape(verdict_line(comparison)), soft_wrap=True)
+        console.print(escape(verdict_line(comparison, summary.get("threshold"))), soft_wrap=True)
         for warning in comparison.get("warnings") or []:
             err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
     elif summary.get("status") == "failed":

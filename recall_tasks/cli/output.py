@@ -193,8 +193,11 @@ def judge_line(judge: str, model: str, base_url: str | None) -> str:
 HISTORY_COLUMNS = ("started", "dataset", "label", "run_id", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict")
 HISTORY_FIELDS = (
     "started_at", "dataset", "label", "run_id", "judge", "rows", "mean_score", "ci_low", "ci_high", "pass_rate",
-    "verdict", "baseline_run_id", "reason",
+    "threshold", "verdict", "baseline_run_id", "reason",
 )  # fmt: skip
+#: Dropped one by one, in this order, until the table fits a narrow terminal (``history_fit``); run_id, label, mean,
+#: pass rate and verdict stay. ``started`` goes early: the run id starts with the same UTC time.
+HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows")
 
 
 def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
@@ -225,6 +228,7 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
                 "ci_low": r["ci_low"],
                 "ci_high": r["ci_high"],
                 "pass_rate": r["pass_rate"],
+                "threshold": r.get("threshold"),
                 "verdict": c.get("verdict"),
                 "baseline_run_id": c.get("baseline_run_id"),
                 "reason": c.get("reason"),
@@ -250,5 +254,35 @@ def history_cells(rec: Mapping[str, Any]) -> list[str]:
     started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
     return [
         started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec["judge"]), text(rec["rows"]),
-        num(rec["mean_score"], ".3f"), ci, num(rec["pass_rate"], ".1%"), verdict,
+        num(rec["mean_score"], ".3f"), ci, pass_rate_text(rec["pass_rate"], rec.get("threshold")), verdict,
     ]  # fmt: skip
+
+
+def pass_rate_text(rate: float | None, threshold: float | None) -> str:
+    """``100.0% ≥0.5``: the share of rows scoring at or above the threshold, with the threshold beside it."""
+    if rate is None:
+        return "-"
+    return f"{rate:.1%}" + (f" ≥{threshold:g}" if threshold is not None else "")
+
+
+def history_fit(columns: Sequence[str], cells: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
+    """The history table narrowed to ``width`` terminal columns, so no cell is folded into pieces.
+
+    First the verdict loses its baseline run id (each run's baseline is usually the row above; ``--output-format
+    csv`` has it; "first of series" becomes "first"), then columns go in :data:`HISTORY_DROP_ORDER` while the
+    table is still too wide.
+    """
+    names, rows = list(columns), [list(r) for r in cells]
+    if _width_needed(names, rows) <= width:
+        return names, rows
+    v = names.index("verdict")
+    for row in rows:
+        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0]
+    for drop in HISTORY_DROP_ORDER:
+        if _width_needed(names, rows) <= width:
+            break
+        i = names.index(drop)
+        del names[i]
+        for row in rows:
+            del row[i]
+    return names, rows

@@ -98,7 +98,9 @@ def history(
 ) -> None:
     """List the series of runs, each with its verdict.
 
-    Mean with its 95 % CI, pass rate, judge, and the verdict against each run's baseline.
+    Mean with its 95 % CI, pass rate (with the threshold a pass needs), judge, and the verdict against each run's
+    baseline. A terminal too narrow for every column drops the baseline run id, judge, dataset, start time (the run
+    id holds it), CI and rows, in that order.
 
     csv and json print the raw fields (ISO timestamps, unrounded numbers, verdict and baseline run id apart).
     """
@@ -109,6 +111,7 @@ def history(
         HISTORY_FIELDS,
         cut_notice,
         history_cells,
+        history_fit,
         history_records,
         print_rows,
     )
@@ -133,5 +136,8 @@ def history(
     if fmt in ("csv", "json"):
         print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console)
     else:
-        print_rows(HISTORY_COLUMNS, (history_cells(r) for r in shown), fmt, console, keep_whole=["run_id"])
+        columns, cells = list(HISTORY_COLUMNS), [history_cells(r) for r in shown]
+        if fmt == "table" and console.is_terminal:
+            columns, cells = history_fit(columns, cells, console.width)
+        print_rows(columns, cells, fmt, console, keep_whole=["run_id"])
     _print_notice(cut_notice(len(shown), len(records)))

@@ -23,7 +23,10 @@ def _fmt(value: Any) -> str:
 
 
 def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
-    """The run summary as two-column rows (Prefect table artifact, CLI table)."""
+    """The run summary as two-column rows (Prefect table artifact, CLI table).
+
+    ``threshold`` follows ``pass_rate``: a pass is a score at or above it, and a pass rate means nothing without it.
+    """
     keys = [
         "run_id",
         "status",
@@ -42,6 +45,7 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
         "median_score",
         "p10_score",
         "pass_rate",
+        "threshold",
         "requests",
         "prompt_tokens",
         "completion_tokens",
