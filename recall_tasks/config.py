@@ -142,6 +142,12 @@ class RunParams(BaseModel):
         "latest", description="Run to compare with: latest, a run id, label:<label>; None to skip the comparison"
     )
     tolerance: float = Field(0.02, ge=0, description="Mean drop that counts as a regression (with a CI below 0)")
+    canary: str | None = Field(
+        None,
+        description="A small labelled set (the format of `recall-bench calibrate`) judged with every run: the run "
+        "records its judge's agreement with the labels, and a comparison whose agreement moved beyond its interval "
+        "is incomparable (judge drift), never regressed or improved",
+    )
     fail_on_regression: bool = Field(False, description="Fail the flow run when the comparison says regressed")
     retriever: str | None = Field(
         None, description="module:function filling retrieval_context from the questions at run time"
@@ -261,7 +267,7 @@ class RunParams(BaseModel):
             raise ValueError(f"the output location {value!r} names no folder or bucket")
         return stripped
 
-    @field_validator("dataset_uri", "output_uri", "retrieval_uri", "cache_uri", mode="after")
+    @field_validator("dataset_uri", "output_uri", "retrieval_uri", "cache_uri", "canary", mode="after")
     @classmethod
     def _no_unrendered_template(cls, value: str | None) -> str | None:
         if value is not None and "{{" in value:
@@ -282,6 +288,7 @@ class RunParams(BaseModel):
         "context_extractor",
         "dask_address",
         "rate_limit_key",
+        "canary",
         mode="before",
     )
     @classmethod

@@ -67,6 +67,23 @@ class RunRow(TypedDict):
     dataset_id: str
     batch_ids: list[str] | None
     batch_wait_s: float | None
+    canary_id: str | None
+    canary_uri: str | None
+    canary_rows: int | None
+    canary_units: int | None
+    canary_cached: int | None
+    canary_errors: int | None
+    canary_accuracy: float | None
+    canary_accuracy_low: float | None
+    canary_accuracy_high: float | None
+    canary_kappa: float | None
+    canary_kappa_low: float | None
+    canary_kappa_high: float | None
+    canary_tpr: float | None
+    canary_tnr: float | None
+    canary_requests: int | None
+    canary_cost_usd: float | None
+    canary_detail: list[dict[str, Any]] | None
 
 
 class RunSummary(RunRow, total=False):

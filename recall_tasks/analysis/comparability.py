@@ -28,12 +28,20 @@ _IMPLIED_BY = {
     "judge_config": {"judge", "judge_model", "prompt_version", "schema_version", "splitter_version", "metric"},
 }
 
+#: A difference in one of these explains a change of the canary's agreement: judge drift is then not named too.
+_JUDGE_KEYS = {"metric", "units", "judge", "judge_model", "prompt_version", "schema_version", "splitter_version",
+               "judge_config"}  # fmt: skip
+
 MIN_PAIRED_SHARE = 0.9
 """Below this share of the baseline's rows matched by row id, the comparison is incomparable."""
 
 
 def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[str, Any]) -> list[str]:
-    """What makes two runs' scores incomparable (empty when they are comparable); see docs/regression.md."""
+    """What makes two runs' scores incomparable (empty when they are comparable); see docs/regression.md.
+
+    Judge drift (:mod:`~recall_tasks.analysis.drift`: both runs' canary agreement, same labelled set, moved beyond
+    its interval) is one of the reasons, unless a judge setting differs already.
+    """
     reasons = []
     differs = set()
     for key in _COMPARISON_ORDER:
@@ -56,6 +64,12 @@ def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[s
                 f"row_identity differs (current {current_run.get('row_identity')!r}, "
                 f"baseline {baseline_run.get('row_identity')!r})"
             )
+    if not differs & _JUDGE_KEYS and current_run.get("canary_id"):
+        from recall_tasks.analysis.drift import judge_drift  # numpy: not imported by the CLI's start-up
+
+        drift = judge_drift(current_run, baseline_run)
+        if drift is not None and drift.drifted:
+            reasons.append(drift.reason())
     return reasons
 
 

@@ -28,6 +28,7 @@ from recall_tasks.analysis.comparability import (
     incomparable_reasons,
     paired_share_reason,
 )
+from recall_tasks.analysis.drift import DRIFT_REASON, canary_note, judge_drift
 from recall_tasks.analysis.pairing import Pairs, pair_rows
 from recall_tasks.analysis.statistics import BOOTSTRAP_MAX_N, MCNEMAR_EXACT_MAX, mcnemar_exact_p, paired_mean_ci
 from recall_tasks.analysis.worst_rows import WorstRow, lost_statements, worst_rows
@@ -128,6 +129,10 @@ class Comparison(BaseModel):
     baseline_run_ci: tuple[float | None, float | None] = (None, None)
     segments: list[SegmentDelta] = Field(default_factory=list)
     worst_rows: list[WorstRow] = Field(default_factory=list)
+    #: the runs' canary agreement moved beyond its interval (the verdict is then ``incomparable``, see drift.py)
+    judge_drift: bool = False
+    #: both runs' canary figures and their changes (``drift.Drift.payload``), when both judged the same canary
+    canary: dict[str, Any] | None = None
     compared_at: dt.datetime = Field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property
@@ -148,6 +153,7 @@ class Comparison(BaseModel):
             "tolerance": self.tolerance,
             "alpha": self.alpha,
             "compared_at": self.compared_at,
+            "judge_drift": self.judge_drift,
         }
         overall = {"segment_column": None, "segment_value": None, "verdict": self.verdict, "n_added": self.n_added,
                    "n_removed": self.n_removed, "n_unpaired_unscored": self.n_unpaired_unscored,
@@ -176,6 +182,8 @@ class Comparison(BaseModel):
             "flips": {"pass_to_fail": self.flips_pass_to_fail, "fail_to_pass": self.flips_fail_to_pass},
             "p": self.mcnemar_p,
             "context_precision_delta": self.context_precision_delta,
+            "judge_drift": self.judge_drift,
+            "canary": self.canary,
             "warnings": list(self.warnings),
         }
 
@@ -298,6 +306,10 @@ def compare_runs(
     if current_run_id == baseline_run_id:
         warnings.append("the baseline is the current run itself")
     reasons = incomparable_reasons(current_run, baseline_run)
+    drift = judge_drift(current_run, baseline_run)
+    note = canary_note(current_run, baseline_run)
+    if note is not None:
+        warnings.append(note)
     uri_a, uri_b = current_run.get("dataset_uri"), baseline_run.get("dataset_uri")
     if uri_a and uri_b and uri_a != uri_b:
         warnings.append(f"the baseline's dataset URI differs (current {uri_a!r}, baseline {uri_b!r})")
@@ -343,5 +355,7 @@ def compare_runs(
         context_precision_delta=precision_delta,
         baseline_run_mean=baseline_run.get("mean_score"),
         baseline_run_ci=(baseline_run.get("ci_low"), baseline_run.get("ci_high")),
+        judge_drift=any(r.startswith(DRIFT_REASON) for r in reasons),
+        canary=None if drift is None else drift.payload(current_run, baseline_run),
         **fig,
     )

@@ -145,6 +145,7 @@ def run(
         "baseline"
     ),
     tolerance: Annotated[float, _opt("tolerance")] = _field("tolerance"),
+    canary: Annotated[str | None, _opt("canary", metavar="LABELS")] = _field("canary"),
     fail_on_regression: Annotated[bool, _opt("fail_on_regression", "--fail-on-regression")] = _field(
         "fail_on_regression"
     ),
@@ -198,6 +199,7 @@ def run(
                 "prices": price or {},
                 "max_error_rate": max_error_rate, "index_version": index_version,
                 "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
+                "canary": canary,
                 "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,

@@ -88,9 +88,37 @@ COMPARISON_SCHEMA = pa.schema(
         pa.field("tolerance", pa.float64()),
         pa.field("alpha", pa.float64()),
         pa.field("compared_at", pa.timestamp("us", tz="UTC")),
+        pa.field("judge_drift", pa.bool_()),
     ]
 )
 """Schema of the ``comparisons`` table: one overall row (segment columns null) plus one per segment value."""
+
+#: One canary row's unit counts (``--canary``): human verdict x judge verdict, positive = supported.
+CANARY_ROW_TYPE = pa.struct(
+    [("key", pa.string()), ("tp", pa.int32()), ("fn", pa.int32()), ("fp", pa.int32()), ("tn", pa.int32())]
+)
+
+#: The ``runs`` columns of a run's canary (``--canary``), on its overall row only (null without a canary, on
+#: segment rows, and in runs written before they existed). See docs/regression.md, "The canary".
+CANARY_FIELDS: list[pa.Field] = [
+    pa.field("canary_id", pa.string()),
+    pa.field("canary_uri", pa.string()),
+    pa.field("canary_rows", pa.int64()),
+    pa.field("canary_units", pa.int64()),
+    pa.field("canary_cached", pa.int64()),
+    pa.field("canary_errors", pa.int64()),
+    pa.field("canary_accuracy", pa.float64()),
+    pa.field("canary_accuracy_low", pa.float64()),
+    pa.field("canary_accuracy_high", pa.float64()),
+    pa.field("canary_kappa", pa.float64()),
+    pa.field("canary_kappa_low", pa.float64()),
+    pa.field("canary_kappa_high", pa.float64()),
+    pa.field("canary_tpr", pa.float64()),
+    pa.field("canary_tnr", pa.float64()),
+    pa.field("canary_requests", pa.int64()),
+    pa.field("canary_cost_usd", pa.float64()),
+    pa.field("canary_detail", pa.list_(CANARY_ROW_TYPE)),
+]
 
 RUN_FIELDS: list[pa.Field] = [
     pa.field("run_id", pa.string(), nullable=False),
@@ -143,6 +171,7 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("dataset_id", pa.string()),
     pa.field("batch_ids", pa.list_(pa.string())),
     pa.field("batch_wait_s", pa.float64()),
+    *CANARY_FIELDS,
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 """Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value.

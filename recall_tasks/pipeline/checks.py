@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -26,6 +27,9 @@ from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.pricing import price_for
 from recall_tasks.metrics.base import Metric
 
+if TYPE_CHECKING:
+    from recall_tasks.pipeline.canary import Canary
+
 
 @dataclass
 class Checked:
@@ -40,6 +44,7 @@ class Checked:
     retrieval: RetrievalResults | None
     notes: list[str] = field(default_factory=list)
     trace: TraceContext | None = None
+    canary: Canary | None = None  # the --canary labelled set, read and checked
 
 
 def check_output_location(params: RunParams) -> None:

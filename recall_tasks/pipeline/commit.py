@@ -15,6 +15,7 @@ import pyarrow as pa
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.io.results import ChunkPart, today
 from recall_tasks.io.schemas import CHUNK_FIELDS
+from recall_tasks.pipeline.canary import no_canary, score_canary
 from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.scoring import metric_fingerprint
 from recall_tasks.pipeline.steps import RunPlan
@@ -36,6 +37,12 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
         for col in plan.segment_columns:
             table = table.append_column(col, pa.array([], pa.string()))
+    stats = summarize(table)
+    canary: dict[str, Any] = no_canary()
+    spend: dict[str, Any] = {}
+    if plan.canary is not None:  # judged before the cache closes; fresh when the run judged anything afresh
+        fresh = stats["requests"] > 0 or stats["scored"] > stats["cached"]
+        canary, spend = score_canary(plan, plan.canary, fresh=fresh)
     if plan.cache is not None:
         plan.cache.close()
     p = plan.params
@@ -47,11 +54,12 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
         "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns,
+        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns, **no_canary(),
     }  # fmt: skip
-    stats = summarize(table)
     base.update(run_outcome(plan, table, stats))
-    overall = {**base, "segment_column": None, "segment_value": None, **stats}
+    overall = {**base, "segment_column": None, "segment_value": None, **stats, **canary}
+    for key, value in spend.items():  # the canary's spend is the run's: requests, tokens and cost include it
+        overall[key] += value
     runs = [overall]
     for col in plan.segment_columns:
         for value, stats in summarize_segments(table, col):

@@ -38,6 +38,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
+from recall_tasks.pipeline.canary import Canary, open_canary
 from recall_tasks.pipeline.checks import (
     Checked,
     check_baseline_reference,
@@ -132,6 +133,7 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
     batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
+    canary: Canary | None = None  # --canary: judged at the commit (pipeline/canary.py)
     #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
     budget_counters: dict[str, str] = field(default_factory=dict)
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
@@ -176,6 +178,7 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     retriever = load_retriever(params.retriever) if params.retriever else None
     retrieval = RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None
     segments = check_segments(params, dataset)
+    canary = open_canary(params, storage)
     try:
         store = ResultStore(params.output_uri, storage, params.format, params.catalog, params.namespace)
     except (ValueError, ImportError, OSError) as exc:
@@ -199,7 +202,9 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         from recall_tasks.pipeline.batch.checks import check_batch
 
         check_batch(params, judge, probe=contact)
-    return Checked(storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace)
+    return Checked(
+        storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace, canary
+    )
 
 
 #: What ``head_start.preflight`` checked, handed to :func:`plan_run` of the same parameters in the same process
@@ -255,6 +260,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
+        canary=checked.canary,
     )  # fmt: skip
     if share:
         _count_budget(plan)

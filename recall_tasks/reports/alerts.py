@@ -185,6 +185,32 @@ def alert_for_worker_death(dataset: str, run_id: str, label: str | None, dataset
     return Alert("failed", ALERT_EVENTS["failed"], alert_resource(dataset, run_id, label), payload)
 
 
+def _drift_block(canary: Mapping[str, Any]) -> str:
+    """What the canary said in both runs: each figure with its interval, and the change that moved."""
+    cur, base = canary.get("current") or {}, canary.get("baseline") or {}
+
+    def fig(side: Mapping[str, Any], name: str) -> str:
+        value, lo, hi = (side.get(name) or [None, None, None])[:3]
+        return f"{fmt_number(value, '.3f')} ({_ci(lo, hi)})"
+
+    moved = [
+        f"- {m['name']}: baseline {fig(base, m['name'])} → this run {fig(cur, m['name'])}; change "
+        f"{fmt_number(m.get('delta'), '+.3f')}"
+        + (f" (95 % CI {fmt_number(m.get('low'), '+.3f')}..{fmt_number(m.get('high'), '+.3f')})" if m.get("low")
+           is not None else "")
+        + (", beyond its interval" if m.get("differs") else "")
+        for m in canary.get("changes") or []
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            f"Judge drift: the judge's agreement with the canary's labels ({cur.get('rows')} rows, "
+            f"{cur.get('units')} units) moved, so the scores are not compared (a change could be the judge's, "
+            "not the retriever's):",
+            *moved,
+        ]
+    )
+
+
 def render(p: Mapping[str, Any]) -> tuple[str, str]:
     """The subject (one line) and the CommonMark message of an alert payload; every dataset value escaped.
 
@@ -193,10 +219,13 @@ def render(p: Mapping[str, Any]) -> tuple[str, str]:
     """
     kind: AlertKind = p["kind"]
     label = f" (label {md_text(p['label'])})" if p.get("label") else ""
-    subject = f"{TITLES[kind]}: {md_text(p['dataset'], 120)}{label}"
-    blocks = [f"**{TITLES[kind].capitalize()}: {md_text(p['dataset'], 120)}**{label}"]
+    title = TITLES[kind] + (" (judge drift)" if kind == "incomparable" and p.get("judge_drift") else "")
+    subject = f"{title}: {md_text(p['dataset'], 120)}{label}"
+    blocks = [f"**{title.capitalize()}: {md_text(p['dataset'], 120)}**{label}"]
     if p.get("reason"):
         blocks.append(f"Reason: {md_text(p['reason'])}")
+    if kind == "incomparable" and p.get("judge_drift") and p.get("canary"):
+        blocks.append(_drift_block(p["canary"]))
     if kind == "failed" and p.get("top_error"):
         blocks.append(f"Most common error ({p.get('top_error_count')} rows): {md_text(p['top_error'])}")
     if p.get("committed") is False:
