@@ -311,3 +311,37 @@ def test_write_report_unknown_run(tmp_path: Any, runs: pa.Table, results: pa.Tab
     with pytest.raises(ConfigError, match="not found"):
         write_report(empty, "run-c")
     assert not (tmp_path / "reports" / "nope.html").exists()
+
+
+def test_index_version_shown_only_when_it_is_not_the_label(results: pa.Table) -> None:
+    """A run without --index-version records its label there: the header would say the label twice."""
+    same = pa.Table.from_pylist([run_row("run-c", 0, 0.6, label="nightly", index_version="nightly")], schema=RUN_SCHEMA)
+    meta = re.search(r'<p class="meta">(.*?)</p>', render_report("run-c", same, results)).group(1)
+    assert "label <b>nightly</b>" in meta and "index version" not in meta
+    other = pa.Table.from_pylist([run_row("run-c", 0, 0.6, label="nightly", index_version="2026-11-30")],
+                                 schema=RUN_SCHEMA)  # fmt: skip
+    assert "index version <b>2026-11-30</b>" in render_report("run-c", other, results)
+
+
+def test_trend_axis_ends_at_the_scale(results: pa.Table) -> None:
+    """Means near 1 with intervals reaching 1: no grid line above 1.0, a score no run can have."""
+    near_one = pa.Table.from_pylist(
+        [run_row(f"run-{i}", i, 0.95 + 0.01 * i, ci_high=1.0, ci_low=0.9) for i in range(4)], schema=RUN_SCHEMA
+    )
+    trend = render_report("run-3", near_one, results).split("<h2>Trend</h2>", 1)[1].split("</svg>", 1)[0]
+    ticks = [float(v) for v in re.findall(r'text-anchor="end">(\d+\.\d{3})</text>', trend)]
+    assert len(ticks) == 5 and max(ticks) == 1.0, ticks
+
+
+def test_largest_drops_show_the_question_beside_the_id(runs: pa.Table, results: pa.Table) -> None:
+    long = "How does the billing cycle work when " + "a plan changes mid-month and " * 10 + "<b>tags</b>?"
+    drops = [
+        {"row_id": "4e1f0c2a9b7d", "score_baseline": 1.0, "score_current": 0.5, "delta": -0.5, "lost": ["x."],
+         "question": long},
+        {"row_id": "no-question", "score_baseline": 1.0, "score_current": 0.5, "delta": -0.5, "lost": []},
+    ]  # fmt: skip
+    section = render_report("run-c", runs, results, drops=drops).split("Largest drops", 1)[1].split("</table>")[0]
+    cell = re.search(r"<code>4e1f0c2a9b7d</code><br><span class=\"muted\">([^<]*)</span>", section)
+    assert cell is not None and cell.group(1).startswith("How does the billing cycle work")
+    assert cell.group(1).endswith("…") and len(cell.group(1)) == 160 and "<b>" not in section
+    assert "<code>no-question</code></td>" in section

@@ -221,10 +221,17 @@ def run(
 def demo(
     output: OutputOption = DEFAULT_OUTPUT,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+    regression: Annotated[
+        bool,
+        typer.Option(
+            "--regression", help="Score two index versions of the sample (v2 lost chunks) and show the regression"
+        ),
+    ] = False,
 ) -> None:
     """Score the bundled sample with the offline judge.
 
     End to end: the sample goes through the same Prefect flow as a run, with no key and no server to start by hand.
+    With --regression: index v1, then an index v2 that lost chunks, compared (regressed).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -240,6 +247,14 @@ def demo(
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / "sample.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
+    if regression:
+        from recall_tasks.cli.demo_regression import run_two_index_versions
+
+        lexical = RunParams(dataset_uri=str(path), output_uri=output, judge="lexical")
+        err.print(judge_line_of(lexical), markup=False, highlight=False)
+        with one_line_errors(debug):
+            run_two_index_versions(path, rows, output, debug)
+        return
     params = RunParams(
         dataset_uri=str(path),
         output_uri=output,

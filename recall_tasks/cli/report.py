@@ -6,7 +6,7 @@ A plain function with Typer's annotations; :mod:`recall_tasks.cli.app` registers
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.text import Text
@@ -16,7 +16,7 @@ from recall_tasks.errors import ConfigError, RecallBenchError
 
 
 def report(
-    run_id: Annotated[str, typer.Argument(help="The run to report on")],
+    run_id: Annotated[str, typer.Argument(help="The run to report on, or latest (the last run started)")],
     output: OutputOption = DEFAULT_OUTPUT,
     format: FormatOption = None,
     storage_option: StorageOption = None,
@@ -32,6 +32,8 @@ def report(
 
     try:
         store = _store(output, format, storage_option)
+        if run_id == "latest":
+            run_id = latest_run_id(store, output)
         if to is None:
             where = write_report(store, run_id)
         else:
@@ -46,3 +48,14 @@ def report(
     except RecallBenchError as exc:
         _fail(exc)
     console.print(Text(where), soft_wrap=True)
+
+
+def latest_run_id(store: Any, output: str) -> str:
+    """The run id of the run started last under ``output`` (``recall-bench report latest``)."""
+    runs = store.read_table("runs")
+    if runs is None:
+        raise ConfigError(f"no runs recorded under {output}")
+    table = runs.to_table(columns=["run_id", "started_at"])
+    if table.num_rows == 0:
+        raise ConfigError(f"no runs recorded under {output}")
+    return str(table.sort_by([("started_at", "descending"), ("run_id", "descending")]).column("run_id")[0].as_py())

@@ -100,6 +100,46 @@ def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[
     return out
 
 
+def read_questions(ds: Dataset, refs: list[tuple[str, int, str]]) -> dict[str, str]:
+    """The question of a few rows by row id, from (file URI, 0-based row in the file, row id), for reports.
+
+    A row is returned only when it still has that id (its ``row_id`` value, or the hash of its question and
+    reference answer): the file may have been rewritten since the run. Unlike :func:`read_contexts` the contexts
+    may differ (a run with ``--retrieval-uri``): a question does not depend on them.
+    """
+    by_file: dict[str, list[tuple[int, str]]] = {}
+    for uri, row, row_id in refs:
+        by_file.setdefault(uri, []).append((row, row_id))
+    files = {f.uri: f for f in ds.files}
+    cols = [c for c in (ds.columns.get("row_id"), ds.columns.get("input"), ds.columns.get("expected_output")) if c]
+    out: dict[str, str] = {}
+    for uri, wanted in by_file.items():
+        f = files.get(uri)
+        if f is None or "input" not in ds.columns:
+            continue
+        with _parquet(ds, f) as pf:
+            starts = _group_starts(pf)
+            by_group: dict[int, list[tuple[int, str]]] = {}
+            for row, row_id in wanted:
+                if 0 <= row < starts[-1]:
+                    by_group.setdefault(bisect.bisect_right(starts, row) - 1, []).append((row, row_id))
+            for group, members in by_group.items():
+                table = pf.read_row_group(group, columns=list(dict.fromkeys(cols)))
+                for row, row_id in members:
+                    one = table.slice(row - starts[group], 1)
+                    question = one.column(ds.columns["input"]).cast(pa.string())[0].as_py()
+                    if ds.has_row_id:
+                        same = str(one.column(ds.columns["row_id"])[0].as_py()) == row_id
+                    else:
+                        expected = None
+                        if "expected_output" in ds.columns:
+                            expected = one.column(ds.columns["expected_output"]).cast(pa.string())[0].as_py()
+                        same = identity_hash(question, expected) == row_id.split("~", 1)[0]
+                    if same and question:
+                        out[row_id] = question
+    return out
+
+
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
     if block_rows < 1:

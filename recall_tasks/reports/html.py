@@ -104,6 +104,7 @@ def render_run_report(
         drops = run_data.largest_drops(store, run_id, comparisons)
     run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
     chunks = run_data.chunks_of_worst(store, run, results, dataset)
+    drops = run_data.with_questions(store, run, results, drops, dataset)
     return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
 
 

@@ -78,7 +78,11 @@ def header_section(run: dict[str, Any], figures: dict[str, Any]) -> str:
     meta = [
         f"run <code>{_e(run['run_id'])}</code>",
         f"label <b>{_e(run.get('label'))}</b>",
-        f"index version <b>{_e(run.get('index_version'))}</b>",
+        *(
+            [f"index version <b>{_e(run.get('index_version'))}</b>"]
+            if run.get("index_version") and run.get("index_version") != run.get("label")
+            else []
+        ),
         f"metric <b>{_e(run.get('metric'))}</b>",
         f"judge <b>{_e(run.get('judge_model'))}</b> (prompt {_e(run.get('prompt_version'))})",
         f"started {_e(_when(run.get('started_at')))}",
@@ -121,7 +125,8 @@ def verdict_section(cmp: dict[str, Any] | None) -> str:
 
 
 def drops_section(drops: list[dict[str, Any]]) -> str:
-    """The paired rows that lost most against the baseline, with the sentences their context no longer supports."""
+    """The paired rows that lost most against the baseline (id and question, the question cut at 160 characters),
+    with the sentences their context no longer supports."""
     if not drops:
         return ""
     head = "<tr><th>row id</th><th>baseline → current</th><th>delta</th><th>lost sentences</th></tr>"
@@ -129,8 +134,9 @@ def drops_section(drops: list[dict[str, Any]]) -> str:
     for d in drops:
         lost = d.get("lost") or []
         detail = '<ul class="miss">' + "".join(f"<li>{_clip(x, 400)}</li>" for x in lost) + "</ul>" if lost else DASH
+        question = f'<br><span class="muted">{_clip(d["question"], 160)}</span>' if d.get("question") else ""
         body.append(
-            f"<tr><td><code>{_e(d.get('row_id'))}</code></td>"
+            f"<tr><td><code>{_e(d.get('row_id'))}</code>{question}</td>"
             f'<td class="num">{_fmt(d.get("score_baseline"))} → {_fmt(d.get("score_current"))}</td>'
             f'<td class="num err">{_fmt(d.get("delta"), "+.3f")}</td><td>{detail}</td></tr>'
         )
@@ -179,6 +185,9 @@ def trend_section(series: list[dict[str, Any]], run_id: str) -> str:
     lo, hi = min(values), max(values)
     pad = max((hi - lo) * 0.15, 0.02 * max(abs(hi), 1.0))
     y0, y1 = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
+    top_score = max((s for r in series if (s := finite(r.get("scale"))) is not None and s > 0), default=1.0)
+    if hi <= top_score:  # scores end at the scale (1.0): an axis above it shows values no run can have
+        y1 = min(y1, top_score)
     width, height, left, top, bottom = 640, 260, 56, 12, 88
     plot_w, plot_h = width - left - 12, height - top - bottom
     step = plot_w / len(series)
@@ -248,7 +257,9 @@ def _config_name(key: tuple[Any, ...]) -> str:
 def segments_section(rows: list[dict[str, Any]], deltas: dict[tuple[Any, Any], dict[str, Any]]) -> str:
     if not rows:
         return ""
-    head = "<tr><th>column</th><th>value</th><th>rows</th><th>mean</th><th>CI</th><th>pass rate</th>"
+    threshold = finite(rows[0].get("threshold"))
+    at = f" (score ≥ {threshold:g})" if threshold is not None else ""
+    head = f"<tr><th>column</th><th>value</th><th>rows</th><th>mean</th><th>CI</th><th>pass rate{at}</th>"
     head += "<th>vs baseline</th></tr>" if deltas else "</tr>"
     body = []
     for r in rows:

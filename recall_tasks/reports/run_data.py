@@ -193,3 +193,30 @@ def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, 
         return read_contexts(dataset, refs)
     except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its chunks
         return {}
+
+
+def with_questions(
+    store: ResultStore, run: dict[str, Any], results: pa.Table, drops: list[dict[str, Any]], dataset: Any
+) -> list[dict[str, Any]]:
+    """The largest drops with each row's ``question``, read back from the dataset (the results table has none).
+
+    Best effort, like :func:`chunks_of_worst`: a dataset moved, rewritten or unreadable leaves the drops as they are.
+    """
+    from recall_tasks.io.blocks import read_questions
+    from recall_tasks.io.datasets import open_dataset
+
+    if not drops or not {"row_id", "source_file", "source_row"} <= set(results.column_names):
+        return drops
+    wanted = {str(d.get("row_id")) for d in drops}
+    where = results.filter(pc.is_in(results.column("row_id"), pa.array(sorted(wanted), pa.string())))
+    refs = [(r["source_file"], r["source_row"], r["row_id"]) for r in where.select(
+        ["source_file", "source_row", "row_id"]).to_pylist() if r["source_file"] is not None]  # fmt: skip
+    try:
+        if dataset is None:
+            dataset = open_dataset(
+                str(run.get("dataset_uri")), store.storage, str(run.get("metric")), {}, context_supplied=True
+            )
+        questions = read_questions(dataset, refs)
+    except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its questions
+        return drops
+    return [{**d, "question": questions.get(str(d.get("row_id")))} for d in drops]
