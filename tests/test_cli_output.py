@@ -355,7 +355,7 @@ def test_analysts_sql_keeps_working_with_external_access_off(out):
 def test_dangerous_sql_is_refused(out, tmp_path, monkeypatch, sql):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     result = invoke("query", sql.format(tmp=tmp_path), "--output", out["output"])
-    one_error_line(result, "error: query refused: it reads only the tables results, runs and comparisons")
+    one_error_line(result, "error: query refused: it reads only the tables results, runs, comparisons and calibrations")
     assert SECRET not in result.output and list(tmp_path.iterdir()) == []
 
 

@@ -1,5 +1,5 @@
-"""docs/warehouse.md's schema contract is the code's: every column of results, runs and comparisons, in order,
-with its Arrow type and nullability, as io/schemas.py defines them."""
+"""docs/warehouse.md's schema contract is the code's: every column of results, runs, comparisons and calibrations,
+in order, with its Arrow type and nullability, as io/schemas.py defines them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from recall_tasks.io.schemas import COMPARISON_SCHEMA, RESULT_FIELDS, RUN_FIELDS
+from recall_tasks.io.schemas import CALIBRATION_FIELDS, COMPARISON_SCHEMA, RESULT_FIELDS, RUN_FIELDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "warehouse.md"
 ROW = re.compile(r"^\| `(?P<name>[^`]+)` \| `(?P<type>[^`]+)`(?P<required> not null)? \| (?P<meaning>.*) \|$")
@@ -36,6 +36,7 @@ CODE = {
     "results": [*RESULT_FIELDS, pa.field("dataset", pa.string()), pa.field("run_date", pa.string())],
     "runs": RUN_FIELDS,
     "comparisons": list(COMPARISON_SCHEMA),
+    "calibrations": CALIBRATION_FIELDS,
 }
 
 

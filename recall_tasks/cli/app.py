@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from recall_tasks.cli import maintain, report, server_cmd, tables
+from recall_tasks.cli import calibrate_cmd, maintain, report, server_cmd, tables
 from recall_tasks.cli.alerts_cmd import alerts_app
 from recall_tasks.cli.batch import batch_app
 from recall_tasks.cli.common import (
@@ -286,6 +286,7 @@ _DEMO_WORST_ROWS = (
 app.command()(tables.query)
 app.command()(tables.history)
 app.command()(report.report)
+app.command()(calibrate_cmd.calibrate)
 app.command()(maintain.maintain)
 app.add_typer(server_cmd.server_app, name="server")
 app.add_typer(batch_app, name="batch")

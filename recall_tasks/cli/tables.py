@@ -70,7 +70,7 @@ LimitOption = Annotated[int, typer.Option(help="Print at most this many rows; 0 
 
 
 def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the tables `results`, `runs` and `comparisons`")],
+    sql: Annotated[str, typer.Argument(help="SQL over the tables `results`, `runs`, `comparisons` and `calibrations`")],
     output: OutputOption = DEFAULT_OUTPUT,
     format: FormatOption = None,
     storage_option: StorageOption = None,
@@ -79,7 +79,8 @@ def query(
 ) -> None:
     """Run read-only SQL over the result tables.
 
-    DuckDB sees results, runs and comparisons and prints the answer; files, settings and extensions are locked.
+    DuckDB sees results, runs, comparisons and calibrations and prints the answer; files, settings and extensions
+    are locked.
     """
     fmt = _output_format(output_format)
     try:

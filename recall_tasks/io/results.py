@@ -3,6 +3,7 @@
 Layout under ``<output>``:
 - ``results/`` per-row results, partitioned by ``dataset`` and ``run_date``;
 - ``runs/`` one row per run (``segment_column`` null) plus one per segment value;
+- ``comparisons/`` baseline comparisons; ``calibrations/`` judge-vs-human agreement (``recall-bench calibrate``);
 - ``_chunks/<kk>/<chunk key>/<run id>.parquet`` the results of one chunk, keyed by the chunk's content and
   configuration (so Prefect's chunk cache can hand them to a later run) — invisible to readers (a leading
   underscore: Spark, Hive, Trino and pyarrow dataset discovery skip it);
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 
 from recall_tasks.errors import RecallBenchError
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import COMPARISON_SCHEMA, RUN_SCHEMA
+from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 from recall_tasks.settings import settings
 
@@ -123,6 +124,10 @@ class ResultStore:
     @property
     def comparisons_uri(self) -> str:
         return join_uri(self.output_uri, "comparisons")
+
+    @property
+    def calibrations_uri(self) -> str:
+        return join_uri(self.output_uri, "calibrations")
 
     def _path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -331,11 +336,32 @@ class ResultStore:
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.comparisons_uri) from None
 
+    def append_calibration(self, calibration_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
+        """Record a calibration (``recall-bench calibrate``: rows per judge and segment) in ONE commit, unless it
+        is recorded already; Parquet: ``calibrations/dataset=<d>/<calibration id>.parquet``, written whole."""
+        table = pa.Table.from_pylist(rows, schema=CALIBRATION_SCHEMA)
+        try:
+            if self.format == "delta":
+                self._delta_append(self.calibrations_uri, table, f"recall-bench-calibration-{calibration_id}")
+            elif self.format == "iceberg":
+                self.iceberg.append(
+                    "calibrations", lambda: table, f"recall-bench-calibration-{calibration_id}",
+                    key=("calibration_id", calibration_id),
+                )  # fmt: skip
+            else:
+                folder = self._path("calibrations", f"dataset={dataset}")
+                self.fs.makedirs(folder, exist_ok=True)
+                write_atomically(self.fs, f"{folder}/{calibration_id}.parquet", table.drop_columns(["dataset"]))
+        except RecallBenchError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise translate_storage_error(exc, self.calibrations_uri) from None
+
     # -- reading ---------------------------------------------------------------------------------
 
-    def read_table(self, name: Literal["results", "runs", "comparisons"]) -> pads.Dataset | None:
+    def read_table(self, name: Literal["results", "runs", "comparisons", "calibrations"]) -> pads.Dataset | None:
         """A committed table as a pyarrow dataset (what ``recall-bench query`` hands to DuckDB)."""
-        if name not in ("results", "runs", "comparisons"):
+        if name not in ("results", "runs", "comparisons", "calibrations"):
             raise ValueError(f"unknown table {name!r}")
         uri = join_uri(self.output_uri, name)
         try:
@@ -383,7 +409,7 @@ def detect_format(output_uri: str, storage: StorageConfig) -> Format:
     from recall_tasks.io.iceberg import MARKER
 
     fs, root = filesystem(output_uri, storage)
-    names = ("runs", "results", "comparisons")
+    names = ("runs", "results", "comparisons", "calibrations")
     try:
         if fs.exists(f"{root.rstrip('/')}/{MARKER}"):
             return "iceberg"

@@ -182,3 +182,58 @@ schemas). ``batch_ids`` is a ``list<string>`` rather than a comma-joined string:
 ``unnest``) and Athena/Trino (``contains``, ``CROSS JOIN UNNEST``) query an array natively, with no string
 splitting; ``batch_wait_s`` is the seconds from the first batch's submission to the collect (the resubmission
 included), as wall-clock time across the submitting and collecting processes."""
+
+DISAGREEMENT_TYPE = pa.struct(
+    [
+        ("row_key", pa.string()),
+        ("category", pa.string()),
+        ("task", pa.string()),
+        ("unit", pa.string()),
+        ("human", pa.bool_()),
+        ("judge", pa.bool_()),
+        ("reason", pa.string()),
+    ]
+)
+
+#: The agreement figures of a calibration, each stored as ``<figure>``, ``<figure>_low``, ``<figure>_high``.
+CALIBRATION_FIGURES = ("accuracy", "kappa", "tpr", "tnr", "mae", "spearman")
+
+CALIBRATION_FIELDS: list[pa.Field] = [
+    pa.field("calibration_id", pa.string(), nullable=False),
+    pa.field("calibrated_at", pa.timestamp("us", tz="UTC")),
+    pa.field("dataset", pa.string()),
+    pa.field("labels_uri", pa.string()),
+    pa.field("labels_fingerprint", pa.string()),
+    pa.field("judge", pa.string()),
+    pa.field("judge_model", pa.string()),
+    pa.field("prompt_version", pa.string()),
+    pa.field("judge_config", pa.string()),
+    pa.field("metric", pa.string()),
+    pa.field("segment_column", pa.string()),
+    pa.field("segment_value", pa.string()),
+    pa.field("status", pa.string()),
+    pa.field("rows", pa.int64()),
+    pa.field("judged_rows", pa.int64()),
+    pa.field("errors", pa.int64()),
+    pa.field("units", pa.int64()),
+    pa.field("tp", pa.int64()),
+    pa.field("fn", pa.int64()),
+    pa.field("fp", pa.int64()),
+    pa.field("tn", pa.int64()),
+    *(pa.field(f"{name}{suffix}", pa.float64()) for name in CALIBRATION_FIGURES for suffix in ("", "_low", "_high")),
+    pa.field("undefined", pa.string()),
+    pa.field("resamples", pa.int64()),
+    pa.field("seed", pa.int64()),
+    pa.field("requests", pa.int64()),
+    pa.field("prompt_tokens", pa.int64()),
+    pa.field("completion_tokens", pa.int64()),
+    pa.field("cost_usd", pa.float64()),
+    pa.field("cached", pa.int64()),
+    pa.field("disagreements", pa.list_(DISAGREEMENT_TYPE)),
+    pa.field("recall_bench_version", pa.string()),
+]
+CALIBRATION_SCHEMA = pa.schema(CALIBRATION_FIELDS)
+"""Schema of the ``calibrations`` table (``recall-bench calibrate``): per calibration and judge, one overall row
+(``segment_column`` null) plus one per task and per category. ``undefined``: the figures left null and why
+(``kappa: undefined: every human label is supported``; ``; ``-separated). ``disagreements`` (overall rows only):
+each unit where the judge and the human label differ, with the judge's reason."""

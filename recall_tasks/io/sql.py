@@ -20,12 +20,13 @@ from recall_tasks.errors import ConfigError
 
 __all__ = ["TABLES", "QueryRefused", "connect_readonly", "explain_error"]
 
-TABLES: tuple[str, ...] = ("results", "runs", "comparisons")
+TABLES: tuple[str, ...] = ("results", "runs", "comparisons", "calibrations")
 
 _WRITTEN_WHEN = {
     "results": "it is written when a run is committed",
     "runs": "it is written when a run is committed",
     "comparisons": "it is written when a run is compared with a baseline",
+    "calibrations": "it is written by recall-bench calibrate",
 }
 
 _CONFIG: dict[str, Any] = {
@@ -64,7 +65,7 @@ def explain_error(exc: Exception, registered: set[str], output: str) -> ConfigEr
             return ConfigError(f"no table '{name}' under {output} yet: {_WRITTEN_WHEN[name]}")
     if isinstance(exc, duckdb.PermissionException) or "configuration has been locked" in message:
         return QueryRefused(
-            "query refused: it reads only the tables results, runs and comparisons "
+            "query refused: it reads only the tables results, runs, comparisons and calibrations "
             f"(files, COPY, ATTACH, settings and extensions are disabled): {message}"
         )
     return ConfigError(f"query failed: {message}")
