@@ -70,7 +70,7 @@ def counts(a: Agreement) -> str:
 
 def use_snowball() -> None:
     """Make the lexical judge stem with snowballstemmer's English stemmer (after the irregular-forms table)."""
-    import snowballstemmer  # type: ignore[import-not-found]
+    import snowballstemmer
 
     from recall_tasks.judges.lexical import analysis, judge, tokens
     from recall_tasks.judges.lexical.lexicon import _IRREGULAR
@@ -84,7 +84,7 @@ def use_snowball() -> None:
 
     for module in (analysis, judge, tokens):
         module.stem = stem  # type: ignore[attr-defined]
-    judge._GENERIC = frozenset(stem(w) for w in judge._GENERIC_WORDS)  # type: ignore[attr-defined]
+    setattr(judge, "_GENERIC", frozenset(stem(w) for w in judge._GENERIC_WORDS))  # type: ignore[attr-defined]  # noqa: B010
     for fn in [*vars(tokens).values(), *vars(analysis).values(), *vars(judge).values()]:
         clear = getattr(fn, "cache_clear", None)  # words and texts are memoised: forget the hand-written stems
         if clear is not None:

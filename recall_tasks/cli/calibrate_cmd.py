@@ -87,10 +87,10 @@ def calibrate(
 ) -> None:
     """Measure judges' agreement with human labels.
 
-    Accuracy, Cohen's kappa, TPR/TNR, row-score MAE and Spearman, each with a 95 % bootstrap interval, per task and category, the confusion matrix, the disagreements with the
-    judge's reason and the cost. Recorded in the calibrations table (see `query`) and a Markdown and HTML report
-    under --output/reports/. Exit 0; 2 on bad input (nothing judged or written); 4 when a judge left rows without
-    verdicts (recorded as failed).
+    Accuracy, Cohen's kappa, TPR/TNR, row-score MAE and Spearman, each with a 95 % bootstrap interval, per task
+    and category; the confusion matrix, the disagreements with the judge's reason and the cost. Recorded in the
+    calibrations table (see `query`) and a Markdown and HTML report under --output/reports/. Exit 0; 2 on bad
+    input (nothing judged or written); 4 when a judge left rows without verdicts (recorded as failed).
     """
     from recall_tasks.cli.run_flow import one_line_errors
 
