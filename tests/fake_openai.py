@@ -48,6 +48,7 @@ import bisect
 import contextlib
 import email.parser
 import email.policy
+import functools
 import gzip
 import itertools
 import json
@@ -133,14 +134,21 @@ class Content:
 
 @dataclass
 class Framed:
-    """Answer normally, framed on the wire as given: the body compressed (``encoding`` "gzip" | "deflate"), sent in
-    chunks (``chunked``), and/or the connection closed after the reply (``close``: ``Connection: close``)."""
+    """Answer normally, framed on the wire as given: the body compressed (``encoding`` "gzip" | "deflate" | "br"),
+    sent in chunks (``chunked``), and/or the connection closed after the reply (``close``: ``Connection: close``);
+    or a misbehaving server's reply (the fields after ``eof``)."""
 
     encoding: str | None = None
     chunked: bool = False
     close: bool = False
     drop: bool = False  # close the connection after the reply without saying so (an idle keep-alive timeout)
     eof: bool = False  # no Content-Length: the body ends when the connection closes
+    trickle_s: float = 0.0  # the body sent one byte at a time, this long apart (each read well within a timeout)
+    bomb: int = 0  # the body replaced by this many zero bytes, gzip-compressed (a decompression bomb)
+    informational: bool = False  # a 100 Continue and a 103 Early Hints reply before the final one
+    header_bytes: int = 0  # one header this long
+    header_count: int = 0  # this many extra headers
+    trailing: bytes = b""  # bytes written after the reply on the same keep-alive connection (a second "reply")
 
 
 Fault = Status | Delay | Reset | Content | Framed
@@ -319,9 +327,18 @@ class _Handler(BaseHTTPRequestHandler):
         headers.update({k.lower(): str(v) for k, v in reply.headers.items()})
         framed: Framed | None = getattr(_framing, "fault", None)
         _framing.fault = None
-        if framed is not None and framed.encoding:
-            data = gzip.compress(data) if framed.encoding == "gzip" else zlib.compress(data)
+        if framed is not None and framed.bomb:
+            data, headers["content-encoding"] = _bomb(framed.bomb), "gzip"
+        elif framed is not None and framed.encoding:
+            data = _compress(framed.encoding, data)
             headers["content-encoding"] = framed.encoding
+        if framed is not None and framed.header_bytes:
+            headers["x-padding"] = "a" * framed.header_bytes
+        for i in range(framed.header_count if framed is not None else 0):
+            headers[f"x-extra-{i}"] = str(i)
+        if framed is not None and framed.informational:  # interim replies, before the final one
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nlink: </v1/models>; rel=preload\r\n\r\n")
         if framed is not None and framed.close:
             headers["connection"] = "close"
         if framed is not None and (framed.drop or framed.eof):
@@ -341,8 +358,13 @@ class _Handler(BaseHTTPRequestHandler):
             for part in (data[:half], data[half:], b""):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
                 self.wfile.flush()
-        else:
-            self.wfile.write(data)
+        elif framed is not None and framed.trickle_s:
+            for i in range(len(data)):
+                if self.server.fake._stopping.wait(framed.trickle_s):
+                    break
+                self.wfile.write(data[i : i + 1])
+        else:  # with the stray bytes after it in the same write, as a server miscounting its body sends them
+            self.wfile.write(data + framed.trailing if framed is not None else data)
 
     def _reset(self) -> None:
         """Abort the connection with a TCP RST (SO_LINGER 0), without answering."""
@@ -355,6 +377,27 @@ class _Handler(BaseHTTPRequestHandler):
             os.close(sock.detach())
 
     def _handle(self, method: str) -> None:
+        fake = self.server.fake
+        last, idle = getattr(self, "_last_reply_at", None), fake.drop_idle_s
+        if idle is not None and last is not None and time.monotonic() - last > idle:
+            self._lost(fake)
+            return
+        try:
+            self._answer(method)
+        finally:
+            self._last_reply_at = time.monotonic()
+
+    def _lost(self, fake: FakeOpenAI) -> None:
+        """A request on a connection idle past ``drop_idle_s``: a load balancer that forgot the connection lets it
+        go nowhere (no answer, no reset) until the server is reset or stopped; then it is closed."""
+        with fake._lock:
+            fake.stats["lost:idle"] += 1
+            gen = fake._generation
+        while gen == fake._generation and not fake._stopping.wait(0.05):
+            pass
+        self.close_connection = True
+
+    def _answer(self, method: str) -> None:
         raw = self._read_body()
         path = self.path.split("?", 1)[0]
         headers = {k.lower(): v for k, v in self.headers.items()}
@@ -388,6 +431,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._handle("PATCH")
+
+
+def _compress(encoding: str, data: bytes) -> bytes:
+    if encoding == "gzip":
+        return gzip.compress(data)
+    if encoding == "deflate":
+        return zlib.compress(data)
+    if encoding == "br":
+        import brotli  # the dev extra's (the SDK offers br when it is installed)
+
+        return bytes(brotli.compress(data))
+    raise ValueError(f"no such encoding: {encoding}")
+
+
+@functools.lru_cache(maxsize=2)
+def _bomb(size: int) -> bytes:
+    """``size`` zero bytes, gzip-compressed (64 MiB: ~65 KB)."""
+    return gzip.compress(bytes(size), compresslevel=9)
 
 
 def _page(items: list[dict[str, Any]], query: dict[str, Any], default_limit: int) -> dict[str, Any]:
@@ -433,7 +494,8 @@ class FakeOpenAI:
     (a fixed number of draws per request, so the counts are deterministic even under concurrency).
 
     ``stats`` counts outcomes: "connections" (accepted), "requests", "ok", "queued:<kind>", "fault:<429|500|503|reset>",
-    "malformed:<kind>", "rejected:json_schema", "responder_error", "hang".  ``errors`` keeps responder exceptions.
+    "malformed:<kind>", "rejected:json_schema", "responder_error", "hang", "lost:idle" (``drop_idle_s``).  ``errors``
+    keeps responder exceptions.
     The constructor settings are public attributes; :meth:`reset` restores them.
 
     Batch API controls (reset by :meth:`reset`): ``batch_supported`` (False: 404 on ``/files`` and ``/batches``);
@@ -464,6 +526,8 @@ class FakeOpenAI:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.tls = tls  # a server-side context: the server speaks HTTPS (base_url https://)
+        #: a keep-alive connection idle longer than this loses its next request silently (see ``_Handler._lost``)
+        self.drop_idle_s: float | None = None
         self._defaults = {
             "rpm_quota": rpm_quota,
             "tpm_quota": tpm_quota,
@@ -564,6 +628,7 @@ class FakeOpenAI:
             self._rng = random.Random(self.seed)
             self._generation += 1
             self.models_reply = None
+            self.drop_idle_s = None
             for name, value in self._defaults.items():
                 setattr(self, name, value)
             self.files.clear()

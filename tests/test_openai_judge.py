@@ -531,9 +531,6 @@ def test_a_dropped_judge_closes_its_client_on_the_shared_loop(fake_openai):
     ContextualRecall(judge=judge).measure(EINSTEIN)
     mine = open_sessions() - before
     assert mine  # the judge's aiohttp session, open while the judge lives
-    (state,) = judge._states.values()
-    conns = list(state.lean._pool._idle)  # and the chat path's own keep-alive connections (judges/_http1.py)
-    assert conns and not any(c.closed for c in conns)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         del judge
@@ -542,4 +539,3 @@ def test_a_dropped_judge_closes_its_client_on_the_shared_loop(fake_openai):
         while any(not s.closed for s in mine) and time.monotonic() < deadline:
             time.sleep(0.01)
     assert all(s.closed for s in mine)
-    assert all(c.closed for c in conns)

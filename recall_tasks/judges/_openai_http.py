@@ -10,6 +10,14 @@ maps SDK errors with :func:`translate_error`.
 - Error texts say what happened, read from the exception chain under the SDK's error (the aiohttp transport
   maps a refused connection to a *timeout*): "connection refused", "DNS lookup failed", "TLS error", "no answer
   within N s" only for real timeouts, the HTTP status otherwise. The endpoint is named by host and port only.
+- Every chat-completion attempt, on either chat path (the SDK's, or :mod:`~recall_tasks.judges._openai_lean`'s
+  over the same aiohttp session), has a deadline for the whole exchange (:func:`attempt_deadline`: connect,
+  send, the reply's head and every byte of its body within ``timeout_s``; aiohttp's own timeouts are per read,
+  so a reply trickled a byte at a time would hold the row without end) and a bounded reply
+  (:func:`read_reply`: :data:`MAX_REPLY_BYTES` as sent and once decoded, decoded by httpx2's decoders, which
+  is what the SDK's ``accept-encoding`` offers). Both fail the attempt, which the SDK's retry policy then retries
+  (a timeout as a timeout). The wire itself (framing, 1xx replies, header limits, keep-alive expiry, redirects)
+  is aiohttp's on both paths.
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ import json
 import socket
 import ssl
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+import aiohttp
 import httpx2
 import openai
 
@@ -53,12 +62,99 @@ def counted_attempts(already: int = 0) -> Iterator[list[int]]:
         _attempts.reset(token)
 
 
+#: Seconds a keep-alive connection may stay idle before it is closed rather than reused (httpx2's default): a load
+#: balancer or NAT that forgets an idle connection (many do after a minute or a few) drops it silently (no FIN, no
+#: RST), and a request sent on it would wait for the whole read timeout.
+KEEPALIVE_S = 5.0
+
+#: The most a chat-completion reply may hold, as sent and once decoded. A verdict reply is a few KB: this only
+#: stops a broken or hostile endpoint from holding the run's memory (a 65 KB gzip bomb decodes to 64 MiB).
+MAX_REPLY_BYTES = 8 * 2**20
+
+
+class ReplyTooLargeError(httpx2.ReadError):
+    """A chat-completion reply over :data:`MAX_REPLY_BYTES` (as sent, or decoded): the attempt fails (an httpx2
+    read error: the SDK retries it as it retries a reply cut short)."""
+
+
+@contextlib.contextmanager
+def map_reply_errors() -> Iterator[None]:
+    """aiohttp's errors for a reply it refuses to parse (a header past its limits, too many headers, a malformed
+    status line), which its httpx2 transport leaves unmapped, as httpx2's ``RemoteProtocolError``: the SDK
+    retries them and raises its ``APIConnectionError``, as for any broken reply, instead of a bare aiohttp error."""
+    try:
+        yield
+    except aiohttp.ClientResponseError as exc:
+        raise httpx2.RemoteProtocolError(f"invalid reply: {' '.join(str(exc.message).split())[:120]}") from exc
+
+
+@contextlib.asynccontextmanager
+async def attempt_deadline(timeout_s: float) -> AsyncIterator[None]:
+    """One attempt's whole exchange within ``timeout_s``; past it, ``httpx2.ReadTimeout`` (the SDK's timeout)."""
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            yield
+    except TimeoutError as exc:
+        if not deadline.expired():
+            raise
+        raise httpx2.ReadTimeout(f"no complete reply within {timeout_s:g} s") from exc
+
+
+class _Counted(httpx2.AsyncByteStream):
+    """Bytes as sent, refused past :data:`MAX_REPLY_BYTES`."""
+
+    def __init__(self, chunks: AsyncIterable[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self._chunks:
+            size += len(chunk)
+            if size > MAX_REPLY_BYTES:
+                raise ReplyTooLargeError(f"reply larger than {MAX_REPLY_BYTES // 2**20} MiB as sent")
+            yield chunk
+
+
+async def read_reply(encoding: str | None, length: str | None, chunks: AsyncIterable[bytes]) -> bytes:
+    """A chat-completion reply's body from its bytes as sent, decoded by httpx2 as the SDK decodes it, refused
+    (:class:`ReplyTooLargeError`) past :data:`MAX_REPLY_BYTES` as sent (its Content-Length, else its bytes as they
+    come) or decoded (httpx2's decoders give at most 1 MiB at a time: a bomb stops at the bound, not its size)."""
+    limit = MAX_REPLY_BYTES
+    if length is not None and length.strip().isdigit() and int(length) > limit:
+        raise ReplyTooLargeError(f"reply larger than {limit // 2**20} MiB as sent (Content-Length {length.strip()})")
+    parts: list[bytes] = []
+    size = 0
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        async for chunk in _Counted(chunks):
+            parts.append(chunk)
+        return b"".join(parts)
+    decoding = httpx2.Response(200, headers={"content-encoding": encoding}, stream=_Counted(chunks))
+    async for piece in decoding.aiter_bytes():
+        size += len(piece)
+        if size > limit:
+            await decoding.aclose()
+            raise ReplyTooLargeError(f"reply larger than {limit // 2**20} MiB once decoded ({encoding.strip()})")
+        parts.append(piece)
+    return b"".join(parts)
+
+
+_FRAMING = frozenset(("content-encoding", "content-length", "transfer-encoding"))
+
+
+def decoded_headers(headers: Any) -> list[tuple[Any, Any]]:
+    """A reply's ``(name, value)`` headers without those of its framing: its body is decoded already."""
+    return [(k, v) for k, v in headers if (k.decode("latin-1") if isinstance(k, bytes) else k).lower() not in _FRAMING]
+
+
+def is_chat(url: httpx2.URL) -> bool:
+    return url.path.rstrip("/").endswith("/chat/completions")
+
+
 class ChatPoster(Protocol):
     """A chat-completions path beside the SDK's (:class:`~recall_tasks.judges._openai_lean.LeanChat`)."""
 
     async def post(self, body: bytes) -> bytes | None: ...
-
-    async def aclose(self) -> None: ...
 
 
 @dataclass
@@ -71,9 +167,7 @@ class _LoopState:
     lean: ChatPoster | None = None  # the chat requests' path when it applies (judges/_openai_lean.py)
 
     async def close(self) -> None:
-        """Close the chat path's connections and the SDK client's."""
-        if self.lean is not None:
-            await self.lean.aclose()
+        """Close the SDK client's connections (the lean chat path sends on them too)."""
         await self.client.close()
 
 
@@ -149,12 +243,10 @@ def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
     wraps the aiohttp/OS error which says what happened (the aiohttp transport maps refused connections,
     resets and DNS failures to ``ConnectTimeout``).
     """
-    chain: list[BaseException] = []
-    e: BaseException | None = exc
-    while e is not None and len(chain) < 10 and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
+    chain = _chain(exc)
     for e in chain:
+        if isinstance(e, ReplyTooLargeError | httpx2.RemoteProtocolError):
+            return str(e), False
         if isinstance(e, socket.gaierror) or type(e).__name__ == "ClientConnectorDNSError":
             return "DNS lookup failed (name not resolved)", False
         if isinstance(e, ssl.SSLError | ssl.CertificateError) or "SSL" in type(e).__name__:
@@ -176,6 +268,16 @@ def describe_failure(exc: BaseException, timeout_s: float) -> tuple[str, bool]:
     return f"connection error ({' '.join(str(exc).split())[:120] or type(exc).__name__})", False
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions under it (``__cause__``, else ``__context__``), at most 10."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 10 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
+
+
 class _ObservedTransport(httpx2.AsyncBaseTransport):
     """Reports each HTTP attempt's outcome to the run's :data:`attempt_observer` (the circuit breaker)."""
 
@@ -189,7 +291,11 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
         if observer is not None:
             observer.attempt_sent()
         try:
-            response = await self._inner.handle_async_request(request)
+            with map_reply_errors():
+                if is_chat(request.url):
+                    response = await self._chat(request)
+                else:
+                    response = await self._inner.handle_async_request(request)
         except Exception as exc:
             if observer is not None:
                 cause, timed_out = describe_failure(exc, self._timeout_s)
@@ -202,8 +308,54 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
                 observer.attempt_ok()
         return response
 
+    async def _chat(self, request: httpx2.Request) -> httpx2.Response:
+        """A chat-completion attempt within its deadline, its reply read whole and bounded (:func:`read_reply`)."""
+        async with attempt_deadline(self._timeout_s):
+            response = await self._inner.handle_async_request(request)
+            try:
+                headers = response.headers
+                stream = response.stream
+                assert isinstance(stream, AsyncIterable)
+                content = await read_reply(headers.get("content-encoding"), headers.get("content-length"), stream)
+            finally:
+                await response.aclose()
+        return httpx2.Response(
+            response.status_code, headers=decoded_headers(headers.multi_items()), content=content,
+            request=request, extensions=response.extensions,
+        )  # fmt: skip
+
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class _NoStrayBytesConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, except that a pooled connection on which bytes arrived while it sat idle (a server
+    that wrote more than its reply: a miscounted body, a second reply) is closed, not reused. aiohttp closes such
+    a connection when the bytes come before it is released, not after: its pool hands it out again (aiohttp
+    3.14: the reuse check looks at the idle time only), and the next request takes those bytes for its reply."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        while True:
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None or not protocol.should_close:
+                return conn
+            conn.close()
+
+
+def _session_of(transport: Any) -> Callable[[], aiohttp.ClientSession]:
+    """The session the SDK's aiohttp transport would make (its ``get_client``), on :class:`_NoStrayBytesConnector`."""
+
+    def make() -> aiohttp.ClientSession:
+        limits = transport.limits
+        connector = _NoStrayBytesConnector(
+            keepalive_timeout=limits.keepalive_expiry, ssl=transport.ssl_context,
+            local_addr=(transport.local_address, 0) if transport.local_address else None,
+            **({"limit": limits.max_connections} if limits.max_connections is not None else {}),
+        )  # fmt: skip
+        return aiohttp.ClientSession(connector=connector)
+
+    return make
 
 
 def build_client(
@@ -219,22 +371,19 @@ def build_client(
     every attempt observed (:class:`_ObservedTransport`) and counted (``_attempts``)."""
     hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
     http: httpx2.AsyncClient
+    connections = max(max_concurrency, 10)  # the default pool stops at 100 connections
+    limits = httpx2.Limits(
+        max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=KEEPALIVE_S
+    )
     try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
-        connections = max(max_concurrency, 10)  # its default pool stops at 100 connections
-        http = openai.DefaultAioHttpClient(
-            timeout=timeout_s,
-            event_hooks=hooks,
-            limits=httpx2.Limits(max_connections=connections, max_keepalive_connections=connections),
-        )
+        http = openai.DefaultAioHttpClient(timeout=timeout_s, event_hooks=hooks, limits=limits)
     except (RuntimeError, ImportError):
-        http = httpx2.AsyncClient(
-            timeout=timeout_s,
-            limits=httpx2.Limits(
-                max_connections=max(max_concurrency, 10),
-                max_keepalive_connections=max(max_concurrency, 10),
-            ),
-            event_hooks=hooks,
-        )
+        http = httpx2.AsyncClient(timeout=timeout_s, limits=limits, event_hooks=hooks)
+    from openai._vendor.httpx_aiohttp.transport import AiohttpTransport  # openai[aiohttp] >= 3.0 has it
+
+    for transport in (http._transport, *http._mounts.values()):
+        if isinstance(transport, AiohttpTransport) and transport.uds is None:
+            transport.client = _session_of(transport)  # made on first use, as the transport's own
     # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
     http._transport = _ObservedTransport(http._transport, endpoint, timeout_s)
     http._mounts = {
@@ -296,7 +445,7 @@ def translate_error(
         )
     if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included: the chain says what happened
         cause, timed_out = describe_failure(exc, timeout_s)
-        if timed_out:
+        if timed_out or any(isinstance(e, ReplyTooLargeError | httpx2.RemoteProtocolError) for e in _chain(exc)):
             return JudgeTransientError(f"{where}: {cause} ({max_retries} retries)", model=model)
         return JudgeTransientError(f"cannot connect to {where}: {cause} ({max_retries} retries)", model=model)
     if isinstance(exc, openai.APIStatusError) and status is not None and status >= 500:

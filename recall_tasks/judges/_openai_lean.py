@@ -1,16 +1,21 @@
 """The judge's lean chat-completions path: one POST on the SDK client's own aiohttp session, nothing around it.
 
-Why: at 100 requests in flight, ~70 % of a judged row's client CPU went to the layers between the judge and
-aiohttp (the SDK's request options, URL and header objects, httpx2's client, the httpx2-over-aiohttp bridge),
-not to the request (see docs/design.md, "The judge"). This path sends the same bytes on the same connections:
+Why: ~65 % of a judged row's client CPU on the SDK path went to the layers between the judge and aiohttp (the
+SDK's request options, URL and header objects, httpx2's client, the httpx2-over-aiohttp bridge), not to the
+request: 0.36 against 1.00 ms of CPU a row on the same machine (``benchmarks/cpu_per_row.py``, see
+docs/design.md, "The judge"). This path sends the same bytes on the same session, so every byte on the wire is
+aiohttp's (framing, 1xx replies, header limits, keep-alive expiry, redirects) and every decoded byte httpx2's:
 
 - **What it sends**: the URL and headers the SDK builds for a chat request on this client (its own
   ``_build_request``, once, on the first call; only ``x-stainless-retry-count`` changes per attempt), and the body
   serialised as the SDK does (:func:`dumps`).
 - **What it keeps from the SDK**: its retry decision and delay (``_should_retry``, ``_calculate_retry_timeout``:
   Retry-After, ``x-should-retry``, jittered backoff), its typed errors (``_make_status_error_from_response``,
-  ``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception mapping), so
-  :func:`~recall_tasks.judges._openai_http.translate_error`, the breaker and the tests see what they saw.
+  ``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception mapping), the reply's
+  decoding and bounds and the attempt's deadline (``_openai_http.read_reply``, ``attempt_deadline``: the same
+  functions as the SDK path's transport), so :func:`~recall_tasks.judges._openai_http.translate_error`, the
+  breaker and the tests see what they saw. These are private functions of the SDK: CI runs the judge's tests
+  on the oldest ``openai`` that pyproject.toml allows too (``make test-oldest-openai``).
 - **When it applies** (:func:`lean_chat`): a plain ``AsyncOpenAI`` on the aiohttp transport, without proxies
   (``HTTP(S)_PROXY`` mounts), custom auth, workload identity or a provider runtime. Azure, files and batches,
   the pre-flight probe and everything else use the SDK as before.
@@ -26,9 +31,15 @@ import aiohttp
 import httpx2
 import openai
 
-from recall_tasks.judges._http1 import Http1Pool
 from recall_tasks.judges._json import dumps_compact
-from recall_tasks.judges._openai_http import _attempts, describe_failure
+from recall_tasks.judges._openai_http import (
+    _attempts,
+    attempt_deadline,
+    decoded_headers,
+    describe_failure,
+    map_reply_errors,
+    read_reply,
+)
 from recall_tasks.judges.base import attempt_observer
 
 log = logging.getLogger("openai._base_client")  # the SDK's retry messages, under the SDK's logger as before
@@ -58,8 +69,6 @@ class LeanChat:
         self._request: httpx2.Request | None = None  # what the SDK's errors carry
         self._headers: list[dict[str, str]] = []  # per retry count
         self._building: asyncio.Lock | None = None
-        self._pool: Http1Pool | None = None  # our HTTP/1.1 connections (judges/_http1.py); None: aiohttp's
-        self._heads: list[bytes] = []  # the pool's request heads, per retry count
 
     async def _template(self) -> None:
         """The URL and headers of a chat request, built by the SDK as its ``request`` does before sending."""
@@ -73,12 +82,7 @@ class LeanChat:
         request = client._build_request(options, retries_taken=0)
         await client._prepare_request(request)
         self._request = httpx2.Request("POST", request.url, headers=request.headers)
-        url = str(request.url)
-        if Http1Pool.accepts(url) and self._transport.uds is None and self._transport.local_address is None:
-            limit = self._transport.limits.max_connections or 100
-            self._pool = Http1Pool(url, limit, self._timeout_s, self._transport.ssl_context)
-        self._aiohttp()  # the SDK's session exists (and closes with the client) whichever path sends
-        self._url = url
+        self._url = str(request.url)
 
     async def _ready(self) -> bool:
         """The template is built; False when the client is closed (the caller then uses the SDK, which raises)."""
@@ -87,16 +91,14 @@ class LeanChat:
             async with self._building:
                 if self._url is None:
                     await self._template()
-        if self._pool is not None:
-            return not self._client.is_closed()
         return self._aiohttp() is not None
 
     def _aiohttp(self) -> Any:
         """The SDK client's aiohttp session, made as its transport would; None once closed."""
         session = self._transport.client
-        if session is None:  # the transport makes its session on its first request: the same one, made here
+        if not isinstance(session, self._session_type):  # made on the transport's first request: here, the same
             session = self._transport.client = self._transport.get_client()
-        if not isinstance(session, self._session_type) or session.closed:
+        if session.closed:
             return None  # a closed client: the SDK path raises what it always raised
         return session
 
@@ -108,37 +110,24 @@ class LeanChat:
             self._headers.append(items)
         return self._headers[retries]
 
-    def _head_for(self, pool: Http1Pool, retries: int) -> bytes:
-        while len(self._heads) <= retries:
-            self._heads.append(pool.head(self._headers_for(len(self._heads))))
-        return self._heads[retries]
-
     async def _exchange(self, body: bytes, retries: int) -> tuple[int, Any, bytes]:
-        """One attempt: status, raw headers and body; on our connections, or aiohttp's (redirects follow there)."""
-        pool = self._pool
-        if pool is not None:
-            status, headers, content = await pool.post(self._head_for(pool, retries), body)
-            if not 300 <= status < 400:
-                return status, headers, content
-            self._pool = None  # an endpoint that redirects: aiohttp follows, from this attempt on
-            await pool.aclose()
+        """One attempt within its deadline: status, raw headers and the decoded, bounded body (redirects followed)."""
         session = self._aiohttp()
         if session is None:
             raise aiohttp.ClientConnectionError("the judge's client is closed")
-        response = await session.post(
-            self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
-            allow_redirects=True, compress=False,
-        ).__aenter__()  # fmt: skip
-        try:
-            return response.status, response.raw_headers, await response.read()
-        finally:
-            response.release()
-
-    async def aclose(self) -> None:
-        """Close our connections (the SDK client closes aiohttp's)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.aclose()
+        async with attempt_deadline(self._timeout_s):
+            response = await session.post(
+                self._url, data=body, headers=self._headers_for(retries), timeout=self._timeout,
+                allow_redirects=True, compress=False, auto_decompress=False,
+            ).__aenter__()  # fmt: skip
+            try:
+                headers = response.headers
+                content = await read_reply(
+                    headers.get("content-encoding"), headers.get("content-length"), response.content.iter_any()
+                )
+            finally:
+                response.release()
+        return response.status, response.raw_headers, content
 
     async def post(self, body: bytes) -> bytes | None:
         """The 2xx reply body of ``body`` after the SDK's retries, or None when the client is closed (the caller
@@ -156,7 +145,7 @@ class LeanChat:
                 observer.attempt_sent()
             try:
                 try:
-                    with self._map():
+                    with map_reply_errors(), self._map():
                         status, raw_headers, content = await self._exchange(body, retries)
                 except Exception as exc:
                     if observer is not None:
@@ -179,8 +168,10 @@ class LeanChat:
                     continue
                 raise openai.APIConnectionError(request=self._request) from err  # type: ignore[arg-type]
             if 200 <= status < 300:
-                return bytes(content)
-            reply = httpx2.Response(status, headers=raw_headers, content=content, request=self._request)
+                return content
+            reply = httpx2.Response(
+                status, headers=decoded_headers(raw_headers), content=content, request=self._request
+            )
             if status == 429 and b"insufficient_quota" in content:  # as _openai_http._quota_is_final
                 reply.headers["x-should-retry"] = "false"
             if remaining > 0 and self._client._should_retry(reply):

@@ -53,6 +53,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _check_key(key: str, model: str, azure: bool) -> None:
+    """Refuse a key with a control character (a line break from ``echo`` into a secret file, a CR/LF): sent in a
+    header it would be refused by the SDK on every request, or split the request on a less careful client."""
+    bad = next((i for i, c in enumerate(key) if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is None:
+        return
+    where = "at its end" if bad == len(key) - 1 else f"at character {bad + 1} of {len(key)}"
+    name = "AZURE_OPENAI_API_KEY" if azure else "OPENAI_API_KEY"
+    raise JudgeConfigError(
+        f"the API key for the OpenAI judge holds a control character {where} (a line break from `echo` into a "
+        f"secret file?): set {name} to the key alone",
+        model=model,
+    )
+
+
 class OpenAIJudge:
     """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
 
@@ -89,9 +104,10 @@ class OpenAIJudge:
                 "no API key for the OpenAI judge: set OPENAI_API_KEY (use --judge lexical to run offline)",
                 model=model,
             )
-        self._api_key = key or ""
         if key:
             register_secret(key)
+            _check_key(key, model, azure=azure is not None)
+        self._api_key = key or ""
         self.temperature = temperature
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
