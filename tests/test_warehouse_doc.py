@@ -1,8 +1,9 @@
 """docs/warehouse.md's schema contract is the code's: every column of results, runs, comparisons and calibrations,
-in order, with its Arrow type and nullability, as io/schemas.py defines them."""
+in order, with its Arrow type and nullability, as io/schemas.py defines them; and its offline recipes run as written."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -43,3 +44,42 @@ CODE = {
 @pytest.mark.parametrize("table", sorted(CODE))
 def test_the_documented_columns_are_the_code_s(table: str) -> None:
     assert documented(table) == [(f.name, label(f.type), f.nullable) for f in CODE[table]]
+
+
+def offline_recipes() -> dict[str, str]:
+    """The Python blocks of the doc's "Offline" section, by the format they read."""
+    section = DOC.read_text().split("\n## Offline: Python from the installed environment\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    return {"delta" if "deltalake" in code else "iceberg": code for code in blocks}
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_the_offline_recipes_read_a_real_output_as_written(prefect_harness, tmp_path, fmt):
+    """Each recipe, run as written next to a real run's ``recall-output``, prints that run's overall row."""
+    import json
+    import subprocess
+    import sys
+    from importlib import resources
+
+    import pyarrow.parquet as pq
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    lines = resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
+    data = tmp_path / "data" / "sample.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in lines if line]), data)
+    summary = recall_benchmark(
+        RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "recall-output"), judge="lexical",
+                  format=fmt, label="offline-doc", on_missing="skip", segment_by=["category"])
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYICEBERG_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", offline_recipes()[fmt]], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "offline-doc" in done.stdout and summary["run_id"] in done.stdout and "0.5" in done.stdout
+    assert done.stdout.count(summary["run_id"]) == 1  # the overall row only: segments filtered out
