@@ -29,7 +29,7 @@ import json
 import socket
 import ssl
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -116,16 +116,25 @@ class _Counted(httpx2.AsyncByteStream):
             yield chunk
 
 
-async def read_reply(encoding: str | None, length: str | None, chunks: AsyncIterable[bytes]) -> bytes:
+async def read_reply(
+    encoding: str | None,
+    length: str | None,
+    chunks: AsyncIterable[bytes],
+    read_all: Callable[[], Awaitable[bytes]] | None = None,
+) -> bytes:
     """A chat-completion reply's body from its bytes as sent, decoded by httpx2 as the SDK decodes it, refused
     (:class:`ReplyTooLargeError`) past :data:`MAX_REPLY_BYTES` as sent (its Content-Length, else its bytes as they
-    come) or decoded (httpx2's decoders give at most 1 MiB at a time: a bomb stops at the bound, not its size)."""
+    come) or decoded (httpx2's decoders give at most 1 MiB at a time: a bomb stops at the bound, not its size).
+    ``read_all`` (the lean path's) reads a plain body whose Content-Length is within the bound in one call."""
     limit = MAX_REPLY_BYTES
-    if length is not None and length.strip().isdigit() and int(length) > limit:
-        raise ReplyTooLargeError(f"reply larger than {limit // 2**20} MiB as sent (Content-Length {length.strip()})")
+    declared = int(length) if length is not None and length.strip().isdigit() else None
+    if declared is not None and declared > limit:
+        raise ReplyTooLargeError(f"reply larger than {limit // 2**20} MiB as sent (Content-Length {declared})")
     parts: list[bytes] = []
     size = 0
     if encoding is None or encoding.strip().lower() in ("", "identity"):
+        if declared is not None and read_all is not None:  # the length is within the bound: nothing to count
+            return await read_all()
         async for chunk in _Counted(chunks):
             parts.append(chunk)
         return b"".join(parts)

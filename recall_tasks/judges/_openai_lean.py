@@ -123,8 +123,9 @@ class LeanChat:
             try:
                 headers = response.headers
                 content = await read_reply(
-                    headers.get("content-encoding"), headers.get("content-length"), response.content.iter_any()
-                )
+                    headers.get("content-encoding"), headers.get("content-length"), response.content.iter_any(),
+                    response.read,
+                )  # fmt: skip
             finally:
                 response.release()
         return response.status, response.raw_headers, content
