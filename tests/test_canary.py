@@ -170,8 +170,10 @@ def test_a_retrieval_that_changes_under_the_same_judge_is_regressed_and_the_cana
             "--canary", nights.canary, "--chunk-size", "20"]  # fmt: skip
     data = nights.data("v1", nights.rows)
     nights.judge(0.0, nights.rows)
-    first = runner.invoke(app, ["run", data, "--label", "n1", *base])
+    first = runner.invoke(app, ["run", data, "--label", "n1", *base], env={"COLUMNS": "200"})
     assert first.exit_code == 0, first.output
+    shown = f"accuracy 1.000 (95 % CI 1.000..1.000), kappa 1.000 (1.000..1.000) over {CANARY_ROWS} rows"
+    assert shown in first.output, first.output
     # a rerun of unchanged data with an unchanged judge judges nothing, the canary included
     before = len(posts(nights.fake))
     again = runner.invoke(app, ["run", data, "--label", "n1-again", *base])

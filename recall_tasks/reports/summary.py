@@ -5,6 +5,7 @@ Dataset values in the markdown report are escaped (``recall_tasks.reports.markdo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -52,7 +53,29 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
         "cost_usd",
         "wall_seconds",
     ]
-    return [{"field": k, "value": _fmt(summary.get(k))} for k in keys]
+    rows = [{"field": k, "value": _fmt(summary.get(k))} for k in keys]
+    if summary.get("canary_id"):
+        rows.append({"field": "canary", "value": canary_text(summary)})
+    return rows
+
+
+def canary_text(summary: Mapping[str, Any]) -> str:
+    """``accuracy 0.950 (95 % CI 0.930..0.970), kappa 0.880 (0.840..0.920) over 40 rows, 180 units (0 cached)``."""
+
+    def fig(name: str) -> str:
+        value, lo, hi = (summary.get(f"canary_{name}{s}") for s in ("", "_low", "_high"))
+        if value is None:
+            return f"{name} n/a"
+        return f"{name} {value:.3f} ({'95 % CI ' if name == 'accuracy' else ''}{_num(lo)}..{_num(hi)})"
+
+    text = f"{fig('accuracy')}, {fig('kappa')} over {summary.get('canary_rows')} rows, {summary.get('canary_units')} "
+    text += f"units ({summary.get('canary_cached')} cached"
+    errors = summary.get("canary_errors")
+    return text + (f", {errors} without a verdict)" if errors else ")")
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def run_results(plan: Any) -> pa.Table | None:
