@@ -130,7 +130,7 @@ def _prepare_and_judge(
     from recall_tasks.io.cache import RowVerdictCache
     from recall_tasks.io.columns import parse_column_overrides
     from recall_tasks.io.labels import load_labels
-    from recall_tasks.io.results import FORMATS, ResultStore
+    from recall_tasks.io.results import FORMATS, ResultStore, check_format
     from recall_tasks.io.storage import StorageConfig, join_uri
     from recall_tasks.pipeline.calibrate import calibrate, parse_judges
     from recall_tasks.pipeline.checks import check_priced
@@ -142,6 +142,7 @@ def _prepare_and_judge(
     fmt = format or ("iceberg" if catalog else _detect_format(output, storage_option))
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be delta, parquet or iceberg, got {fmt!r}")
+    check_format(output, StorageConfig.from_options(plain), fmt, writes=True)  # one output, one format
     common: dict[str, Any] = {
         "dataset_uri": labels, "output_uri": output, "metric": metric, "base_url": base_url,
         "max_concurrency": max_concurrency, "requests_per_minute": rpm, "tokens_per_minute": tpm,

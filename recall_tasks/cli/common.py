@@ -33,7 +33,11 @@ OutputOption = Annotated[
 ]
 FormatOption = Annotated[
     str | None,
-    typer.Option("--format", help="delta | parquet | iceberg; default: what is at --output already, else delta"),
+    typer.Option(
+        "--format",
+        help="delta | parquet | iceberg; default: what is at --output already, else delta (one output holds "
+        "one format: another one is refused)",
+    ),
 ]
 StorageOption = Annotated[
     list[str] | None,
@@ -100,9 +104,11 @@ def _detect_format(output: str, storage_option: list[str] | None, storage: Any =
     return detect_format(output, storage)
 
 
-def _store(output: str, format: str | None, storage_option: list[str] | None) -> Any:
-    """The result store at ``output``; ``format`` None: detected from the tables already there."""
-    from recall_tasks.io.results import ResultStore
+def _store(output: str, format: str | None, storage_option: list[str] | None, *, writes: bool = False) -> Any:
+    """The result store at ``output``; ``format`` None: detected from the tables already there. A ``format``
+    other than the one already at ``output`` is refused (one output, one format: results.check_format);
+    ``writes`` (maintain): an output holding two formats too, whatever is asked."""
+    from recall_tasks.io.results import ResultStore, check_format
     from recall_tasks.io.storage import StorageConfig
 
     storage = StorageConfig.from_options(_split_storage_options(storage_option or []))
@@ -110,4 +116,6 @@ def _store(output: str, format: str | None, storage_option: list[str] | None) ->
         format = _detect_format(output, storage_option, storage)
     elif format not in ("delta", "parquet", "iceberg"):
         raise ConfigError(f"--format must be delta, parquet or iceberg, got {format!r}")
+    else:
+        check_format(output, storage, format, writes=writes)
     return ResultStore(output, storage, format)  # type: ignore[arg-type]

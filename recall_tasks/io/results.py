@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import RecallBenchError
+from recall_tasks.errors import ConfigError, RecallBenchError
 from recall_tasks.io.cache import write_atomically
 from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
@@ -400,23 +400,76 @@ def today() -> str:
     return dt.datetime.now(dt.UTC).date().isoformat()
 
 
-def detect_format(output_uri: str, storage: StorageConfig) -> Format:
-    """The format of the tables already at ``output_uri`` (what readers use when ``--format`` is not given).
+def formats_at(output_uri: str, storage: StorageConfig) -> list[Format]:
+    """The formats of the tables already at ``output_uri`` (none, one, or more on an output an older
+    recall-bench let two formats write to). One listing per table folder and one marker lookup.
 
-    A ``_warehouse.json`` means iceberg; a table folder with a ``_delta_log`` means delta; a table folder without
-    one means parquet; an output with no table yet gets the default, delta.
+    * iceberg: a ``_warehouse.json``, or a table folder holding ``metadata/`` (the embedded catalog's tables);
+    * delta: a table folder holding ``_delta_log``;
+    * parquet: ``runs/``, ``comparisons/`` or ``calibrations/`` holding ``dataset=…`` partitions (Delta and Iceberg
+      never partition them), or ``results/`` holding them without a ``_delta_log``.
     """
     from recall_tasks.io.iceberg import MARKER
 
     fs, root = filesystem(output_uri, storage)
-    names = ("runs", "results", "comparisons", "calibrations")
+    base = root.rstrip("/")
+    found: set[str] = set()
     try:
-        if fs.exists(f"{root.rstrip('/')}/{MARKER}"):
-            return "iceberg"
-        if any(fs.exists(f"{root.rstrip('/')}/{name}/_delta_log") for name in names):
-            return "delta"
-        if any(fs.exists(f"{root.rstrip('/')}/{name}") for name in names):
-            return "parquet"
+        if fs.exists(f"{base}/{MARKER}"):
+            found.add("iceberg")
+        for name in ("runs", "results", "comparisons", "calibrations"):
+            try:
+                entries = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{base}/{name}", detail=False)}
+            except FileNotFoundError:
+                continue
+            if "_delta_log" in entries:
+                found.add("delta")
+            if "metadata" in entries:
+                found.add("iceberg")
+            partitioned = any(e.startswith("dataset=") for e in entries)
+            if partitioned and (name != "results" or "_delta_log" not in entries):
+                found.add("parquet")
     except Exception as exc:  # noqa: BLE001
         raise translate_storage_error(exc, output_uri) from None
-    return "delta"
+    return [cast("Format", f) for f in FORMATS if f in found]
+
+
+def _mixed(output_uri: str, found: list[Format]) -> str:
+    return (
+        f"--output {output_uri} holds tables of {len(found)} formats ({' and '.join(found)}), written by an "
+        "earlier recall-bench that did not refuse it"
+    )
+
+
+def detect_format(output_uri: str, storage: StorageConfig) -> Format:
+    """The format of the tables already at ``output_uri`` (what readers use when ``--format`` is not given).
+
+    See :func:`formats_at`; an output with no table yet gets the default, delta. An output holding two formats is
+    refused: say which one to read with ``--format``.
+    """
+    found = formats_at(output_uri, storage)
+    if len(found) > 1:
+        raise ConfigError(f"{_mixed(output_uri, found)}: pass --format to read one; maintain and run refuse it")
+    return found[0] if found else "delta"
+
+
+def check_format(output_uri: str, storage: StorageConfig, asked: str, *, writes: bool) -> None:
+    """One output holds one format: refuse ``asked`` when the output already holds another one.
+
+    ``writes`` (run, maintain): an output holding two formats is refused whatever is asked (maintenance of one
+    format would delete the other's files as orphans); a reader may pick one of them with ``--format``.
+    """
+    found = formats_at(output_uri, storage)
+    if not found or found == [asked]:
+        return
+    if len(found) > 1:
+        if writes or asked not in found:
+            raise ConfigError(
+                f"{_mixed(output_uri, found)}: refused for --format {asked}; move one format's tables to another "
+                "--output first"
+            )
+        return
+    raise ConfigError(
+        f"--output {output_uri} holds {found[0]} tables, --format {asked} asked: one output holds one format; "
+        f"drop --format (and --catalog) to use {found[0]}, or write {asked} to another --output"
+    )

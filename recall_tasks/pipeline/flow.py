@@ -356,11 +356,17 @@ recall_benchmark.serialize_parameters = _serialize_parameters  # type: ignore[me
 
 
 @flow(name="maintain-recall-tables")
-def maintain_tables(output_uri: str, keep_days: float = 7.0, storage_options: dict[str, str] | None = None) -> Any:
+def maintain_tables(
+    output_uri: str,
+    keep_days: float = 7.0,
+    storage_options: dict[str, str] | None = None,
+    allow_short_retention: bool = False,
+) -> Any:
     """The nightly deployment's optional step: ``recall-bench maintain`` on ``output_uri`` (io/maintenance.py).
 
-    Scheduled after the night's runs (deployments/prefect.yaml, ``nightly-maintenance``): it must not overlap a
-    run's commit. Storage credentials come from the worker's environment, as for the runs.
+    Scheduled after the night's runs (deployments/prefect.yaml, ``nightly-maintenance``); a run committing
+    meanwhile keeps its rows (retention floor and safety margin, retried compaction: io/maintenance.py). Storage
+    credentials come from the worker's environment, as for the runs.
     """
     from recall_tasks.io.maintenance import maintain
     from recall_tasks.io.results import ResultStore, detect_format
@@ -369,7 +375,7 @@ def maintain_tables(output_uri: str, keep_days: float = 7.0, storage_options: di
     store = ResultStore(output_uri, storage, detect_format(output_uri, storage))
     if store.format == "parquet":
         raise ConfigError("maintain works on delta and iceberg outputs; parquet files are never rewritten")
-    rows = maintain(store, keep_days)
+    rows = maintain(store, keep_days, allow_short_retention=allow_short_retention)
     for row in rows:
         get_run_logger().info("maintained %s", row)
     return rows

@@ -32,7 +32,7 @@ from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
-from recall_tasks.io.results import ResultStore
+from recall_tasks.io.results import ResultStore, check_format
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
@@ -163,14 +163,15 @@ def _run_key(params: RunParams, dataset: Dataset) -> str:
 def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     """Every check that can fail a run, in order of cost, before any judge call or write.
 
-    Output location, dataset (files, schema, row ids), retriever, segment columns, output store, baseline
-    reference, judge configuration and endpoint (one cheap request). Raises one :class:`ConfigError`.
-    ``contact=False`` (``run --dry-run``): the same checks without the endpoint's probes (``GET /models``, the
-    Batch API's), so a dry run refuses what the run refuses and contacts no endpoint.
+    Output location and format (one format per output), dataset (files, schema, row ids), retriever, segment
+    columns, output store, baseline reference, judge configuration and endpoint (one cheap request). Raises one
+    :class:`ConfigError`. ``contact=False`` (``run --dry-run``): the same checks without the endpoint's probes
+    (``GET /models``, the Batch API's), so a dry run refuses what the run refuses and contacts no endpoint.
     """
     check_output_location(params)
     check_units(params)
     storage = StorageConfig.from_options(params.storage_options)
+    check_format(params.output_uri, storage, params.format, writes=True)
     dataset = open_run_dataset(params, storage, bool(params.retriever or params.retrieval_uri))
     trace = check_context_source(params, dataset)
     if params.dataset_name:
