@@ -188,3 +188,21 @@ def test_every_table_format_holds_calibrations(labels_path: str, tmp_path: Path,
                  "WHERE segment_column IS NULL")  # fmt: skip
     assert len(rows) == 2 and len({r["calibration_id"] for r in rows}) == 2
     assert {r["dataset"] for r in rows} == {"planets"} and rows[0]["accuracy"] == rows[1]["accuracy"]
+
+
+def test_labels_and_tables_on_object_storage(
+    s3_server: Any, s3_bucket: str, labels_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    s3_server.client().upload_file(labels_path, s3_bucket, "labels/planets.jsonl")
+    labels = f"s3://{s3_bucket}/labels/planets.jsonl"
+    output = f"s3://{s3_bucket}/recall"
+    result = invoke("calibrate", labels, "--judge", "lexical", "-o", output)
+    assert result.exit_code == 0, result.output
+    assert f"report: {output}/reports/" in result.stderr
+    row = query(output, "SELECT labels_uri, units, status FROM calibrations WHERE segment_column IS NULL")
+    assert row == [{"labels_uri": labels, "units": 60, "status": "completed"}]
+    missing = invoke("calibrate", f"s3://{s3_bucket}/labels/absent.jsonl", "--judge", "lexical", "-o", output)
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: labelled set not found")
+    assert s3_server.secret_key not in missing.output + result.output
