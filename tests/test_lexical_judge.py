@@ -398,14 +398,14 @@ def test_response_metadata_and_config() -> None:
     judge = LexicalJudge()
     assert isinstance(judge, Judge)
     assert judge.model == "lexical"
-    assert judge.prompt_version == "lexical-v2"
+    assert judge.prompt_version == "lexical-v3"
     config = judge.config()
     assert config["judge"] == "lexical"
-    assert config["version"] == "lexical-v2"
+    assert config["version"] == "lexical-v3"
     assert 0 < config["support_threshold"] <= 1 and 0 < config["coverage_threshold"] <= 1
     response = recall(["Paris is the capital of France."], ["Paris is the capital of France."])
     assert response.model == "lexical"
-    assert response.prompt_version == "lexical-v2"
+    assert response.prompt_version == "lexical-v3"
     assert response.requests == 0
     assert response.prompt_tokens == 0
     assert response.completion_tokens == 0

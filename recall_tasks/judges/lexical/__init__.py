@@ -10,8 +10,8 @@ What it does
       dotted acronyms joined (``U.S.`` = ``US``), punctuation dropped, a compact stop list removed (English
       plus the commonest Spanish/French/German function words, and pronouns: the question may resolve them,
       so they never count as missing).
-    * Stems Latin-script words with a light Porter-like suffix stemmer and a small table of irregular forms
-      (``encrypted``/``encryption``, ``developed``/``development``, ``won``/``win``); maps unit spellings
+    * Stems Latin-script words with snowballstemmer's English (Porter2) stemmer after a small table of irregular
+      forms (``encrypted``/``encryption``, ``developed``/``development``, ``won``/``win``); maps unit spellings
       to one form (``m``/``metres``/``meters``).
     * Splits Chinese, Japanese and Korean runs into character bigrams (no spaces to split on), cut at
       particles such as 的/是/は/が; other scripts (Cyrillic, Greek, Arabic...) are kept as whole words.
@@ -53,7 +53,7 @@ change anywhere in this package can change a verdict (it is part of every cache 
 Layout (each module imports only the ones above it)
     * ``lexicon``: the word lists: stop words, negations, number words, units and spelling variants,
       irregular forms, very common English words.
-    * ``stemmer``: ``stem``, the light suffix stemmer.
+    * ``stemmer``: ``stem``, Porter2 (snowballstemmer) after the irregular forms.
     * ``tokens``: normalisation and the two-pass scanner: raw tokens, numerals, what a word is.
     * ``analysis``: one text's key terms, numbers, clauses, names and acronyms (``key_terms``,
       ``extract_numbers``).

@@ -15,7 +15,7 @@ from recall_tasks.judges.lexical.lexicon import _GENERIC_WORDS
 from recall_tasks.judges.lexical.stemmer import stem
 from recall_tasks.judges.lexical.tokens import _is_cjk
 
-PROMPT_VERSION: Final = "lexical-v2"
+PROMPT_VERSION: Final = "lexical-v3"
 MODEL_NAME: Final = "lexical"
 
 DEFAULT_SUPPORT_THRESHOLD: Final = 0.67
