@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from recall_tasks.io.schemas import CALIBRATION_FIELDS, COMPARISON_SCHEMA, RESULT_FIELDS, RUN_FIELDS
+from recall_tasks.io.schemas import CALIBRATION_FIELDS, COMPARISON_SCHEMA, LABEL_FIELD, RESULT_FIELDS, RUN_FIELDS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "warehouse.md"
 ROW = re.compile(r"^\| `(?P<name>[^`]+)` \| `(?P<type>[^`]+)`(?P<required> not null)? \| (?P<meaning>.*) \|$")
@@ -34,7 +34,7 @@ def documented(table: str) -> list[tuple[str, str, bool]]:
 
 
 CODE = {
-    "results": [*RESULT_FIELDS, pa.field("dataset", pa.string()), pa.field("run_date", pa.string())],
+    "results": [*RESULT_FIELDS, pa.field("dataset", pa.string()), pa.field("run_date", pa.string()), LABEL_FIELD],
     "runs": RUN_FIELDS,
     "comparisons": list(COMPARISON_SCHEMA),
     "calibrations": CALIBRATION_FIELDS,

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from recall_tasks.errors import ConfigError, RecallBenchError
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, RUN_SCHEMA
+from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, LABEL_FIELD, RUN_SCHEMA
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 from recall_tasks.settings import settings
 
@@ -191,9 +191,18 @@ class ResultStore:
             yield from table.to_batches(max_chunksize=65_536)
 
     def commit(
-        self, run_id: str, dataset: str, run_date: str, parts: list[ChunkPart], runs: list[dict[str, Any]]
+        self,
+        run_id: str,
+        dataset: str,
+        run_date: str,
+        parts: list[ChunkPart],
+        runs: list[dict[str, Any]],
+        label: str | None = None,
     ) -> None:
         """Make a run's results visible at once, then append its run rows. Idempotent per run id.
+
+        ``label``: the run's ``--label``, written on each of its result rows (``results.label``, the last column:
+        added after the table's first release, so older rows read null).
 
         A crash after the results commit and before the runs commit is finished by the rerun (same run id):
         results already committed for the run id are not appended again (Delta: the commit's app transaction id).
@@ -201,21 +210,23 @@ class ResultStore:
         runs_table = pa.Table.from_pylist(runs, schema=RUN_SCHEMA)
         try:
             if self.format == "delta":
-                self._commit_delta(run_id, parts, dataset, run_date, runs_table)
+                self._commit_delta(run_id, parts, dataset, run_date, runs_table, label)
             elif self.format == "iceberg":
-                self._commit_iceberg(run_id, parts, dataset, run_date, runs_table)
+                self._commit_iceberg(run_id, parts, dataset, run_date, runs_table, label)
             else:
-                self._commit_parquet(run_id, parts, dataset, run_date, runs_table)
+                self._commit_parquet(run_id, parts, dataset, run_date, runs_table, label)
         except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.output_uri) from None
 
-    def _run_batches(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str) -> pa.RecordBatchReader:
+    def _run_batches(
+        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, label: str | None = None
+    ) -> pa.RecordBatchReader:
         first = pq.read_schema(parts[0].path, filesystem=self.fs)
         schema = pa.schema(
             [pa.field("run_id", pa.string(), nullable=False), *first,
-             pa.field("dataset", pa.string()), pa.field("run_date", pa.string())]
+             pa.field("dataset", pa.string()), pa.field("run_date", pa.string()), LABEL_FIELD]
         )  # fmt: skip
 
         def gen() -> Iterator[pa.RecordBatch]:
@@ -223,7 +234,8 @@ class ResultStore:
                 n = batch.num_rows
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([run_id] * n, pa.string()), *batch.select(first.names).columns,
-                     pa.array([dataset] * n, pa.string()), pa.array([run_date] * n, pa.string())],
+                     pa.array([dataset] * n, pa.string()), pa.array([run_date] * n, pa.string()),
+                     pa.array([label] * n, pa.string())],
                     schema=schema,
                 )  # fmt: skip
 
@@ -272,10 +284,12 @@ class ResultStore:
                 # another run committed first (e.g. a schema merge of its own pass-through columns): retry
                 log.info("%s: commit conflict (%s); retrying on the new table version", app_id, exc)
 
-    def _commit_delta(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+    def _commit_delta(
+        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
+    ) -> None:
         if parts:
             self._delta_append(
-                self.results_uri, lambda: self._run_batches(run_id, parts, dataset, run_date),
+                self.results_uri, lambda: self._run_batches(run_id, parts, dataset, run_date, label),
                 f"recall-bench-results-{run_id}",
                 partition_by=["dataset", "run_date"], target_file_size=TARGET_FILE_BYTES,
                 writer_properties=_writer_properties(),
@@ -283,16 +297,20 @@ class ResultStore:
         crashpoint("after-results-commit")
         self._delta_append(self.runs_uri, runs, f"recall-bench-runs-{run_id}")
 
-    def _commit_iceberg(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+    def _commit_iceberg(
+        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
+    ) -> None:
         if parts:
             self.iceberg.append(
-                "results", lambda: self._run_batches(run_id, parts, dataset, run_date),
+                "results", lambda: self._run_batches(run_id, parts, dataset, run_date, label),
                 f"recall-bench-results-{run_id}", partition_by=["dataset", "run_date"], key=("run_id", run_id),
             )  # fmt: skip
         crashpoint("after-results-commit")
         self.iceberg.append("runs", lambda: runs, f"recall-bench-runs-{run_id}", key=("run_id", run_id))
 
-    def _commit_parquet(self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table) -> None:
+    def _commit_parquet(
+        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
+    ) -> None:
         folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
         self.fs.makedirs(folder, exist_ok=True)
         if parts:
@@ -305,7 +323,7 @@ class ResultStore:
                 write_atomically(self.fs, f"{folder}/{run_id}-part-{index:05d}.parquet", table)
                 group, index = [], index + 1
 
-            for batch in self._run_batches(run_id, parts, dataset, run_date):
+            for batch in self._run_batches(run_id, parts, dataset, run_date, label):
                 group.append(batch)
                 if sum(b.num_rows for b in group) >= 250_000:
                     flush()
@@ -380,6 +398,11 @@ class ResultStore:
             if not self.fs.exists(path):
                 return None
             ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive")
+            if name == "results" and LABEL_FIELD.name not in ds.schema.names:
+                # the schema is the first file's: one written before results.label existed still shows the column
+                # (null in its rows, the run's label in later files)
+                with_label = ds.schema.append(LABEL_FIELD)
+                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=with_label)
             if name != "results":  # small tables whose files span versions: every file's columns
                 schemas = [fragment.physical_schema for fragment in ds.get_fragments()]
                 unified = pa.unify_schemas([*schemas, ds.schema], promote_options="permissive")

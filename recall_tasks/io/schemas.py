@@ -48,7 +48,11 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("flags", pa.list_(pa.string())),
 ]
 CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
-RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date"}
+#: ``results.label``: the run's ``--label`` on each row (filter results by label without a join to ``runs``). Added
+#: at commit, after ``dataset`` and ``run_date``: the last column, so older tables evolve by appending it (Delta's
+#: schema merge, Iceberg's union by name, Parquet files without it read null).
+LABEL_FIELD = pa.field("label", pa.string())
+RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date", LABEL_FIELD.name}
 _RESERVED_LOWER = {n.lower() for n in RESERVED}
 
 

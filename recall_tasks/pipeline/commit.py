@@ -64,7 +64,7 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
     for col in plan.segment_columns:
         for value, stats in summarize_segments(table, col):
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
-    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs)
+    plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs, label=plan.params.label)
     return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
 
 
