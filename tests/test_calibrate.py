@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +210,28 @@ def test_labels_and_tables_on_object_storage(
     missing = invoke("calibrate", f"s3://{s3_bucket}/labels/absent.jsonl", "--judge", "lexical", "-o", output)
     assert missing.exit_code == 2 and missing.stderr.startswith("error: labelled set not found")
     assert s3_server.secret_key not in missing.output + result.output
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_an_interrupt_records_nothing_and_the_rerun_completes(
+    fake_openai: FakeOpenAI, labels_path: str, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    fake_openai.set_responder(LabelJudge(load_labels(labels_path)))
+    fake_openai.hang = True  # requests are held unanswered: the signal lands with every row in flight
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "recall_tasks", "calibrate", labels_path, "--model", "gpt-4o-mini",
+           "--base-url", fake_openai.base_url, "-o", str(out)]  # fmt: skip
+    env = {**os.environ, "OPENAI_API_KEY": KEY, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert fake_openai.wait_for_requests(10, timeout=60), proc.communicate()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stdout + stderr
+    assert stderr.strip().splitlines()[-1].startswith("interrupted: nothing recorded"), stderr
+    assert "Traceback" not in stderr and stdout == ""
+    assert not (out / "calibrations").exists() and not (out / "reports").exists()
+    fake_openai.hang = False
+    again = invoke("calibrate", labels_path, "--model", "gpt-4o-mini", "--base-url", fake_openai.base_url,
+                   "-o", str(out))  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert query(str(out), "SELECT accuracy FROM calibrations WHERE segment_column IS NULL") == [{"accuracy": 1.0}]

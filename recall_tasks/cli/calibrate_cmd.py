@@ -8,7 +8,9 @@ Order, so that bad input costs nothing: the options, the labelled set (``io/labe
 judge (built and probed like a run's: a refused key or an unreachable endpoint stops here) are checked first,
 each failure one ``error:`` line and exit 2, before any judge call or write. Then every judge judges the set;
 then the ``calibrations`` rows are committed in one commit and the reports written. Exit 0, or 4 when a judge
-left rows without verdicts (the figures are recorded with status ``failed``; they are not the set's).
+left rows without verdicts (the figures are recorded with status ``failed``; they are not the set's). Ctrl-C
+(SIGINT) or SIGTERM while judging: the judge calls are cancelled, nothing is recorded, the rows judged so far stay
+in the verdict cache, exit 130 (143).
 """
 
 from __future__ import annotations
@@ -92,14 +94,26 @@ def calibrate(
     calibrations table (see `query`) and a Markdown and HTML report under --output/reports/. Exit 0; 2 on bad
     input (nothing judged or written); 4 when a judge left rows without verdicts (recorded as failed).
     """
-    from recall_tasks.cli.run_flow import one_line_errors
+    import signal
 
-    with one_line_errors(debug):
-        cal, store = _prepare_and_judge(
-            labels, judge or [], model or [], metric, column or [], output, format, catalog, namespace,
-            storage_option or [], base_url, max_concurrency, rpm, tpm, timeout_s, max_retries, price or [],
-            max_cost_usd, max_requests, cache, refresh_cache, cache_uri, resamples, seed,
-        )  # fmt: skip
+    from recall_tasks._sync import Cancelled
+    from recall_tasks.cli.run_flow import INTERRUPTED, one_line_errors
+    from recall_tasks.cli.runtime import _interrupts, _is_interrupt
+
+    with one_line_errors(debug), _interrupts() as state:
+        try:
+            cal, store = _prepare_and_judge(
+                labels, judge or [], model or [], metric, column or [], output, format, catalog, namespace,
+                storage_option or [], base_url, max_concurrency, rpm, tpm, timeout_s, max_retries, price or [],
+                max_cost_usd, max_requests, cache, refresh_cache, cache_uri, resamples, seed,
+            )  # fmt: skip
+        except BaseException as exc:  # an interrupt: nothing recorded, exit 130 (143 on SIGTERM)
+            if not (_is_interrupt(exc) or isinstance(exc, Cancelled)) and state["signal"] is None:
+                raise
+            sig = int(state["signal"] or signal.SIGINT)
+            err.print("interrupted: nothing recorded; rerun the same command (rows judged so far are cached)")
+            INTERRUPTED.append(sig)
+            raise typer.Exit(code=128 + sig) from None
         from recall_tasks.reports.calibration import blocks, render_text, write_reports
 
         store.append_calibration(cal.calibration_id, cal.labelled.name, cal.table_rows())
@@ -171,7 +185,12 @@ def _prepare_and_judge(
         if cache:
             row_cache = RowVerdictCache(cache_uri or join_uri(output, "cache"), storage, read=not refresh_cache)
         budget = Budget(max_requests, max_cost_usd, max_in_flight=max_concurrency)
-        cal = calibrate(labelled, built, row_cache, budget, resamples=resamples, seed=seed)
+        try:
+            cal = calibrate(labelled, built, row_cache, budget, resamples=resamples, seed=seed)
+        except BaseException:
+            if row_cache is not None:
+                row_cache.flush()  # interrupted or failed: what was judged is kept for the rerun
+            raise
         if row_cache is not None:
             row_cache.close()
     finally:

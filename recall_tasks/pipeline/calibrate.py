@@ -17,7 +17,7 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 
-from recall_tasks._sync import run_sync
+from recall_tasks._sync import CancelScope
 from recall_tasks.analysis.agreement import Agreement, agreement, by_category
 from recall_tasks.analysis.calibration import (
     Calibration,
@@ -107,7 +107,8 @@ def calibrate_judge(
         t: make_metric(params.model_copy(update={"metric": t}), judge) for t in labelled.tasks()
     }
     breaker = CircuitBreaker(timeout_threshold=max(3, params.max_concurrency))
-    outcomes = run_sync(_score(metrics, labelled.rows, cache, budget, breaker))
+    # a scope: an interrupt (runtime._interrupts cancels every scope) stops the judge calls in flight at once
+    outcomes = CancelScope().run(_score(metrics, labelled.rows, cache, budget, breaker))
     if cache is not None:
         cache.flush()
     paired, disagreements, left_out = pair_outcomes(labelled.rows, outcomes)
