@@ -559,6 +559,8 @@ class FakeOpenAI:
         self.models_reply: Status | None = None
         self.requests: list[dict[str, Any]] = []
         self.chat_arrivals: list[float] = []  # time.monotonic() of each chat request's arrival, recorded or not
+        #: the ``usage`` each chat completion answered with (prompt, completion tokens): what a client is billed
+        self.usage_reported: list[tuple[int, int]] = []
         self.errors: list[BaseException] = []
         self.stats: Counter[str] = Counter()
         self._faults: list[Fault] = []
@@ -618,6 +620,7 @@ class FakeOpenAI:
         with self._lock:
             self.requests.clear()
             self.chat_arrivals.clear()
+            self.usage_reported.clear()
             self.quota_accepted.clear()
             self.quota_429s = 0
             self.tpm_accepted.clear()
@@ -818,7 +821,7 @@ class FakeOpenAI:
                     "error": None}  # fmt: skip
             (out if status == 200 else errors).append(line)
         if self.batch_unknown_line:
-            stray = self._completion({}, DEFAULT_CONTENT, "stop").payload
+            stray = self._completion({}, DEFAULT_CONTENT, "stop", live=False).payload
             out.append({"id": "batch_req_unknown", "custom_id": "not-a-key-we-sent", "error": None,
                         "response": {"status_code": 200, "body": stray}})  # fmt: skip
         with self._lock:
@@ -857,7 +860,9 @@ class FakeOpenAI:
             return status, out["json"]
         if status != 200:
             return status, error_body(status)
-        reply = self._completion(body, str(out.get("content", DEFAULT_CONTENT)), str(out.get("finish_reason", "stop")))
+        reply = self._completion(
+            body, str(out.get("content", DEFAULT_CONTENT)), str(out.get("finish_reason", "stop")), live=False
+        )
         return 200, reply.payload
 
     # -- request handling (runs in handler threads)
@@ -1070,10 +1075,19 @@ class FakeOpenAI:
         return _Reply(fault.status, payload, dict(fault.headers or {}))
 
     def _completion(
-        self, body: dict[str, Any], content: str, finish_reason: str, headers: dict[str, str] | None = None
+        self,
+        body: dict[str, Any],
+        content: str,
+        finish_reason: str,
+        headers: dict[str, str] | None = None,
+        *,
+        live: bool = True,
     ) -> _Reply:
         prompt_tokens = len(extract_user_text(body)) // 4
         completion_tokens = max(1, len(content) // 4)
+        if live:  # a batch line's usage is in its output file, not a live reply
+            with self._lock:
+                self.usage_reported.append((prompt_tokens, completion_tokens))
         payload = {
             "id": f"chatcmpl-fake{next(self._ids):08d}",
             "object": "chat.completion",

@@ -13,11 +13,13 @@ from deltalake import DeltaTable
 from recall_tasks import ConfigError, ContextualRecall, RecallCase
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
+from recall_tasks.errors import RunFailed
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.metrics.claims import claims_problem, traceable
 from recall_tasks.pipeline import head_start
 from recall_tasks.pipeline.scoring import metric_fingerprint
 from tests import judge_script
+from tests.fake_openai import Status
 from tests.test_pipeline import KEY, WORDS
 
 EINSTEIN = "Einstein was born in 1879 and developed relativity."
@@ -244,3 +246,83 @@ def test_two_nights_in_claims_mode(prefect_harness, fake_openai, monkeypatch, tm
     assert len(fake_openai.chat_requests) == 24 and len(_extractions(fake_openai)) == 0
     assert third["comparison"]["verdict"] == "incomparable"
     assert "units differs (current 'sentences', baseline 'claims')" in third["comparison"]["reason"]
+
+
+# -- every paid request is in the runs table, whatever the outcome --------------------------------------------
+
+
+def _billed(fake_openai) -> tuple[int, int, int, float]:
+    """What the fake server was asked and billed: chat POSTs, prompt and completion tokens, USD at gpt-4o-mini."""
+    from recall_tasks.judges.pricing import PRICES_PER_MTOK
+
+    posts = len(fake_openai.chat_requests)
+    prompt = sum(p for p, _ in fake_openai.usage_reported)
+    completion = sum(c for _, c in fake_openai.usage_reported)
+    price = PRICES_PER_MTOK["gpt-4o-mini"]
+    return posts, prompt, completion, (prompt * price[0] + completion * price[1]) / 1e6
+
+
+def _recorded(out) -> tuple[int, int, int, float]:
+    (run,) = [r for r in DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist() if r["segment_column"] is None]
+    return run["requests"], run["prompt_tokens"], run["completion_tokens"], run["cost_usd"]
+
+
+def _truncated_twice(body: dict) -> dict | str:
+    if judge_script.is_extraction(body):
+        return json.dumps({"claims": judge_script.split_claims(judge_script.reference_of(body))})
+    return {"content": '{"verdicts": [', "finish_reason": "length"}  # judge calls: truncated, then again
+
+
+def _retry_fails(fake_openai):
+    """Every extraction is unusable (no claims), its retry answered 500 past the retries: a row error."""
+
+    def answer(body: dict) -> dict | str:
+        if judge_script.is_extraction(body):
+            if judge_script.is_retry(body):
+                return {"status": 500}
+            return json.dumps({"claims": []})
+        return judge_script.responder(body)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("case", "extra", "status"),
+    [
+        ("budget", {"max_requests": 12}, "budget_exhausted"),
+        ("judge-truncated", {"max_error_rate": 1.0}, "completed"),
+        ("retry-of-extraction-fails", {"max_retries": 1}, "failed"),
+        ("completed", {}, "completed"),
+    ],
+)
+def test_every_paid_request_is_counted_in_runs(prefect_harness, fake_openai, monkeypatch, tmp_path, case, extra,
+                                               status) -> None:  # fmt: skip
+    """The runs row's requests, tokens and cost are what the judge endpoint was sent and billed: claim extractions
+    of rows never judged (``--max-requests``: 12 POSTs recorded as 2 before), the tokens of a judge reply
+    truncated twice and of an extraction whose retry failed (recorded as 0 before), retries included."""
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    responder = {"judge-truncated": _truncated_twice, "retry-of-extraction-fails": _retry_fails(fake_openai)}.get(
+        case, judge_script.claims_responder()
+    )
+    fake_openai.set_responder(responder)
+    if case == "completed":
+        fake_openai.enqueue(Status(500), Status(429, headers={"retry-after": "0"}))  # two retried attempts
+    rows = claim_rows(10, references=10)
+    data = tmp_path / "data" / "eval.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out = tmp_path / "out"
+    params = RunParams(dataset_uri=str(data), output_uri=str(out), judge="openai", base_url=fake_openai.base_url,
+                       units="claims", chunk_size=5, max_concurrency=4, **extra)  # fmt: skip
+    try:
+        summary = recall_benchmark(params)
+    except RunFailed as exc:
+        summary = exc.summary
+    assert summary["status"] == status, summary
+    posts, prompt, completion, cost = _billed(fake_openai)
+    requests, prompt_tokens, completion_tokens, cost_usd = _recorded(out)
+    assert posts > 10 and requests == posts, (requests, posts)
+    assert (prompt_tokens, completion_tokens) == (prompt, completion)
+    assert cost_usd == pytest.approx(cost)

@@ -91,3 +91,42 @@ def test_dry_run_refuses_what_the_run_refuses(prefect_harness, fake_openai, tmp_
             lines.append(errors[0])
         assert lines[0] == lines[1], name
         assert fake_openai.requests == [] and not out.exists(), name
+
+
+def test_dry_run_estimates_claim_extraction(prefect_harness, fake_openai, tmp_path, monkeypatch) -> None:
+    """``--units claims``: one extraction per distinct reference the claims cache does not hold, in the requests
+    and the cost (before: "40 judge requests" where the run made 120); the run then records exactly that many."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.test_claims import claim_rows
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.claims_responder())
+    rows = claim_rows(24, references=6)
+    data = tmp_path / "data" / "eval.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out = tmp_path / "out"
+
+    text = _dry(str(data), out, fake_openai.base_url, "--units", "claims", "--max-requests", "20")
+    assert fake_openai.requests == [] and not out.exists()
+    assert "24 judge requests" in text and "claim extraction: 6 requests" in text, text
+    assert "--max-requests 20 stops after ~20 of 30 requests" in text, text
+    prompt = _number(text, r"~([\d,]+) prompt") + _number(text, r"claim extraction: .*?~([\d,]+) prompt")
+    completion = _number(text, r"\+ ~([\d,]+) completion") + _number(text, r"claim extraction: .*?\+ ~([\d,]+) compl")
+    cost = _number(text, r"cost: ~\$([\d.]+) live")
+
+    params = RunParams(dataset_uri=str(data), output_uri=str(out), judge="openai", base_url=fake_openai.base_url,
+                       units="claims", chunk_size=24)  # fmt: skip
+    recall_benchmark(params)
+    (run,) = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
+    assert run["requests"] == 30 == len(fake_openai.chat_requests)
+    assert abs(prompt - run["prompt_tokens"]) <= 0.2 * run["prompt_tokens"], (prompt, run)
+    assert abs(completion - run["completion_tokens"]) <= 0.5 * run["completion_tokens"], (completion, run)
+    assert abs(cost - run["cost_usd"]) <= 0.2 * run["cost_usd"], (cost, run)
+
+    # the index rebuilt: new contexts, the claims cached: judge requests priced on the cached claims, no extraction
+    pq.write_table(pa.Table.from_pylist([{**r, "contexts": ["new filler", *r["contexts"]]} for r in rows]), data)
+    again = _dry(str(data), out, fake_openai.base_url, "--units", "claims")
+    assert "24 judge requests" in again and "claim extraction: 0 requests" in again, again

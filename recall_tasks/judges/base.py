@@ -9,6 +9,7 @@ support it. The metric, not the judge, counts and scores, so the denominator nev
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -90,3 +91,54 @@ class AttemptObserver(Protocol):
 attempt_observer: contextvars.ContextVar[AttemptObserver | None] = contextvars.ContextVar(
     "attempt_observer", default=None
 )
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What calls to the judge endpoint cost: HTTP attempts (retries included), tokens billed, USD (None: a model
+    without a price). The run's ``requests``/``prompt_tokens``/``completion_tokens``/``cost_usd`` are sums of it."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+
+    def __add__(self, other: Spend) -> Spend:
+        cost = None if self.cost_usd is None or other.cost_usd is None else self.cost_usd + other.cost_usd
+        return Spend(
+            self.requests + other.requests,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            cost,
+        )
+
+
+def charge(exc: BaseException, spend: Spend) -> None:
+    """Add ``spend`` to what a failed call's exception carries (``requests``: its attempts, set by the judge).
+
+    Why: a call that fails after paid replies (a reply truncated twice, an extraction whose retry failed, a row
+    whose claims were extracted but that was never judged) was paid for all the same; the row it fails records
+    what the exception carries, so the runs table sums every request the endpoint billed.
+    """
+    total = spend_of(exc) + spend
+    exc.requests, exc.prompt_tokens = total.requests, total.prompt_tokens  # type: ignore[attr-defined]
+    exc.completion_tokens, exc.cost_usd = total.completion_tokens, total.cost_usd  # type: ignore[attr-defined]
+
+
+def spend_of(exc: BaseException) -> Spend:
+    """What ``exc`` carries (nothing for an exception no judge call raised)."""
+    return Spend(
+        int(getattr(exc, "requests", 0) or 0),
+        int(getattr(exc, "prompt_tokens", 0) or 0),
+        int(getattr(exc, "completion_tokens", 0) or 0),
+        getattr(exc, "cost_usd", 0.0),
+    )
+
+
+def take_spend(exc: BaseException) -> Spend:
+    """:func:`spend_of`, once: the exception then carries nothing, so that the other rows sharing it (a claim
+    extraction failed for a reference several rows have) do not count the same requests again."""
+    spent = spend_of(exc)
+    charge(exc, Spend(-spent.requests, -spent.prompt_tokens, -spent.completion_tokens, 0.0))
+    exc.cost_usd = 0.0  # type: ignore[attr-defined]
+    return spent

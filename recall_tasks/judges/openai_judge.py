@@ -18,8 +18,10 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -39,7 +41,7 @@ from recall_tasks.judges._openai_http import (
     translate_error,
 )
 from recall_tasks.judges._openai_lean import dumps, lean_chat
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse, Spend, charge
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
@@ -239,7 +241,7 @@ class OpenAIJudge:
         msgs = prompts.messages(request, self._prompt_version)
         budget = wire.verdict_budget(request)
         usage = [0, 0]
-        with counted_attempts() as counter:
+        with self._billed_on_failure(usage), counted_attempts() as counter:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage)
                 parsed = await wire.parse_or_repair(
@@ -249,6 +251,16 @@ class OpenAIJudge:
         return wire.verdict_response(
             request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version
         )
+
+    @contextlib.contextmanager
+    def _billed_on_failure(self, usage: list[int]) -> Iterator[None]:
+        """A call that fails after replies came back (truncated twice, unusable after the repair) carries their
+        tokens and cost on its exception (``charge``); its attempts are ``exc.requests`` (``counted_attempts``)."""
+        try:
+            yield
+        except BaseException as exc:
+            charge(exc, Spend(0, usage[0], usage[1], self._cost(usage) if any(usage) else 0.0))
+            raise
 
     def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
         price = price_for(self._model, self.prices)
@@ -316,7 +328,7 @@ class OpenAIJudge:
             msgs = prompts.claims_messages(reference, previous=retry.previous, problem=retry.problem, limit=retry.limit)
         budget = 128 + len(reference) // 2
         usage = [0, 0]
-        with counted_attempts() as counter:
+        with self._billed_on_failure(usage), counted_attempts() as counter:
             async with state.semaphore:
                 content = await self._complete(state, msgs, budget, usage, wire.CLAIMS)
         try:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from recall_tasks.errors import JudgeConfigError
+from recall_tasks.judges.base import Spend, charge
 from recall_tasks.judges.claims import ClaimExtractor, ClaimsReply, ClaimsRetry
 from recall_tasks.sentences import split_sentences
 
@@ -109,6 +110,12 @@ class Units:
     def free(self) -> Units:
         """The same units at no cost (a row sharing its reference with an earlier one)."""
         return replace(self, requests=0, prompt_tokens=0, completion_tokens=0, cost_usd=None)
+
+    @property
+    def spend(self) -> Spend:
+        """What extracting them cost (the row that pays records it, judged or not)."""
+        cost = self.cost_usd if self.requests else 0.0
+        return Spend(self.requests, self.prompt_tokens, self.completion_tokens, cost)
 
 
 class ClaimStore(Protocol):
@@ -220,7 +227,11 @@ class ClaimUnits:
         problem = first
         if first is not None:
             retry = ClaimsRetry(previous=replies[0].raw, problem=first, limit=limit)
-            replies.append(await guard(lambda: self.extractor.extract_claims(reference, retry)))
+            try:
+                replies.append(await guard(lambda: self.extractor.extract_claims(reference, retry)))
+            except BaseException as exc:  # the retry failed or was not made: the first extraction was paid
+                charge(exc, _spend(replies))
+                raise
             problem = replies[1].problem or claims_problem(replies[1].claims, reference, len(sentences))
         if problem is None:
             claims: list[str] | None = replies[-1].claims
@@ -232,14 +243,21 @@ class ClaimUnits:
         await asyncio.to_thread(self.store.put_many, {key: value}, flush=False)
         self.extractions += 1
         units = units_from_stored(value, reference)
-        costs = [r.cost_usd for r in replies]
+        spent = _spend(replies)
         return replace(
             units,
-            requests=sum(r.requests for r in replies),
-            prompt_tokens=sum(r.prompt_tokens for r in replies),
-            completion_tokens=sum(r.completion_tokens for r in replies),
-            cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
+            requests=spent.requests,
+            prompt_tokens=spent.prompt_tokens,
+            completion_tokens=spent.completion_tokens,
+            cost_usd=spent.cost_usd,
         )
+
+
+def _spend(replies: Sequence[ClaimsReply]) -> Spend:
+    total = Spend()
+    for r in replies:
+        total += Spend(r.requests, r.prompt_tokens, r.completion_tokens, r.cost_usd)
+    return total
 
 
 def _current_cancelling() -> bool:

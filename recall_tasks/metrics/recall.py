@@ -68,7 +68,7 @@ class ContextualRecall(Metric):
         # rows that will be "missing" anyway (no context, no sentence) pay no extraction
         refs = [
             case.expected_output
-            if case.expected_output and _has_context(ctx) and split_sentences(case.expected_output)
+            if case.expected_output and has_context(ctx) and split_sentences(case.expected_output)
             else None
             for case, ctx in zip(cases, contexts, strict=True)
         ]
@@ -88,7 +88,7 @@ class ContextualRecall(Metric):
         return out
 
     def prepare(self, case: RecallCase, context: list[str] | None, units: Units | None = None) -> Prepared | Missing:
-        if not _has_context(context):
+        if not has_context(context):
             return Missing("retrieval_context")
         assert context is not None
         statements = units.statements if units is not None else split_sentences(case.expected_output or "")
@@ -104,5 +104,6 @@ class ContextualRecall(Metric):
         return Prepared(request=request, sentence_count=len(statements), context_count=len(context), units=units)
 
 
-def _has_context(context: list[str] | None) -> bool:
+def has_context(context: list[str] | None) -> bool:
+    """Whether a row has a context to judge against (a row without pays no claim extraction)."""
     return bool(context) and any(c and c.strip() for c in context or [])

@@ -6,28 +6,56 @@ Per request: its prompt tokens estimated as the body's message characters / 4 (w
 completion tokens as :data:`COMPLETION_BASE` plus :data:`COMPLETION_PER_STATEMENT` per statement (half that
 without reasons); cost at the model's price (``judges/pricing.py``, ``--price``), live and at the Batch API's
 discount. Then which of ``--max-requests``, ``--max-cost-usd``, ``--tpm``, ``--rpm`` would stop or pace the run.
-No pre-flight request either: the endpoint is not contacted. Claim extraction (``--units claims``) is not
-estimated; ``--retriever`` is refused (it would call the retriever).
+No pre-flight request either: the endpoint is not contacted. Claim extraction (``--units claims``): one request per
+distinct reference whose claims the claims cache does not hold (rows with no context or no sentence pay none, as in
+the run), its reply estimated as long as the reference; a row whose claims are cached is priced on them, the others
+on their sentences; a retried extraction (an unusable first reply) is not foreseen. ``--retriever`` is refused (it
+would call the retriever). The checks are the run's own (``steps.check_run`` without the endpoint's probes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.io.cache import RowVerdictCache
+from recall_tasks.io.cache import ClaimCache, RowVerdictCache
 from recall_tasks.io.retrieval import with_contexts
 from recall_tasks.io.storage import filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
+from recall_tasks.judges.prompts import claims_messages
+from recall_tasks.metrics.claims import Units, claims_key, units_from_stored
+from recall_tasks.metrics.recall import has_context
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
+from recall_tasks.sentences import split_sentences
 
 #: Completion tokens of a verdict answer: a fixed part, and per statement (verdict, chunk ids, a short reason).
 COMPLETION_BASE = 8
 COMPLETION_PER_STATEMENT = 20
+
+
+@dataclass
+class Extractions:
+    """The claim extractions of ``--units claims``: one per distinct reference the claims cache does not hold."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    charged_tokens: int = 0
+    model: str = ""
+    price: tuple[float, float] | None = (0.0, 0.0)
+
+    def cost(self) -> float | None:
+        if not self.requests:
+            return 0.0
+        if self.price is None:
+            return None
+        return (self.prompt_tokens * self.price[0] + self.completion_tokens * self.price[1]) / 1e6
 
 
 @dataclass
@@ -40,11 +68,20 @@ class Estimate:
     charged_tokens: int  # what --tpm charges: prompt estimate plus each request's completion budget
     model: str
     price: tuple[float, float] | None  # USD per million tokens (input, output); None: unknown model
+    extractions: Extractions = field(default_factory=Extractions)
 
     def cost(self, factor: float = 1.0) -> float | None:
-        if self.price is None:
+        """Judge requests at ``factor`` of the live price (the batch discount), claim extractions live (never
+        batched); None when a model has no price."""
+        extraction = self.extractions.cost()
+        if self.price is None or extraction is None:
             return None
-        return factor * (self.prompt_tokens * self.price[0] + self.completion_tokens * self.price[1]) / 1e6
+        judged = factor * (self.prompt_tokens * self.price[0] + self.completion_tokens * self.price[1]) / 1e6
+        return judged + extraction
+
+    @property
+    def all_requests(self) -> int:
+        return self.requests + self.extractions.requests
 
 
 def estimate(params: RunParams) -> Estimate:
@@ -66,6 +103,14 @@ def estimate(params: RunParams) -> Estimate:
             cache = RowVerdictCache(cache_uri, storage, read=True)
     fingerprint = metric_fingerprint(metric)
 
+    claim_units = getattr(metric, "claim_units", None)
+    claims_cache = None
+    if claim_units is not None and cache is not None:
+        claims_uri = f"{cache_uri.rstrip('/')}/{RowVerdictCache.SUBSTORE}"
+        fs, root = filesystem(claims_uri, storage)
+        claims_cache = ClaimCache(claims_uri, storage, read=True) if fs.exists(root) else None
+    to_extract: dict[str, None] = {}  # distinct references without cached claims, in order
+
     requests: list[JudgeRequest] = []
     cached = 0
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
@@ -74,7 +119,9 @@ def estimate(params: RunParams) -> Estimate:
             block = trace.apply(block)
         elif retrieval is not None:
             block = with_contexts(block, retrieval.contexts_for(block.row_ids))
-        pairs = run_sync(keyed_requests(metric, fingerprint, block.table.select(columns).to_pylist()))
+        rows = block.table.select(columns).to_pylist()
+        units = _claims_of(claim_units, claims_cache, rows, to_extract) if claim_units is not None else None
+        pairs = run_sync(keyed_requests(metric, fingerprint, rows, units))
         hits = cache.get_many([k for k, _ in pairs]) if cache is not None else {}
         cached += sum(1 for k, _ in pairs if k in hits)
         requests += [r for k, r in pairs if k not in hits]
@@ -91,8 +138,44 @@ def estimate(params: RunParams) -> Estimate:
         charged += chars // 4 + int(next(v for k, v in body.items() if k.startswith("max_")))
     model = getattr(judge, "model", params.model) if body_of is not None else "lexical"
     price = price_for(model, {**getattr(judge, "prices", {})}) if body_of is not None else (0.0, 0.0)
+    extractions = _extractions(claim_units.extractor, list(to_extract)) if claim_units is not None else Extractions()
     return Estimate(dataset.num_rows, cached, len(requests) if body_of is not None else 0, prompt, completion,
-                    charged, model, price)  # fmt: skip
+                    charged, model, price, extractions)  # fmt: skip
+
+
+def _claims_of(
+    claim_units: Any, store: ClaimCache | None, rows: list[dict[str, Any]], to_extract: dict[str, None]
+) -> list[Units | None]:
+    """Each row's claims when the claims cache holds them (their judge request is then the run's, and its row-cache
+    key too); a row without, whose reference will be extracted (it has a context and a sentence), adds its
+    reference to ``to_extract`` and is priced on its sentences."""
+    refs = [row.get("expected_output") or None for row in rows]
+    keys = {ref: claims_key(claim_units.extractor, ref) for ref in refs if ref}
+    stored = store.get_many(list(dict.fromkeys(keys.values()))) if store is not None and keys else {}
+    out: list[Units | None] = []
+    for row, ref in zip(rows, refs, strict=True):
+        key = keys.get(ref) if ref else None
+        if ref and key in stored:
+            out.append(units_from_stored(stored[key], ref))
+            continue
+        if ref and has_context(row.get("retrieval_context")) and split_sentences(ref):
+            to_extract.setdefault(ref)
+        out.append(None)
+    return out
+
+
+def _extractions(extractor: Any, references: list[str]) -> Extractions:
+    """One extraction request per reference: the prompt's characters / 4, a reply about as long as the reference
+    (its claims restate it, as JSON), the request's completion budget for ``--tpm``."""
+    out = Extractions(requests=len(references), model=extractor.model)
+    for ref in references:
+        chars = sum(len(m.get("content") or "") for m in claims_messages(ref))
+        reply = len(json.dumps({"claims": split_sentences(ref)}, ensure_ascii=False))
+        out.prompt_tokens += chars // 4
+        out.completion_tokens += COMPLETION_BASE + reply // 4
+        out.charged_tokens += chars // 4 + 128 + len(ref) // 2  # the budget extract_claims asks for
+    out.price = price_for(extractor.model, {**getattr(extractor, "prices", {})}) if references else (0.0, 0.0)
+    return out
 
 
 def report(params: RunParams, est: Estimate) -> list[str]:
@@ -101,26 +184,35 @@ def report(params: RunParams, est: Estimate) -> list[str]:
     def usd(value: float | None) -> str:
         return "unknown (no price for this model: --price MODEL=IN,OUT)" if value is None else f"${value:.4f}"
 
+    ex = est.extractions
     lines = [
         f"dry run: {est.rows} rows, {est.cached} served by the row cache, {est.requests} judge requests "
         f"(one per row); nothing judged, nothing written",
         f"model {est.model}: ~{est.prompt_tokens:,} prompt + ~{est.completion_tokens:,} completion tokens",
-        f"cost: ~{usd(est.cost())} live, ~{usd(est.cost(BATCH_PRICE_FACTOR))} at the batch price",
     ]
+    if params.units == "claims":
+        lines.append(
+            f"claim extraction: {ex.requests} requests (one per distinct reference the claims cache does not hold), "
+            f"model {ex.model or params.extractor_model or params.model}: ~{ex.prompt_tokens:,} prompt + "
+            f"~{ex.completion_tokens:,} completion tokens, ~{usd(ex.cost())}; rows whose claims are not cached are "
+            f"priced on their sentences; a retried extraction is not counted"
+        )
+    lines.append(f"cost: ~{usd(est.cost())} live, ~{usd(est.cost(BATCH_PRICE_FACTOR))} at the batch price")
+    total = est.all_requests
     stops = []
-    if params.max_requests is not None and est.requests > params.max_requests:
-        stops.append(f"--max-requests {params.max_requests} stops after ~{params.max_requests} rows")
+    if params.max_requests is not None and total > params.max_requests:
+        what = f"{params.max_requests} of {total} requests" if ex.requests else f"{params.max_requests} rows"
+        stops.append(f"--max-requests {params.max_requests} stops after ~{what}")
     live = est.cost()
     if params.max_cost_usd is not None and live is not None and live > params.max_cost_usd and est.requests:
         per_row = live / est.requests
         stops.append(f"--max-cost-usd {params.max_cost_usd:g} stops after ~{int(params.max_cost_usd / per_row)} rows")
     paced = []
-    if params.tokens_per_minute and est.requests:
-        paced.append(
-            f"--tpm {params.tokens_per_minute:g}: ~{est.charged_tokens / params.tokens_per_minute:.1f} minutes"
-        )
-    if params.requests_per_minute and est.requests:
-        paced.append(f"--rpm {params.requests_per_minute:g}: ~{est.requests / params.requests_per_minute:.1f} minutes")
+    if params.tokens_per_minute and total:
+        charged = est.charged_tokens + ex.charged_tokens
+        paced.append(f"--tpm {params.tokens_per_minute:g}: ~{charged / params.tokens_per_minute:.1f} minutes")
+    if params.requests_per_minute and total:
+        paced.append(f"--rpm {params.requests_per_minute:g}: ~{total / params.requests_per_minute:.1f} minutes")
     lines.append("limits: " + ("; ".join(stops) if stops else "none would stop the run"))
     if paced:
         lines.append("pace: " + "; ".join(paced))

@@ -16,8 +16,8 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -26,10 +26,18 @@ from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer
+from recall_tasks.judges.base import (
+    JudgeRequest,
+    JudgeResponse,
+    Spend,
+    attempt_observer,
+    charge,
+    spend_of,
+    take_spend,
+)
 from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
-from recall_tasks.metrics.claims import Guard, NotJudged
+from recall_tasks.metrics.claims import Guard, NotJudged, Units
 from recall_tasks.models import RecallCase, RecallResult
 from recall_tasks.sentences import SPLITTER_VERSION
 
@@ -72,12 +80,17 @@ def request_key(fingerprint: str, r: JudgeRequest) -> str:
 
 @dataclass
 class RowOutcome:
-    """The result of one row, or its error; ``requests``: the attempts of a row that got no verdict."""
+    """The result of one row, or its error; ``spent``: what the row cost beyond its result's metadata (the
+    attempts of a row that got no verdict, its claim extraction when it was not judged)."""
 
     result: RecallResult | None
     error: str | None
     cached: bool = False
-    requests: int = 0
+    spent: Spend = field(default_factory=Spend)
+
+    @property
+    def requests(self) -> int:
+        return self.spent.requests
 
 
 def _case(row: dict[str, Any]) -> RecallCase:
@@ -91,14 +104,14 @@ def _case(row: dict[str, Any]) -> RecallCase:
 
 
 async def keyed_requests(
-    metric: Metric, fingerprint: str, rows: list[dict[str, Any]]
+    metric: Metric, fingerprint: str, rows: list[dict[str, Any]], units: Sequence[Units | None] | None = None
 ) -> list[tuple[str, JudgeRequest]]:
     """Each assessable row's judge request with its row-cache key, rows missing an input left out: what a batch
-    submits and what a dry run prices."""
+    submits and what a dry run prices (``units``: each row's claims when known)."""
     found = []
-    for row in rows:
+    for i, row in enumerate(rows):
         case = _case(row)
-        prepared = metric.prepare(case, await metric.resolve_context(case))
+        prepared = metric.prepare(case, await metric.resolve_context(case), units[i] if units is not None else None)
         if not isinstance(prepared, Missing):
             found.append((row_cache_key(fingerprint, prepared), prepared.request))
     return found
@@ -133,12 +146,13 @@ async def score_rows(
         context = contexts[i]
         unit = units[i]
         if isinstance(unit, BaseException):
+            spent = take_spend(unit)  # the first row of the reference records what its extraction cost
             if isinstance(unit, NotJudged):
                 result = metric.not_assessed(NOT_JUDGED + unit.reason, context_count=len(context or []))
-                outcomes[i] = RowOutcome(result, None)
+                outcomes[i] = RowOutcome(result, None, spent=spent)
             else:
                 what = f"claim extraction failed: {type(unit).__name__}: {unit}"
-                outcomes[i] = RowOutcome(None, what, requests=max(getattr(unit, "requests", 1), 1))
+                outcomes[i] = RowOutcome(None, what, spent=spent)
             continue
         prepared = metric.prepare(case, context, unit)
         if isinstance(prepared, Missing):
@@ -157,11 +171,15 @@ async def score_rows(
         else:
             to_judge.append((i, prepared, key))
 
-    def not_judged(prepared: Prepared, why: str, requests: int = 0) -> RowOutcome:
+    def extracted(prepared: Prepared) -> Spend:
+        """The claim extraction a row paid for: recorded whether or not the row is then judged."""
+        return prepared.units.spend if prepared.units is not None else Spend()
+
+    def not_judged(prepared: Prepared, why: str, spent: Spend | None = None) -> RowOutcome:
         result = metric.not_assessed(
             NOT_JUDGED + why, sentence_count=prepared.sentence_count, context_count=prepared.context_count
         )
-        return RowOutcome(result, None, requests=requests)
+        return RowOutcome(result, None, spent=extracted(prepared) + (spent or Spend()))
 
     prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
 
@@ -175,7 +193,7 @@ async def score_rows(
             return
         started = time.perf_counter()
         response: JudgeResponse | None = None
-        attempts = 1
+        failed = Spend(requests=1)
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
@@ -184,22 +202,26 @@ async def score_rows(
         except JudgeConfigError:
             raise
         except JudgeError as exc:
-            attempts = max(exc.requests, 1)
-            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", requests=attempts)
+            spent = spend_of(exc)
+            failed = Spend(max(spent.requests, 1), spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
+            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", spent=extracted(prepared) + failed)
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
                 raise
             task.uncancel()  # cancelled by the breaker, not by the caller: the row is "not judged"
-            attempts = made
-            outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", attempts)
+            failed = replace(spend_of(exc), requests=made)
+            outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", failed)
             return
         finally:
             if breaker is not None and task is not None:
                 breaker.leave(task)
             if gate is not None:
-                gate.release(response.requests if response else attempts, response.cost_usd if response else None)
+                if response is not None:
+                    gate.release(response.requests, response.cost_usd)
+                else:
+                    gate.release(failed.requests, failed.cost_usd)
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
         if cache is not None and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
@@ -234,13 +256,17 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
             requests, cost = reply.requests, reply.cost_usd
             return reply
         except JudgeError as exc:
-            requests = max(exc.requests, 1)
+            requests, cost = max(exc.requests, 1), spend_of(exc).cost_usd
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
                 raise
             task.uncancel()
-            raise NotJudged(breaker.tripped_reason or "circuit breaker") from None
+            stopped = NotJudged(breaker.tripped_reason or "circuit breaker")
+            charge(stopped, replace(spend_of(exc), requests=made))  # the attempts it made before the breaker
+            requests, cost = made, spend_of(stopped).cost_usd
+            raise stopped from None
         finally:
             if breaker is not None and task is not None:
                 breaker.leave(task)
@@ -284,10 +310,16 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["cached"].append(out.cached)
         cols["judge_model"].append(md.judge_model if md else metric.judge.model)
         cols["prompt_version"].append(md.prompt_version if md else metric.judge.prompt_version)
-        cols["prompt_tokens"].append(0 if out.cached or not md else md.prompt_tokens)
-        cols["completion_tokens"].append(0 if out.cached or not md else md.completion_tokens)
-        cols["requests"].append(0 if out.cached else (md.requests if md and md.requests else out.requests))
-        cols["cost_usd"].append(0.0 if out.cached else (md.cost_usd if md else None))
+        # what the row paid: its result's calls (none when cached) plus those that gave it no verdict (``spent``)
+        paid = Spend()
+        if not out.cached:
+            paid = out.spent
+            if md is not None:
+                paid += Spend(md.requests, md.prompt_tokens, md.completion_tokens, md.cost_usd if md.requests else 0.0)
+        cols["prompt_tokens"].append(paid.prompt_tokens)
+        cols["completion_tokens"].append(paid.completion_tokens)
+        cols["requests"].append(paid.requests)
+        cols["cost_usd"].append(paid.cost_usd if paid.requests or out.cached else (md.cost_usd if md else None))
         cols["latency_ms"].append(md.latency_ms if md else None)
         cols["flags"].append(md.flags if md else [])
     table = pa.table(cols, schema=pa.schema(CHUNK_FIELDS))
