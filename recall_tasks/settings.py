@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     server_port: str | None = Field(
         None, validation_alias="RECALL_BENCH_SERVER_PORT", description="The local Prefect server's port; default 4250"
     )
+    report_link_s: str | None = Field(
+        None,
+        validation_alias="RECALL_BENCH_REPORT_LINK_S",
+        description="Seconds a presigned HTTPS link to a run's HTML report on object storage stays valid, in the "
+        "Prefect artifacts (1 to 604800); unset: no presigned link, the artifacts hold the storage URI",
+    )
     crash_at: str | None = Field(
         None,
         validation_alias="RECALL_BENCH_CRASH_AT",

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from recall_tasks import DatasetError, JudgeConfigError, StorageError
+from recall_tasks import ConfigError, DatasetError, JudgeConfigError, StorageError
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunFailed
 from recall_tasks.io.results import ResultStore
@@ -345,33 +347,87 @@ def test_no_secret_in_tables_logs_or_artifacts(
     arts = asyncio.run(artifacts())
     dumped += json.dumps([a.data for a in arts], default=str)
     info_text = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
-    # the HTML report link is presigned: it opens in a browser, and its X-Amz-Credential names the access key
-    # id (an identifier, not a secret); the secret key never appears
     import re
     import urllib.request
 
+    # by default no presigned link anywhere: artifacts (kept by Prefect, shown to the whole workspace) and events
+    # carry the report's storage URI (before: a 7-day link naming the access key id, in every artifact)
+    events = _events_of(summary["run_id"])
+    for text in (dumped, events):
+        assert not re.search(r"X-Amz-|Signature=|AWSAccessKeyId", text), text[:2000]
     key = artifact_key("html", "eval", "contextual_recall")
-
-    async def html_links():
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-        async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-
-    links = [a.data for a in asyncio.run(html_links()) if summary["run_id"] in str(a.data)]
-    url = re.search(r"\((http://[^)]+)\)", links[0] if links else "")
-    assert url is not None and "Signature=" in url.group(1)
-    with urllib.request.urlopen(url.group(1), timeout=10) as reply:
-        assert reply.status == 200 and summary["run_id"] in reply.read().decode()
-    unsigned = re.sub(r"(X-Amz-Credential|AWSAccessKeyId)=[^&\s\")]+", "key-id=...", dumped)
-    assert unsigned != dumped
+    (html_link,) = [a.data for a in arts if a.key == key]
+    assert html_link.endswith(f"]({out}/reports/{summary['run_id']}.html)"), html_link
     for secret in (KEY, s3_server.secret_key, s3_server.access_key):
-        assert secret not in unsigned
+        assert secret not in dumped and secret not in events
         assert secret not in info_text
-    assert s3_server.secret_key not in dumped
     # botocore's own DEBUG lines name the access key id in the signature scope, never the secrets
     assert KEY not in caplog.text and s3_server.secret_key not in caplog.text
     assert any(a.key == artifact_key("report", "eval", "contextual_recall") for a in arts)
+
+    # opted in: a presigned link, valid the hour asked for, that opens; its X-Amz-Credential names the access key
+    # id (an identifier, not a secret); the secret key never appears
+    monkeypatch.setenv("RECALL_BENCH_REPORT_LINK_S", "3600")
+    again = recall_benchmark(params(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url))
+    links = [str(a.data) for a in asyncio.run(_artifacts_of(again["flow_run_id"])) if a.key == key]
+    url = re.search(r"\((http://[^)]+)\)", links[0] if links else "")
+    assert url is not None and "Signature=" in url.group(1), links
+    lifetime = re.search(r"X-Amz-Expires=(\d+)", url.group(1))  # SigV4; SigV2 (s3fs's default): Expires=epoch
+    expires = re.search(r"[?&]Expires=(\d+)", url.group(1))
+    seconds = int(lifetime.group(1)) if lifetime else int(expires.group(1)) - time.time() if expires else None
+    assert seconds is not None and 3500 < seconds <= 3600, url.group(1)
+    with urllib.request.urlopen(url.group(1), timeout=10) as reply:
+        assert reply.status == 200 and again["run_id"] in reply.read().decode()
+    signed = json.dumps([a.data for a in asyncio.run(_artifacts_of(again["flow_run_id"]))], default=str)
+    unsigned = re.sub(r"(X-Amz-Credential|AWSAccessKeyId)=[^&\s\")]+", "key-id=...", signed)
+    assert unsigned != signed
+    for secret in (KEY, s3_server.secret_key, s3_server.access_key):
+        assert secret not in unsigned
+    assert s3_server.secret_key not in signed
+    monkeypatch.setenv("RECALL_BENCH_REPORT_LINK_S", "30 days")
+    with pytest.raises(ConfigError, match="RECALL_BENCH_REPORT_LINK_S='30 days': expected whole seconds"):
+        recall_benchmark(params(dataset_uri=data, output_uri=out, judge="openai", base_url=judge_env.base_url))
+
+
+async def _artifacts_of(flow_run_id: Any) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async with get_client() as client:
+        flow_run = ArtifactFilterFlowRunId(any_=[flow_run_id])
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=flow_run))
+
+
+def _events_of(run_id: str, timeout: float = 30.0) -> str:
+    """The JSON of the stored events that name ``run_id`` (``recall.run.completed`` at least: the server persists
+    events a moment after they are sent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in _stored_events() if run_id in json.dumps(e)]
+        if any(e["event"] == "recall.run.completed" for e in found) or time.monotonic() > deadline:
+            assert found, f"no stored event names run {run_id}"
+            return json.dumps(found)
+        time.sleep(0.5)
+
+
+def _stored_events() -> list[dict[str, Any]]:
+    """Every event the session's Prefect server stored (all pages)."""
+    import urllib.request
+
+    from prefect.settings import PREFECT_API_URL
+
+    body = json.dumps({"filter": {}, "limit": 50}).encode()
+    request = urllib.request.Request(
+        f"{PREFECT_API_URL.value()}/events/filter", data=body, headers={"Content-Type": "application/json"}
+    )
+    found: list[dict[str, Any]] = []
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            page = json.loads(resp.read())
+        found += page["events"]
+        if not page.get("next_page"):
+            return found
+        request = urllib.request.Request(page["next_page"])
 
 
 def test_query_cli_returns_the_run(prefect_harness, tmp_path):
