@@ -296,8 +296,9 @@ def test_quiet_runs_send_no_alert_and_each_kind_its_own_event() -> None:
     assert alerts.alert_for_run(_summary(), _comparison([1.0] * 20, [0.0] * 20), "r.html") is None  # improved
     regressed = _comparison([0.0] * 20, [1.0] * 20)
     assert regressed.verdict == "regressed"
-    found = alerts.alert_for_run(_summary(), regressed, "s3://b/reports/cur.html")
+    found = alerts.alert_for_run(_summary(threshold=0.6), regressed, "s3://b/reports/cur.html")
     assert found is not None and found.name == "recall.regression.detected"
+    assert "pass→fail flips: 20 (fail→pass 0); a pass is a score of at least 0.6." in found.payload["message"]
     assert found.payload["baseline"] == {"run_id": "base", "mean": 0.9, "mean_ci": [0.8, 1.0]}
     assert found.resource["recall.dataset"] == "faq_<b>x</b>" and found.resource["recall.label"] == "night*ly"
     # a failed or budget-stopped run is one message of its own kind, whatever its verdict

@@ -345,3 +345,30 @@ def test_largest_drops_show_the_question_beside_the_id(runs: pa.Table, results: 
     assert cell is not None and cell.group(1).startswith("How does the billing cycle work")
     assert cell.group(1).endswith("…") and len(cell.group(1)) == 160 and "<b>" not in section
     assert "<code>no-question</code></td>" in section
+
+
+@pytest.mark.parametrize("with_row_id", [True, False])
+def test_drops_get_their_question_back_from_the_dataset(tmp_path: Any, with_row_id: bool) -> None:
+    """The results table has no question: it is read back by file and row, only while the row keeps its id."""
+    import pyarrow.parquet as pq
+
+    from recall_tasks.io.blocks import iter_row_ids
+    from recall_tasks.io.datasets import open_dataset
+    from recall_tasks.reports import run_data
+
+    rows = [{"input": f"question {i}?", "expected_output": f"Answer {i}.", "retrieval_context": [f"c{i}"]}
+            for i in range(4)]  # fmt: skip
+    rows.append(dict(rows[0]))  # an exact duplicate: its id gets ~2
+    if with_row_id:
+        rows = [{"row_id": f"r{i}", **r} for i, r in enumerate(rows)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    ds = open_dataset(str(path), StorageConfig.from_options())
+    ids = list(iter_row_ids(ds))
+    assert len(set(ids)) == 5 and (with_row_id or ids[4] == f"{ids[0]}~2")
+    results = pa.table({"row_id": ids, "source_file": [ds.files[0].uri] * 5, "source_row": [0, 1, 2, 3, 4]})
+    drops = [{"row_id": ids[2]}, {"row_id": ids[4]}, {"row_id": "not-in-results"}]
+    got = run_data.with_questions(None, {}, results, drops, ds)  # type: ignore[arg-type]
+    assert [d.get("question") for d in got] == ["question 2?", "question 0?", None]
+    moved = results.set_column(2, "source_row", pa.array([1, 0, 3, 2, 4]))  # rows rewritten since: ids differ
+    assert [d.get("question") for d in run_data.with_questions(None, {}, moved, drops, ds)][:1] == [None]  # type: ignore[arg-type]

@@ -569,6 +569,8 @@ def test_outputs() -> None:
     assert cmp.worst_rows[0].row_id in md and planted[0] in md
     assert "lost: row3 s0" in md
     assert "| segment | a |" in md
+    assert "| pass → fail / fail → pass | 100 / 0 |" in md  # no threshold given: none named
+    assert "| pass → fail / fail → pass (a pass: score ≥ 0.7) | 100 / 0 |" in comparison_markdown(cmp, 0.7)
 
     payload = cmp.event_payload()
     decoded = json.loads(json.dumps(payload))

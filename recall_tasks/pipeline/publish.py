@@ -103,7 +103,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     if comparison is not None:
         out.artifacts.append(
             Artifact(
-                "markdown", keys["regression"], comparison_markdown(comparison),
+                "markdown", keys["regression"], comparison_markdown(comparison, plan.params.threshold),
                 f"run {plan.run_id} vs {comparison.baseline_run_id}",
             )
         )  # fmt: skip
@@ -113,7 +113,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:
-        report_md += "\n\n" + comparison_markdown(comparison)
+        report_md += "\n\n" + comparison_markdown(comparison, plan.params.threshold)
     out.artifacts.append(
         Artifact(
             "markdown", keys["report"], f"{report_md}\n\n[HTML report]({link}) ({link_note})",

@@ -157,6 +157,7 @@ def alert_for_run(summary: Mapping[str, Any], comparison: Comparison | None, rep
             "cost_usd": summary.get("cost_usd"),
             "mean": summary.get("mean_score"),
             "mean_ci": [summary.get("ci_low"), summary.get("ci_high")],
+            "threshold": summary.get("threshold"),
             "baseline": None
             if comparison is None
             else {
@@ -250,7 +251,8 @@ def render(p: Mapping[str, Any]) -> tuple[str, str]:
         flips = p.get("flips") or {}
         blocks.append(
             f"Paired change {fmt_number(p.get('mean_delta'), '+.3f')} ({_ci(lo, hi)}) over {p.get('n_paired')} rows; "
-            f"pass→fail flips: {flips.get('pass_to_fail', 0)} (fail→pass {flips.get('fail_to_pass', 0)})."
+            f"pass→fail flips: {flips.get('pass_to_fail', 0)} (fail→pass {flips.get('fail_to_pass', 0)})"
+            + (f"; a pass is a score of at least {p['threshold']:g}." if p.get("threshold") is not None else ".")
         )
     if p.get("segments") and kind != "incomparable":
         items = [

@@ -17,8 +17,15 @@ def _fmt_p(p: float) -> str:
     return f"{p:.3g}" if p >= 1e-4 else f"{p:.2e}"
 
 
-def comparison_markdown(c: Comparison) -> str:
-    """A human report: verdict headline, figures, segments, worst rows with their lost statements."""
+def _at(threshold: float | None) -> str:
+    return f" (a pass: score ≥ {threshold:g})" if threshold is not None else ""
+
+
+def comparison_markdown(c: Comparison, threshold: float | None = None) -> str:
+    """A human report: verdict headline, figures, segments, worst rows with their lost statements.
+
+    ``threshold``: the runs' pass threshold, named beside the pass→fail flips.
+    """
     verdict = c.verdict.upper().replace("_", " ")
     out = [f"## {verdict}: {md_text(c.metric or 'metric')} on {md_text(c.dataset or '?')}", ""]
     out.append(f"Run {md_code(c.current_run_id)} compared with baseline {md_code(c.baseline_run_id)}.")
@@ -38,7 +45,7 @@ def comparison_markdown(c: Comparison) -> str:
         f"| mean (baseline → current) | {fmt_number(c.mean_baseline, '.4f')} → {fmt_number(c.mean_current, '.4f')} |",
         f"| mean delta | {fmt_number(c.mean_delta, '+.4f')} |",
         f"| 95 % CI of delta | [{fmt_number(c.ci_low, '+.4f')}, {fmt_number(c.ci_high, '+.4f')}] |",
-        f"| pass → fail / fail → pass | {c.flips_pass_to_fail} / {c.flips_fail_to_pass} |",
+        f"| pass → fail / fail → pass{_at(threshold)} | {c.flips_pass_to_fail} / {c.flips_fail_to_pass} |",
         f"| McNemar exact p | {_fmt_p(c.mcnemar_p)} |",
         f"| context precision delta (secondary) | {fmt_number(c.context_precision_delta, '+.4f')} |",
         f"| tolerance / alpha | {c.tolerance:g} / {c.alpha:g} |",
