@@ -1,9 +1,9 @@
 """The judge's lean chat-completions path: one POST on the SDK client's own aiohttp session, nothing around it.
 
-Why: ~65 % of a judged row's client CPU on the SDK path went to the layers between the judge and aiohttp (the
+Why: most of a judged row's client CPU on the SDK path goes to the layers between the judge and aiohttp (the
 SDK's request options, URL and header objects, httpx2's client, the httpx2-over-aiohttp bridge), not to the
-request: 0.36 against 1.00 ms of CPU a row on the same machine (``benchmarks/cpu_per_row.py``, see
-docs/design.md, "The judge"). This path sends the same bytes on the same session, so every byte on the wire is
+request: this path costs less than half as much (``benchmarks/cpu_per_row.py``; the figures are in
+docs/design.md, "The judge"). It sends the same bytes on the same session, so every byte on the wire is
 aiohttp's (framing, 1xx replies, header limits, keep-alive expiry, redirects) and every decoded byte httpx2's:
 
 - **What it sends**: the URL and headers the SDK builds for a chat request on this client (its own
