@@ -122,6 +122,10 @@ def test_dry_run_estimates_claim_extraction(prefect_harness, fake_openai, tmp_pa
     recall_benchmark(params)
     (run,) = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
     assert run["requests"] == 30 == len(fake_openai.chat_requests)
+    print(
+        f"\n[claims dry run] estimated 30 requests, ~{prompt:.0f} + ~{completion:.0f} tokens, ${cost:.6f}; "
+        f"the run: {run['requests']}, {run['prompt_tokens']} + {run['completion_tokens']}, ${run['cost_usd']:.6f}"
+    )
     assert abs(prompt - run["prompt_tokens"]) <= 0.2 * run["prompt_tokens"], (prompt, run)
     assert abs(completion - run["completion_tokens"]) <= 0.5 * run["completion_tokens"], (completion, run)
     assert abs(cost - run["cost_usd"]) <= 0.2 * run["cost_usd"], (cost, run)
