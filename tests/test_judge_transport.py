@@ -347,3 +347,21 @@ def test_the_cli_refuses_a_key_ending_in_a_newline_with_one_error_line(prefect_h
     assert len(errors) == 1 and "control character at its end" in errors[0], result.output
     assert "secret-0123456789" not in result.output and "Traceback" not in result.output
     assert fake_openai.requests == [] and not out.exists()
+
+
+@PATHS
+def test_interim_replies_are_skipped_and_oversized_heads_fail_the_row_clearly(fake_openai, lean):
+    """A 100 Continue and a 103 Early Hints before the reply are not the reply; a head past aiohttp's limits (one
+    100 KB header, 300 headers) fails the attempt as an invalid reply, retried, then the row, not the process."""
+    fake_openai.set_responder(lambda body: json.dumps(REPLY))
+    fake_openai.enqueue(Framed(informational=True), Framed(informational=True))
+    got = judged(fake_openai.base_url, lean, rows=2, sequential=True, max_retries=0)
+    assert got["scores"] == [1.0, 1.0] and got["requests"] == 2 and got["failed"] == [], got
+    for oversized in (Framed(header_bytes=100_000), Framed(header_count=300)):
+        fake_openai.reset()
+        fake_openai.set_responder(lambda body: json.dumps(REPLY))
+        fake_openai.enqueue(oversized, oversized)
+        got = judged(fake_openai.base_url, lean, rows=1, max_retries=1)
+        assert got["error"][0] == "JudgeTransientError" and got["error"][2] == 2, got
+        assert ": invalid reply: " in got["error"][1] and "cannot connect" not in got["error"][1], got
+        assert "aaaa" not in got["error"][1]  # not the reply's bytes

@@ -85,7 +85,8 @@ def map_reply_errors() -> Iterator[None]:
     try:
         yield
     except aiohttp.ClientResponseError as exc:
-        raise httpx2.RemoteProtocolError(f"invalid reply: {' '.join(str(exc.message).split())[:120]}") from exc
+        what = " ".join(str(exc.message).split(": b'")[0].split())[:120]  # not the reply's bytes aiohttp quotes
+        raise httpx2.RemoteProtocolError(f"invalid reply: {what}") from exc
 
 
 @contextlib.asynccontextmanager
@@ -454,6 +455,7 @@ def translate_error(
         )
     if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included: the chain says what happened
         cause, timed_out = describe_failure(exc, timeout_s)
+        cause = redact(cause, extra=[api_key] if api_key else ())
         if timed_out or any(isinstance(e, ReplyTooLargeError | httpx2.RemoteProtocolError) for e in _chain(exc)):
             return JudgeTransientError(f"{where}: {cause} ({max_retries} retries)", model=model)
         return JudgeTransientError(f"cannot connect to {where}: {cause} ({max_retries} retries)", model=model)
