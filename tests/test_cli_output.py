@@ -294,6 +294,10 @@ def test_report_to_a_local_path(out, tmp_path):
     assert (tmp_path / f"{run_id}.html").is_file() and into_folder.exit_code == 0
     unknown = invoke("report", "nope", "--output", out["output"], "--to", str(tmp_path))
     one_error_line(unknown, "error: run nope not found")
+    latest = invoke("report", "latest", "--output", out["output"], "--to", str(tmp_path / "latest.html"))
+    assert latest.exit_code == 0 and run_id in (tmp_path / "latest.html").read_text(), latest.output  # the later run
+    empty = str(tmp_path / "empty")
+    one_error_line(invoke("report", "latest", "--output", empty), f"error: no runs recorded under {empty}")
 
 
 def test_bad_option_values_are_one_error_line(out):

@@ -152,6 +152,9 @@ def test_retrieval_file_matching_no_row_id_is_refused_before_judging(prefect_har
     assert f"0 of 50 row ids found in the retrieval file {retrieved}" in errors[0]
     assert repr(rows[0]["row_id"]) in errors[0] and "no row_id column" in errors[0]
     assert not out.exists()
+    dry = _cli(["run", str(data), "--output", str(out), "--retrieval-uri", str(retrieved), "--judge", "lexical",
+                "--dry-run"], tmp_path)  # fmt: skip
+    assert dry.returncode == 2 and "0 of 50 row ids found" in dry.stderr, dry.stdout + dry.stderr
 
 
 def test_retrieval_file_missing_some_row_ids_is_a_note_with_the_count(prefect_harness, tmp_path):
