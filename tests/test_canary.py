@@ -227,3 +227,31 @@ def test_a_bad_canary_is_refused_before_any_judge_call_or_write(
     if canary == "bad.jsonl":
         assert "row 0" in lines[0] and "labels" in lines[0]
     assert nights.fake.requests == [] and not out.exists()
+
+
+def test_an_output_written_before_the_canary_columns_takes_a_canary_run(prefect_harness, tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    runner = CliRunner()
+    data = write_parquet(tmp_path / "v1" / "eval.parquet", supported(make_rows(8, seed=3)))
+    canary = write_jsonl(tmp_path / "canary.jsonl", labelled(make_rows(6, seed=9)))
+    out = str(tmp_path / "out")
+    for label in ("old", "older"):
+        assert runner.invoke(app, ["run", data, "--output", out, "--label", label]).exit_code == 0
+    for table, dropped in (("runs", [f.name for f in CANARY_FIELDS]), ("comparisons", ["judge_drift"])):
+        old = DeltaTable(f"{out}/{table}").to_pyarrow_table().drop_columns(dropped)  # as written before them
+        write_deltalake(f"{out}/{table}", old, mode="overwrite", schema_mode="overwrite")
+    new = runner.invoke(app, ["run", data, "--output", out, "--label", "new", "--canary", canary])
+    assert new.exit_code == 0, new.output
+    assert ": unchanged (" in new.output and "the baseline run has no canary: judge drift not checked" in new.output
+    sql = "SELECT label, canary_rows, canary_accuracy FROM runs WHERE segment_column IS NULL ORDER BY label"
+    queried = runner.invoke(app, ["query", sql, "-o", out, "--output-format", "json"])
+    assert queried.exit_code == 0, queried.output
+    got = [json.loads(line) for line in queried.output.splitlines() if line.strip()]
+    assert got == [
+        {"label": "new", "canary_rows": 6, "canary_accuracy": 1.0},
+        {"label": "old", "canary_rows": None, "canary_accuracy": None},
+        {"label": "older", "canary_rows": None, "canary_accuracy": None},
+    ]
+    drift = DeltaTable(f"{out}/comparisons").to_pyarrow_table().column("judge_drift").to_pylist()
+    assert sorted(drift, key=lambda v: v is None) == [False, None]
