@@ -307,3 +307,36 @@ def test_a_retention_under_the_floor_needs_the_flag_and_fresh_files_are_kept(tmp
     if fmt == "iceberg":
         assert files_under(results) < kept
     assert rows_per_run(detected(str(out))) == {f"run-{n:03d}": 3 for n in range(4)}
+
+
+def test_a_compaction_that_keeps_losing_to_runs_is_one_error_line_exit_4(tmp_path, monkeypatch):
+    """Issue 31 item 3: every maintenance commit meets a run's commit that landed just before it (on the real
+    SQLite catalog: its compare-and-swap refuses the stale one). Retried 5 times, then one ``error:`` line, exit 4,
+    no traceback; every run's rows are still there once."""
+    from pyiceberg.table import Transaction
+
+    out = str(tmp_path / "out")
+    store = ResultStore(out, StorageConfig.from_options(), "iceberg")
+    for n in range(4):
+        night(store, n)
+    real, nights, maintaining = Transaction.commit_transaction, [4], threading.local()
+
+    def a_run_lands_first(self: Any) -> Any:
+        if not getattr(maintaining, "inside", False) and threading.current_thread() is threading.main_thread():
+            maintaining.inside = True  # the run below commits in its own thread, unheld
+            runner = threading.Thread(target=night, args=(ResultStore(out, StorageConfig.from_options(), "iceberg"),
+                                                          nights[-1]))  # fmt: skip
+            runner.start()
+            runner.join()
+            nights.append(nights[-1] + 1)
+            maintaining.inside = False
+        return real(self)
+
+    monkeypatch.setattr(Transaction, "commit_transaction", a_run_lands_first)
+    done = cli("maintain", "-o", out, *SHORT)
+    monkeypatch.undo()
+    assert done.exit_code == 4, done.output
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: maintain gave up on results (compaction) after 5 commit")
+    assert "Traceback" not in done.output
+    assert rows_per_run(detected(out)) == {f"run-{n:03d}": 3 for n in range(nights[-1])}

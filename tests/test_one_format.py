@@ -122,3 +122,18 @@ def test_an_output_of_one_format_is_found_without_format(tmp_path):
         night(ResultStore(out, StorageConfig.from_options(), fmt), 0)  # type: ignore[arg-type]
         assert formats_at(out, StorageConfig.from_options()) == [fmt]
     assert Path(tmp_path / "iceberg" / "_warehouse.json").exists()
+
+
+def test_calibrate_refuses_another_format_before_judging(tmp_path):
+    """``calibrate`` writes a table too: into an output of another format, refused like a run."""
+    from tests.test_calibrate import labelled_rows
+
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("".join(json.dumps(r) + "\n" for r in labelled_rows()), encoding="utf-8")
+    out = str(tmp_path / "out")
+    night(ResultStore(out, StorageConfig.from_options(), "delta"), 0)
+    before = listing(out)
+    refused(
+        cli("calibrate", str(labels), "--judge", "lexical", "-o", out, "--format", "iceberg"), out, "delta", "iceberg"
+    )
+    assert listing(out) == before
