@@ -289,6 +289,11 @@ def test_a_retention_under_the_floor_needs_the_flag_and_fresh_files_are_kept(tmp
     assert refused.exit_code == 2, refused.output
     assert "under the 7-day retention floor" in refused.output and "--allow-short-retention" in refused.output
     assert sorted(out.rglob("*")) == files  # nothing compacted, expired or deleted
+    for bad in ("inf", "1e12"):  # (nan: click's own range check refuses it)
+        got = cli("maintain", "-o", str(out), "--keep-days", bad, "--allow-short-retention")
+        assert got.exit_code == 2 and got.output.startswith("error: --keep-days must be a number of days"), got.output
+    assert cli("maintain", "-o", str(out), "--keep-days", "nan").exit_code == 2
+    assert sorted(out.rglob("*")) == files
 
     done = cli("maintain", "-o", str(out), *SHORT)
     assert done.exit_code == 0, done.output

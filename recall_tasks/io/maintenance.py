@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 TABLES = ("results", "runs", "comparisons")
 #: ``keep_days`` under this is refused without ``allow_short_retention`` (Delta's vacuum check: 7 days)
 RETENTION_FLOOR_DAYS = 7.0
+#: ``keep_days`` above this (a century) is refused: dates that far back do not exist
+MAX_KEEP_DAYS = 36_500.0
 #: no file younger than the start of ``maintain`` minus this is ever deleted, whatever ``keep_days``
 SAFETY_MARGIN = dt.timedelta(hours=1)
 #: a maintenance commit that lost a race with a run's commit is retried this many times in all
@@ -64,9 +66,10 @@ class UnsafeOrphanRemoval(RecallBenchError):
 
 
 def check_retention(keep_days: float, allow_short_retention: bool) -> None:
-    """Refuse a ``keep_days`` under the floor unless explicitly allowed (and a negative or NaN one always)."""
-    if math.isnan(keep_days) or keep_days < 0:
-        raise ConfigError(f"--keep-days must be a number of days >= 0, got {keep_days}")
+    """Refuse a ``keep_days`` under the floor unless explicitly allowed (and a negative, infinite or NaN one
+    always)."""
+    if not math.isfinite(keep_days) or not 0 <= keep_days <= MAX_KEEP_DAYS:
+        raise ConfigError(f"--keep-days must be a number of days from 0 to {MAX_KEEP_DAYS:g}, got {keep_days}")
     if keep_days < RETENTION_FLOOR_DAYS and not allow_short_retention:
         raise ConfigError(
             f"--keep-days {keep_days:g} is under the {RETENTION_FLOOR_DAYS:g}-day retention floor: a resumed run's "
