@@ -345,3 +345,59 @@ def test_a_compaction_that_keeps_losing_to_runs_is_one_error_line_exit_4(tmp_pat
     assert len(lines) == 1 and lines[0].startswith("error: maintain gave up on results (compaction) after 5 commit")
     assert "Traceback" not in done.output
     assert rows_per_run(detected(out)) == {f"run-{n:03d}": 3 for n in range(nights[-1])}
+
+
+def test_a_real_run_on_the_rest_catalog_keeps_its_rows_while_maintain_runs(
+    prefect_harness, fake_openai, s3_server, monkeypatch, tmp_path
+):
+    """The issue's scenario end to end: ``recall-bench run`` (Prefect flow, judged by the fake OpenAI server) on
+    Iceberg over the REST catalog, its results commit held after its files are written until a maintenance round
+    (``--keep-days 0 --allow-short-retention``) ran in another thread. The run exits 0 and its rows are there once
+    (on the old code: "object not found", exit 2, or maintain's CommitFailedException traceback)."""
+    import pyarrow.parquet as pq
+    from pyiceberg.table import Transaction
+
+    from tests import judge_script
+    from tests.test_pipeline import KEY, make_rows
+
+    for k, v in {**s3_server.env(), **s3_server.iceberg_catalog_env(CATALOG), "OPENAI_API_KEY": KEY}.items():
+        monkeypatch.setenv(k, v)
+    fake_openai.set_responder(judge_script.responder)
+    out, namespace = f"s3://{s3_server.make_bucket()}/m1", f"m_{uuid.uuid4().hex[:12]}"
+    data = tmp_path / "data" / "eval.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(make_rows(20, seed=3)), data)
+    args = ["run", str(data), "-o", out, "--judge", "openai", "--base-url", fake_openai.base_url,
+            "--format", "iceberg", "--catalog", CATALOG, "--namespace", namespace, "--dataset-name", "golden"]  # fmt: skip
+    first = cli(*args)
+    assert first.exit_code == 0, first.output
+
+    held, release, maintained, errors = threading.Event(), threading.Event(), [], []
+    real = Transaction.commit_transaction
+
+    def held_once(self: Any) -> Any:
+        if threading.current_thread() is not maintainer and not held.is_set():
+            held.set()
+            release.wait(timeout=60)
+        return real(self)
+
+    def maintenance_round() -> None:
+        try:
+            assert held.wait(timeout=120)
+            store = ResultStore(out, StorageConfig.from_options(), "iceberg")
+            maintained.append(maintenance.maintain(store, keep_days=0, allow_short_retention=True))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            release.set()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Transaction, "commit_transaction", held_once)
+        maintainer = threading.Thread(target=maintenance_round)
+        maintainer.start()
+        second = cli(*args)
+        maintainer.join(timeout=120)
+    assert errors == [] and maintained and held.is_set()
+    assert second.exit_code == 0, second.output
+    fresh = detected(out)
+    assert sorted(rows_per_run(fresh).values()) == [20, 20] and len(runs_recorded(fresh)) == 2
