@@ -160,6 +160,8 @@ def test_a_judge_that_drifts_behind_the_same_name_is_judge_drift_not_a_regressio
     assert alert.payload["judge_drift"] is True and "(judge drift)" in alert.payload["subject"]
     assert "Judge drift: the judge's agreement with the canary's labels" in alert.payload["message"]
     assert not [e for e in events if e.event == "recall.regression.detected"]
+    completed = [e.payload for e in events if e.event == "recall.run.completed"]
+    assert [p["canary_accuracy"] for p in completed] == [1.0, second["canary_accuracy"]]
 
 
 def test_a_retrieval_that_changes_under_the_same_judge_is_regressed_and_the_canary_is_cached(
@@ -255,3 +257,15 @@ def test_an_output_written_before_the_canary_columns_takes_a_canary_run(prefect_
     ]
     drift = DeltaTable(f"{out}/comparisons").to_pyarrow_table().column("judge_drift").to_pylist()
     assert sorted(drift, key=lambda v: v is None) == [False, None]
+
+
+def test_a_dry_run_names_the_canary_and_refuses_a_bad_one(nights: Nights, tmp_path: Path) -> None:
+    data = nights.data("v1", nights.rows)
+    base = ["run", data, "--output", str(tmp_path / "dry"), "--judge", "openai", "--base-url", nights.fake.base_url,
+            "--dry-run"]  # fmt: skip
+    dry = CliRunner().invoke(app, [*base, "--canary", nights.canary], env={"COLUMNS": "300"})
+    assert dry.exit_code == 0, dry.output
+    assert f"canary: {CANARY_ROWS} labelled rows judged at the end of the run, re-judged" in dry.output, dry.output
+    bad = CliRunner().invoke(app, [*base, "--canary", str(tmp_path / "nope.jsonl")])
+    assert bad.exit_code == 2 and "error: --canary: labelled set not found" in bad.output, bad.output
+    assert nights.fake.requests == [] and not (tmp_path / "dry").exists()

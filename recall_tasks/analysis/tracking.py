@@ -88,5 +88,6 @@ def run_event_payload(summary: RunRow) -> dict[str, Any]:
     """The JSON-safe payload of ``recall.run.completed``."""
     keys = ["run_id", "dataset", "dataset_uri", "label", "index_version", "metric", "judge_model", "rows",
             "scored", "errors", "skipped", "cached", "mean_score", "ci_low", "ci_high", "pass_rate", "cost_usd",
-            "status", "status_reason", "judge", "error_rate"]  # fmt: skip
+            "status", "status_reason", "judge", "error_rate", "canary_id", "canary_accuracy",
+            "canary_kappa"]  # fmt: skip
     return {k: summary.get(k) for k in keys}

@@ -69,6 +69,7 @@ class Estimate:
     model: str
     price: tuple[float, float] | None  # USD per million tokens (input, output); None: unknown model
     extractions: Extractions = field(default_factory=Extractions)
+    canary_rows: int = 0  # --canary: its labelled rows, judged at the end of the run (pipeline/canary.py)
 
     def cost(self, factor: float = 1.0) -> float | None:
         """Judge requests at ``factor`` of the live price (the batch discount), claim extractions live (never
@@ -140,7 +141,8 @@ def estimate(params: RunParams) -> Estimate:
     price = price_for(model, {**getattr(judge, "prices", {})}) if body_of is not None else (0.0, 0.0)
     extractions = _extractions(claim_units.extractor, list(to_extract)) if claim_units is not None else Extractions()
     return Estimate(dataset.num_rows, cached, len(requests) if body_of is not None else 0, prompt, completion,
-                    charged, model, price, extractions)  # fmt: skip
+                    charged, model, price, extractions,
+                    len(checked.canary.rows) if checked.canary is not None else 0)  # fmt: skip
 
 
 def _claims_of(
@@ -198,6 +200,14 @@ def report(params: RunParams, est: Estimate) -> list[str]:
             f"priced on their sentences; a retried extraction is not counted"
         )
     lines.append(f"cost: ~{usd(est.cost())} live, ~{usd(est.cost(BATCH_PRICE_FACTOR))} at the batch price")
+    if params.canary:
+        when = (
+            f"re-judged, as the run judges rows afresh: {est.canary_rows} more requests"
+            if est.requests or ex.requests
+            else "served by the row cache when it holds them (the run judges nothing afresh)"
+        )
+        lines.append(f"canary: {est.canary_rows} labelled rows judged at the end of the run, {when}; not in the "
+                     "figures above")  # fmt: skip
     total = est.all_requests
     stops = []
     if params.max_requests is not None and total > params.max_requests:
