@@ -367,8 +367,8 @@ def test_a_real_run_on_the_rest_catalog_keeps_its_rows_while_maintain_runs(
     data = tmp_path / "data" / "eval.parquet"
     data.parent.mkdir()
     pq.write_table(pa.Table.from_pylist(make_rows(20, seed=3)), data)
-    args = ["run", str(data), "-o", out, "--judge", "openai", "--base-url", fake_openai.base_url,
-            "--format", "iceberg", "--catalog", CATALOG, "--namespace", namespace, "--dataset-name", "golden"]  # fmt: skip
+    args = ["run", str(data), "-o", out, "--judge", "openai", "--base-url", fake_openai.base_url, "--format",
+            "iceberg", "--catalog", CATALOG, "--namespace", namespace, "--dataset-name", "golden"]  # fmt: skip
     first = cli(*args)
     assert first.exit_code == 0, first.output
 
