@@ -169,3 +169,14 @@ def test_retrieval_file_missing_some_row_ids_is_a_note_with_the_count(prefect_ha
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"7 of 10 row ids found in the retrieval file {retrieved}; the 3 others" in " ".join(done.stderr.split())
     assert "--on-missing skip" in done.stderr
+    # under --on-missing error (the default) 3 of 10 missing is above --max-error-rate 0.05: the run could only fail
+    refused = _cli(["run", str(data), "--output", str(tmp_path / "out2"), "--retrieval-uri", str(retrieved),
+                    "--judge", "lexical"], tmp_path)  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "7 of 10 row ids found" in error and "more than --max-error-rate 0.05" in error, error
+    assert not (tmp_path / "out2").exists()
+    allowed = _cli(["run", str(data), "--output", str(tmp_path / "out3"), "--retrieval-uri", str(retrieved),
+                    "--judge", "lexical", "--max-error-rate", "0.5"], tmp_path)  # fmt: skip
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr  # 3 errors of 10: within 0.5
+    assert "follow --on-missing error" in " ".join(allowed.stderr.split())

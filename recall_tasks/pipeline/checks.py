@@ -175,8 +175,10 @@ def check_retrieval_coverage(params: RunParams, dataset: Dataset, retrieval: Ret
     """``--retrieval-uri`` must hold contexts for the dataset's rows, matched by row id.
 
     Policy: refused (one error naming both sides' ids) when none of the dataset's row ids is in the file: every
-    row would go unjudged, whatever ``--on-missing`` says. When some are missing, the run goes on and this returns
-    a note with the count (those rows get no context and follow ``--on-missing``). Reads only the dataset's id
+    row would go unjudged, whatever ``--on-missing`` says; refused too when, under ``--on-missing error``, the
+    missing share alone exceeds ``--max-error-rate`` (each missing row is an error: the run could only fail, after
+    paying for the others). Otherwise the run goes on and this returns a note with the count (those rows get no
+    context and follow ``--on-missing``). Reads only the dataset's id
     columns (``row_id``, else the question and reference answer the ids are hashed from: ``io/blocks.py``).
     """
     known = set(retrieval.row_ids.to_pylist())
@@ -203,7 +205,12 @@ def check_retrieval_coverage(params: RunParams, dataset: Dataset, retrieval: Ret
             f"--retrieval-uri: 0 of {total} row ids found in the retrieval file {uri} (dataset ids such as "
             f'{", ".join(repr(v) for v in missing)}; the file has {theirs}); {how} (docs/usage.md, "Row ids")'
         )
-    return (
-        f"--retrieval-uri: {found} of {total} row ids found in the retrieval file {uri}; the {total - found} others "
-        f"(such as {', '.join(repr(v) for v in missing)}) get no context and follow --on-missing {params.on_missing}"
-    )
+    head = f"--retrieval-uri: {found} of {total} row ids found in the retrieval file {uri}; the {total - found} others"
+    examples = f"(such as {', '.join(repr(v) for v in missing)})"
+    if params.on_missing == "error" and (total - found) / total > params.max_error_rate:
+        raise ConfigError(
+            f"{head} {examples} would each end in an error (--on-missing error), more than --max-error-rate "
+            f"{params.max_error_rate:g} of the rows: the run would fail after judging the rest; give the file every "
+            f"row id, or --on-missing skip to score the {found} found"
+        )
+    return f"{head} {examples} get no context and follow --on-missing {params.on_missing}"
