@@ -103,4 +103,10 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     got = results_of(out, run["run_id"])  # asserts each row appears once
     assert set(got) == {r["row_id"] for r in rows}
     assert all(got[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
-    assert sum(1 for r in got.values() if r["cached"]) >= cached
+    # what the interrupted attempt paid is the run's: the rows it judged are not "cached" and their requests count
+    # (before: the runs row held only the resumed attempt's requests, every row the first one judged was free);
+    # the calls cancelled in flight (at most the concurrency, plus those sent after the signal) left no answer
+    sent = len(judge_env.chat_requests)
+    assert sent - CONCURRENCY - AFTER_SIGNAL_MAX <= run["requests"] <= sent, (run["requests"], sent, cached)
+    assert not any(r["cached"] for r in got.values())
+    assert sum(r["requests"] for r in got.values()) == run["requests"]

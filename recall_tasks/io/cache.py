@@ -229,12 +229,36 @@ class RowVerdictCache(SegmentCache):
     def __init__(self, uri: str, storage: StorageConfig, *, read: bool = True, flush_rows: int = 2000) -> None:
         super().__init__(uri, storage, read=read, flush_rows=flush_rows)
         self._claims: ClaimCache | None = None
+        #: ``<run id>/<attempt>`` of the run writing (set by its plan): each entry it puts records it as ``paid_by``
+        self.attempt: str | None = None
+        self._owed_taken: set[str] = set()
 
     def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
         return super().get_many(keys)
 
     def put_many(self, entries: Mapping[str, JudgeResponse], *, flush: bool = True) -> bool:
+        if self.attempt is not None:
+            entries = {k: v.model_copy(update={"paid_by": self.attempt}) for k, v in entries.items()}
         return super().put_many(entries, flush=flush)
+
+    def owed(self, key: str, response: JudgeResponse) -> bool:
+        """Whether a hit was paid for by an earlier attempt of this same run (interrupted, crashed, a worker died:
+        it committed nothing), the first time this process sees the key: the run then records its requests, tokens
+        and cost as its own (the row is not ``cached``), so what the interrupted attempt paid is in the runs table.
+
+        A run id is reused only by the attempts of one unfinished run, so an entry of another run never counts.
+        Calls in flight when the attempt stopped left no entry: those are not counted. With worker processes, a
+        duplicate row may be counted by two workers.
+        """
+        if self.attempt is None or response.paid_by is None or response.paid_by == self.attempt:
+            return False
+        if response.paid_by.split("/", 1)[0] != self.attempt.split("/", 1)[0]:
+            return False
+        with self._lock:
+            if key in self._owed_taken:
+                return False
+            self._owed_taken.add(key)
+        return True
 
     @staticmethod
     def _decode(payload: str) -> Any:
@@ -242,7 +266,9 @@ class RowVerdictCache(SegmentCache):
 
     @staticmethod
     def _encode(value: Any) -> str:
-        return str(value.model_dump_json())
+        if value.paid_by is None:
+            return str(value.model_dump_json())
+        return json.dumps({**value.model_dump(mode="json"), "paid_by": value.paid_by}, ensure_ascii=False)
 
     @property
     def claims(self) -> ClaimCache:

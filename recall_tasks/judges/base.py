@@ -51,6 +51,8 @@ class JudgeResponse(BaseModel):
     cost_usd: float | None = None
     requests: int = 0
     flags: list[str] = Field(default_factory=list)
+    #: row-cache entries only: the run attempt that paid for it (``io/cache.RowVerdictCache.owed``); never dumped
+    paid_by: str | None = Field(None, exclude=True)
 
 
 @runtime_checkable

@@ -164,10 +164,12 @@ async def score_rows(
         pending.append((i, prepared, row_cache_key(fingerprint, prepared)))
 
     hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in pending]) if cache and pending else {}
+    owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
     to_judge = []
     for i, prepared, key in pending:
         if key in hits:
-            outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=True)
+            paid_earlier = owed is not None and owed(key, hits[key])
+            outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=not paid_earlier)
         else:
             to_judge.append((i, prepared, key))
 

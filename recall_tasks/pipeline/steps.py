@@ -265,6 +265,8 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
         canary=checked.canary,
     )  # fmt: skip
+    if cache is not None:  # the entries it puts name this attempt: a resumed attempt counts them as its spend
+        cache.attempt = f"{plan.run_id}/{plan.attempt}"
     if share:
         _count_budget(plan)
     return plan

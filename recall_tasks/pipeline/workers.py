@@ -171,6 +171,7 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
         )
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims
+        cache.attempt = f"{spec.run_id}/{spec.attempt}"  # as the flow's plan (steps.plan_run)
     return RunPlan(
         params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset, metric=metric,
         store=ResultStore(params.output_uri, storage, params.format, params.catalog, params.namespace),
