@@ -25,7 +25,8 @@ def canary(rows: int = 40, *, flipped_every: int = 0, canary_id: str = "sha256:c
     wrong = sum(d["fn"] for d in detail)
     return {
         "canary_id": canary_id, "canary_rows": rows, "canary_units": units, "canary_detail": detail,
-        "canary_accuracy": 1 - wrong / units, "canary_accuracy_low": None, "canary_accuracy_high": None, **kw,
+        "canary_accuracy": 1 - wrong / units if units else None, "canary_accuracy_low": None,
+        "canary_accuracy_high": None, **kw,
     }  # fmt: skip
 
 
@@ -52,6 +53,13 @@ def test_drift_is_checked_only_on_the_same_labelled_set() -> None:
     assert canary_note(canary(), {}) == "the baseline run has no canary: judge drift not checked"
     assert "this run has no canary" in (canary_note({}, canary()) or "")
     assert canary_note({}, {}) is None and canary_note(canary(), canary()) is None
+    unjudged = canary(rows=0, canary_errors=40, canary_accuracy=None)  # e.g. the budget ran out before it
+    assert (
+        canary_note(unjudged, canary())
+        == "this run's canary got no verdict (40 rows without one): judge drift not checked"
+    )
+    drift = judge_drift(unjudged, canary())
+    assert drift is not None and not drift.drifted
 
 
 def test_runs_recorded_without_per_row_counts_fall_back_to_non_overlapping_intervals() -> None:

@@ -109,6 +109,10 @@ def canary_note(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> str 
         return "this run has no canary (the baseline has one): judge drift not checked"
     if a != b:
         return f"the runs' canaries are different labelled sets ({a} vs {b}): judge drift not checked"
+    for side, run in (("this run's", current), ("the baseline's", baseline)):
+        if not run.get("canary_rows") and run.get("canary_accuracy") is None:
+            errors = run.get("canary_errors")
+            return f"{side} canary got no verdict ({errors} rows without one): judge drift not checked"
     return None
 
 
