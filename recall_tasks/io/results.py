@@ -434,7 +434,11 @@ def formats_at(output_uri: str, storage: StorageConfig) -> list[Format]:
     """
     from recall_tasks.io.iceberg import MARKER
 
-    fs, root = filesystem(output_uri, storage)
+    try:
+        fs, root = filesystem(output_uri, storage)
+    except (ValueError, ImportError) as exc:  # an unknown protocol, a filesystem whose package is not installed
+        detail = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"cannot open the output {output_uri}: {detail}") from None
     base = root.rstrip("/")
     found: set[str] = set()
     try:

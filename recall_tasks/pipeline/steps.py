@@ -164,7 +164,7 @@ def _run_key(params: RunParams, dataset: Dataset) -> str:
 def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     """Every check that can fail a run, in order of cost, before any judge call or write.
 
-    Output location and format (one format per output), dataset (files, schema, row ids), retriever, segment
+    Output location, dataset (files, schema, row ids), the output's format (one format per output), retriever, segment
     columns, output store, baseline reference, judge configuration and endpoint (one cheap request). Raises one
     :class:`ConfigError`. ``contact=False`` (``run --dry-run``): the same checks without the endpoint's probes
     (``GET /models``, the Batch API's), so a dry run refuses what the run refuses and contacts no endpoint.
@@ -173,8 +173,8 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     check_units(params)
     report_link_seconds()  # RECALL_BENCH_REPORT_LINK_S: a bad value refused now, not after the commit
     storage = StorageConfig.from_options(params.storage_options)
-    check_format(params.output_uri, storage, params.format, writes=True)
     dataset = open_run_dataset(params, storage, bool(params.retriever or params.retrieval_uri))
+    check_format(params.output_uri, storage, params.format, writes=True)
     trace = check_context_source(params, dataset)
     if params.dataset_name:
         dataset.name, dataset.identity = params.dataset_name, f"name:{params.dataset_name}"
