@@ -17,6 +17,9 @@ from typer.testing import CliRunner
 from recall_tasks.analysis.agreement import agreement
 from recall_tasks.cli.app import app
 from recall_tasks.io.labels import load_labels
+from recall_tasks.io.maintenance import maintain
+from recall_tasks.io.results import ResultStore
+from recall_tasks.io.storage import StorageConfig
 from tests.fake_openai import FakeOpenAI, Status
 from tests.judge_labels import LabelJudge
 
@@ -192,6 +195,22 @@ def test_every_table_format_holds_calibrations(labels_path: str, tmp_path: Path,
                  "WHERE segment_column IS NULL")  # fmt: skip
     assert len(rows) == 2 and len({r["calibration_id"] for r in rows}) == 2
     assert {r["dataset"] for r in rows} == {"planets"} and rows[0]["accuracy"] == rows[1]["accuracy"]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_maintain_compacts_the_calibrations_table_and_keeps_its_rows(
+    labels_path: str, tmp_path: Path, fmt: str
+) -> None:
+    output = str(tmp_path / fmt)
+    for _ in range(3):
+        assert invoke("calibrate", labels_path, "--judge", "lexical", "-o", output, "--format", fmt).exit_code == 0
+    every_row = "SELECT calibration_id, segment_column, segment_value FROM calibrations ORDER BY ALL"
+    before = query(output, every_row)
+    store = ResultStore(output, StorageConfig.from_options(), fmt)  # type: ignore[arg-type]
+    tables = {row["table"]: row for row in maintain(store)}
+    assert "calibrations" in tables
+    assert tables["calibrations"]["data_files_after"] < tables["calibrations"]["data_files_before"]
+    assert query(output, every_row) == before
 
 
 def test_labels_and_tables_on_object_storage(

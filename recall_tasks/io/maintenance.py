@@ -44,7 +44,7 @@ from recall_tasks.io.storage import delta_storage_options, join_uri
 
 log = logging.getLogger(__name__)
 
-TABLES = ("results", "runs", "comparisons")
+TABLES = ("results", "runs", "comparisons", "calibrations")
 #: ``keep_days`` under this is refused without ``allow_short_retention`` (Delta's vacuum check: 7 days)
 RETENTION_FLOOR_DAYS = 7.0
 #: ``keep_days`` above this (a century) is refused: dates that far back do not exist
