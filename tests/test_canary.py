@@ -140,6 +140,8 @@ def test_a_judge_that_drifts_behind_the_same_name_is_judge_drift_not_a_regressio
     assert comparison["canary"]["current"]["accuracy"][0] == second["canary_accuracy"]
     recorded = nights.comparisons()[-1]
     assert recorded["verdict"] == "incomparable" and recorded["judge_drift"] is True
+    history = CliRunner().invoke(app, ["history", "--output", nights.out], env={"COLUMNS": "400"})
+    assert history.exit_code == 0 and f"incomparable vs {first['run_id']}: judge drift: canary" in history.output
     # without the canary the same two nights read as a regression: the drift is what the canary caught
     runs = nights.runs()
     results = DeltaTable(f"{nights.out}/results").to_pyarrow_table(columns=["run_id", "row_id", "score", "success"])
