@@ -271,3 +271,17 @@ def test_a_dry_run_names_the_canary_and_refuses_a_bad_one(nights: Nights, tmp_pa
     bad = CliRunner().invoke(app, [*base, "--canary", str(tmp_path / "nope.jsonl")])
     assert bad.exit_code == 2 and "error: --canary: labelled set not found" in bad.output, bad.output
     assert nights.fake.requests == [] and not (tmp_path / "dry").exists()
+
+
+def test_the_canary_draws_on_the_whole_runs_budget_with_worker_processes(prefect_harness, nights: Nights) -> None:
+    """--max-requests holds for the run, canary included, when the chunks were judged in worker processes."""
+    rows = nights.rows[:30]
+    data = nights.data("v1", rows)
+    nights.judge(0.0, rows)
+    summary = recall_benchmark(
+        nights.params(data, "procs", max_requests=len(rows) + 5, task_runner="processes", workers=1)
+    )
+    assert len(posts(nights.fake)) == len(rows) + 5  # one budget: the workers' 30 and the canary's 5
+    assert summary["scored"] == len(rows) and summary["canary_requests"] == 5
+    assert summary["canary_rows"] == 5 and summary["canary_errors"] == CANARY_ROWS - 5
+    assert summary["requests"] == len(rows) + 5

@@ -105,10 +105,28 @@ def score_canary(plan: Any, canary: Canary, *, fresh: bool) -> tuple[dict[str, A
     """
     cache = plan.cache if plan.cache is None or not fresh else _WriteOnly(plan.cache)
     rows = [dict(r.row) for r in canary.rows]
-    outcomes = plan.scope.run(score_rows(plan.metric, rows, cache, plan.budget, plan.breaker))
+    outcomes = plan.scope.run(score_rows(plan.metric, rows, cache, _budget(plan), plan.breaker))
     if plan.cache is not None:
         plan.cache.flush()
     return canary_columns(canary, outcomes)
+
+
+def _budget(plan: Any) -> Any:
+    """The run's budget: with worker processes (``--task-runner processes|dask``) its counters in Prefect, which
+    the workers' chunks have drawn on (the flow process's own ``plan.budget`` counted none of their requests)."""
+    if not plan.budget_counters:
+        return plan.budget
+    from recall_tasks.fleet import rate as fleet
+    from recall_tasks.fleet.budget import FleetBudget
+
+    url = fleet.api_url()
+    if url is None:
+        return plan.budget
+    p = plan.params
+    return FleetBudget(
+        dict(plan.budget_counters), url, max_requests=p.max_requests, max_cost_usd=p.max_cost_usd,
+        max_in_flight=p.max_concurrency,
+    )  # fmt: skip
 
 
 def _judge_verdicts(row: LabelledRow, outcome: RowOutcome) -> list[bool] | None:
