@@ -177,8 +177,13 @@ class _LoopState:
     lean: ChatPoster | None = None  # the chat requests' path when it applies (judges/_openai_lean.py)
 
     async def close(self) -> None:
-        """Close the SDK client's connections (the lean chat path sends on them too)."""
+        """Close the SDK client's connections (the lean chat path sends on them too).
+
+        aiohttp closes a connection's socket in a callback of the loop's next iteration: without that iteration
+        (a loop stopped right after this) the socket stays open until garbage collection (a ResourceWarning).
+        """
         await self.client.close()
+        await asyncio.sleep(0)
 
 
 def _close_states(states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState]) -> None:
