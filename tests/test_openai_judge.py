@@ -496,6 +496,7 @@ gc.collect()
 
 
 @pytest.mark.parametrize("closed", [True, False])
+@pytest.mark.concurrency
 def test_no_client_session_is_left_unclosed_with_or_without_async_with(fake_openai, closed):
     """``async with`` closes at once; without it, the loop's shutdown (``asyncio.run``) closes the clients."""
     import subprocess

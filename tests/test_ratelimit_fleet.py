@@ -115,6 +115,7 @@ def test_a_limit_changed_by_another_run_is_set_back_and_a_deleted_one_fails_the_
         asyncio.run(grant())
 
 
+@pytest.mark.concurrency
 def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, quota_server, tmp_path, monkeypatch):
     """Two worker processes at --rpm 240 (40 requests per 10 s): per process they would send up to twice that."""
     from recall_tasks.config import RunParams
@@ -144,6 +145,7 @@ def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, 
     assert span >= (60 - 40) / 4  # the fleet's pace: the first 10 s window holds at most 40 of the 60
 
 
+@pytest.mark.concurrency
 def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
     """Two worker processes, one --max-requests: the run's counter in Prefect, not one budget per worker."""
     from prefect.client.orchestration import get_client
@@ -178,6 +180,7 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
 COST_BUDGET = 0.0007
 
 
+@pytest.mark.concurrency
 def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
     """Two worker processes, one --max-cost-usd: the run's cost counter in Prefect, as one budget on threads.
 
