@@ -54,7 +54,10 @@ def _watch(owner: Any, name: str, what: str) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def watching(node: pytest.Item, label: str) -> Iterator[None]:
-    """Record in ``node``'s stash what runs inside the block starts."""
+    """Record in ``node``'s stash what runs inside the block starts (nested: the outer block records)."""
+    if _watching.is_set():
+        yield
+        return
     undo = [
         _watch(subprocess.Popen, "__init__", "a subprocess"),
         _watch(multiprocessing.process.BaseProcess, "start", "a child process"),
@@ -85,7 +88,15 @@ def mark_from_fixtures(items: list[pytest.Item]) -> None:
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Iterator[Any]:
     """Function- and module-scoped fixtures count for the test being set up; the session's shared servers don't."""
     item = getattr(request, "_pyfuncitem", None)  # the test being set up (request.node is the scope's node)
-    if fixturedef.scope == "session" or not isinstance(item, pytest.Item):
+    if fixturedef.scope == "session":  # shared servers; also when a fixture asks for one (getfixturevalue)
+        paused = _watching.is_set()
+        _watching.clear()
+        try:
+            return (yield)
+        finally:
+            if paused:
+                _watching.set()
+    if not isinstance(item, pytest.Item):
         return (yield)
     with watching(item, f"fixture {fixturedef.argname}"):
         return (yield)
