@@ -131,7 +131,7 @@ def test_a_changed_judge_is_incomparable_and_latest_picks_a_like_for_like_run(pr
     llm = ["--judge", "openai", "--base-url", judge.base_url]
     assert cli("run", data, "-o", out, *llm, "--label", "a").exit_code == 0
     lexical = cli("run", data, "-o", out, "--label", "b", "--fail-on-regression")
-    assert lexical.exit_code == 0, lexical.output  # incomparable is not a regression
+    assert lexical.exit_code == 6, lexical.output  # not a regression (3), but the gate cannot pass it either
     line = next(x for x in lexical.output.splitlines() if x.startswith("vs baseline"))
     assert ": incomparable (" in line and "judge differs (current 'lexical', baseline 'openai')" in line
     again = cli("run", data, "-o", out, *llm, "--label", "c")
