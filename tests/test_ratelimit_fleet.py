@@ -151,22 +151,25 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
     from prefect.client.orchestration import get_client
 
     from recall_tasks.config import RunParams
+    from recall_tasks.errors import BudgetExhausted
     from recall_tasks.pipeline.flow import recall_benchmark
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(60, seed=11), row_group_size=10)
-    summary = recall_benchmark(
-        RunParams(
-            dataset_uri=data,
-            output_uri=str(tmp_path / "out"),
-            judge="openai",
-            base_url=judge_env.base_url,
-            max_requests=25,
-            chunk_size=10,
-            task_runner="processes",
-            workers=2,
-            baseline=None,
-        )  # fmt: skip
-    )
+    with pytest.raises(BudgetExhausted) as stopped:
+        recall_benchmark(
+            RunParams(
+                dataset_uri=data,
+                output_uri=str(tmp_path / "out"),
+                judge="openai",
+                base_url=judge_env.base_url,
+                max_requests=25,
+                chunk_size=10,
+                task_runner="processes",
+                workers=2,
+                baseline=None,
+            )  # fmt: skip
+        )
+    summary = stopped.value.summary
     assert len(judge_env.chat_arrivals) == 25  # per worker, each of the two would have allowed 25
     assert summary["status"] == "budget_exhausted" and summary["scored"] == 25
     assert "--max-requests 25, the whole run" in summary["status_reason"]
@@ -191,6 +194,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     from prefect.client.orchestration import get_client
 
     from recall_tasks.config import RunParams
+    from recall_tasks.errors import BudgetExhausted
     from recall_tasks.io.results import ResultStore
     from recall_tasks.io.storage import StorageConfig
     from recall_tasks.pipeline.flow import recall_benchmark
@@ -200,21 +204,23 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     run_ids: dict[str, str] = {}
     for runner in ("processes", "threads"):
         out = str(tmp_path / runner)
-        summary = recall_benchmark(
-            RunParams(
-                dataset_uri=data,
-                output_uri=out,
-                judge="openai",
-                base_url=judge_env.base_url,
-                max_cost_usd=COST_BUDGET,
-                chunk_size=chunk_rows,
-                max_workers=chunks_in_flight,
-                max_concurrency=concurrency,
-                task_runner=runner,
-                workers=2 if runner == "processes" else None,
-                baseline=None,
+        with pytest.raises(BudgetExhausted) as stopped:
+            recall_benchmark(
+                RunParams(
+                    dataset_uri=data,
+                    output_uri=out,
+                    judge="openai",
+                    base_url=judge_env.base_url,
+                    max_cost_usd=COST_BUDGET,
+                    chunk_size=chunk_rows,
+                    max_workers=chunks_in_flight,
+                    max_concurrency=concurrency,
+                    task_runner=runner,
+                    workers=2 if runner == "processes" else None,
+                    baseline=None,
+                )
             )
-        )
+        summary = stopped.value.summary
         assert summary["status"] == "budget_exhausted", (runner, summary["status_reason"])
         run_ids[runner] = summary["run_id"]
         whole = ", the whole run" if runner == "processes" else ""

@@ -72,7 +72,7 @@ def print_outcome(summary: RunSummary, output: str) -> None:
             "not compared with a baseline: a failed run is never compared nor used as a baseline", soft_wrap=True
         )
     else:
-        console.print("first run of its series: no baseline to compare with", soft_wrap=True)
+        console.print(escape(no_baseline_line(summary.get("no_baseline"))), soft_wrap=True)
     if summary.get("top_error"):
         err.print(
             f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
@@ -80,8 +80,35 @@ def print_outcome(summary: RunSummary, output: str) -> None:
             soft_wrap=True,
         )
     if summary.get("status") == "budget_exhausted":
-        reason = escape(redact(str(summary["status_reason"])))
-        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]", soft_wrap=True)
+        err.print(f"[yellow]{escape(redact(budget_line(summary)))}[/]", soft_wrap=True)
+
+
+def no_baseline_line(why: str | None) -> str:
+    """What a run with no comparison prints: why there is none, and, when every earlier run failed or was stopped
+    by a budget, that such runs are never chosen automatically."""
+    if why is None or why == "first run of its series":
+        return "first run of its series: no baseline to compare with"
+    if why.startswith("no comparable baseline"):
+        return (
+            f"{why}: a failed or budget-stopped run is never chosen as a baseline (--baseline RUN_ID may name a "
+            "budget-stopped one)"
+        )
+    return why
+
+
+def budget_line(summary: RunSummary) -> str:
+    """The one line of a budget stop: the limit, the rows left unjudged, what was committed, and the canary if it
+    lost its verdicts to the budget."""
+    line = f"budget exhausted: {summary['status_reason']}; results committed (status budget_exhausted)"
+    if summary.get("not_judged"):
+        line += "; the next run judges the rest"
+    unchecked, checked = summary.get("canary_errors") or 0, summary.get("canary_rows") or 0
+    if summary.get("canary_id") and unchecked:
+        if not checked:
+            line += f"; the canary was not checked (none of its {unchecked} rows judged)"
+        else:
+            line += f"; the canary was checked on {checked} of its {checked + unchecked} rows"
+    return line
 
 
 def judge_line_of(params: RunParams) -> str:

@@ -190,21 +190,27 @@ def judge_line(judge: str, model: str, base_url: str | None) -> str:
     return f"judge: {judge} {model} at {host}"
 
 
-HISTORY_COLUMNS = ("started", "dataset", "label", "run_id", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict")
+HISTORY_COLUMNS = (
+    "started", "dataset", "label", "run_id", "status", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict",
+)  # fmt: skip
 HISTORY_FIELDS = (
-    "started_at", "dataset", "label", "run_id", "judge", "rows", "mean_score", "ci_low", "ci_high", "pass_rate",
-    "threshold", "verdict", "baseline_run_id", "reason",
+    "started_at", "dataset", "label", "run_id", "status", "judge", "rows", "mean_score", "ci_low", "ci_high",
+    "pass_rate", "threshold", "verdict", "baseline_run_id", "reason",
 )  # fmt: skip
 #: Dropped one by one, in this order, until the table fits a narrow terminal (``history_fit``); run_id, label, mean,
-#: pass rate and verdict stay. ``started`` goes early: the run id starts with the same UTC time.
-HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows")
+#: pass rate and verdict stay (a dropped status other than completed goes into the verdict). ``started`` goes early:
+#: the run id starts with the same UTC time.
+HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows", "status")
 
 
 def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
-    """One record per run (overall rows only), oldest first, with its verdict against its baseline.
+    """One record per run (overall rows only), oldest first, with its status and its verdict against its baseline.
 
     ``runs``/``comparisons`` are pyarrow tables. The comparisons table's ``reason`` column (why a pair is
-    ``incomparable``) is optional: outputs written before it existed have none.
+    ``incomparable``) is optional: outputs written before it existed have none. A run without a comparison gets,
+    as its ``reason``, why not: ``not compared (failed run)``, ``first run of its series``, ``no comparable
+    baseline (N earlier runs: …)`` when every earlier run of its series failed or was stopped by a budget, else
+    ``not compared``.
     """
     verdicts: dict[str, dict[str, Any]] = {}
     if comparisons is not None:
@@ -222,6 +228,7 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
                 "dataset": r["dataset"],
                 "label": r["label"],
                 "run_id": r["run_id"],
+                "status": r.get("status"),
                 "judge": r.get("judge_model"),
                 "rows": r["rows"],
                 "mean_score": r["mean_score"],
@@ -235,7 +242,38 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
             }
         )
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-    return sorted(records, key=lambda rec: rec["started_at"] or epoch)
+    order = sorted(range(len(records)), key=lambda i: records[i]["started_at"] or epoch)
+    series = [_series_keys(r) for r in runs.to_pylist() if r.get("segment_column") is None]
+    _explain_missing_verdicts([records[i] for i in order], [series[i] for i in order])
+    return [records[i] for i in order]
+
+
+def _series_keys(run: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A run's series as ``baseline.find_baseline`` has it: its dataset id, else its dataset name (and metric)."""
+    metric = run.get("metric")
+    by_name = ("name", run.get("dataset"), metric)
+    return (("id", run["dataset_id"], metric) if run.get("dataset_id") else by_name), by_name
+
+
+def _explain_missing_verdicts(records: list[dict[str, Any]], series: list[tuple[tuple[Any, ...], ...]]) -> None:
+    """Fill ``reason`` of the runs with no verdict (oldest first): why they have none (see history_records)."""
+    from recall_tasks.analysis.baseline import no_baseline_text
+
+    seen: dict[tuple[Any, ...], dict[str, int]] = {}  # statuses so far per series key (id-less runs by name too)
+    for rec, (key, by_name) in zip(records, series, strict=True):
+        if rec["verdict"] is None:
+            earlier = dict(seen.get(key, {}))
+            if key != by_name:  # runs recorded before dataset_id existed belong to every id of that name
+                for status, n in seen.get(("legacy", *by_name[1:]), {}).items():
+                    earlier[status] = earlier.get(status, 0) + n
+            if rec["status"] == "failed":
+                rec["reason"] = "not compared (failed run)"
+            else:
+                rec["reason"] = no_baseline_text(earlier) or "not compared"
+        status = rec["status"] or "completed"
+        for k in (by_name, key if key != by_name else ("legacy", *by_name[1:])):
+            counts = seen.setdefault(k, {})
+            counts[status] = counts.get(status, 0) + 1
 
 
 def history_cells(rec: Mapping[str, Any]) -> list[str]:
@@ -246,14 +284,16 @@ def history_cells(rec: Mapping[str, Any]) -> list[str]:
 
     ci = "-" if rec["ci_low"] is None else f"{rec['ci_low']:.3f}..{rec['ci_high']:.3f}"
     if rec["verdict"] is None:
-        verdict = "first of series"
+        why = rec.get("reason") or "first run of its series"
+        verdict = "first of series" if why == "first run of its series" else why
     else:
         verdict = f"{rec['verdict']} vs {rec['baseline_run_id']}"
         if rec["verdict"] == "incomparable" and rec.get("reason"):
             verdict += f": {rec['reason']}"
     started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
     return [
-        started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec["judge"]), text(rec["rows"]),
+        started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec.get("status")), text(rec["judge"]),
+        text(rec["rows"]),
         num(rec["mean_score"], ".3f"), ci, pass_rate_text(rec["pass_rate"], rec.get("threshold")), verdict,
     ]  # fmt: skip
 
@@ -269,20 +309,23 @@ def history_fit(columns: Sequence[str], cells: list[list[str]], width: int) -> t
     """The history table narrowed to ``width`` terminal columns, so no cell is folded into pieces.
 
     First the verdict loses its baseline run id (each run's baseline is usually the row above; ``--output-format
-    csv`` has it; "first of series" becomes "first"), then columns go in :data:`HISTORY_DROP_ORDER` while the
-    table is still too wide.
+    csv`` has it; "first of series" becomes "first", a parenthesis goes), then columns go in
+    :data:`HISTORY_DROP_ORDER` while the table is still too wide (the status last, kept in the verdict when it is
+    not ``completed``).
     """
     names, rows = list(columns), [list(r) for r in cells]
     if _width_needed(names, rows) <= width:
         return names, rows
     v = names.index("verdict")
     for row in rows:
-        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0]
+        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0].split(" (", 1)[0]
     for drop in HISTORY_DROP_ORDER:
         if _width_needed(names, rows) <= width:
             break
         i = names.index(drop)
         del names[i]
         for row in rows:
-            del row[i]
+            gone = row.pop(i)
+            if drop == "status" and gone not in ("completed", ""):
+                row[names.index("verdict")] = f"{gone}: {row[names.index('verdict')]}"
     return names, rows

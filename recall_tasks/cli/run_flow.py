@@ -30,7 +30,15 @@ from recall_tasks.cli.runtime import (
     pause_gc,
 )
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
+from recall_tasks.errors import (
+    BudgetExhausted,
+    ConfigError,
+    IncomparableBaseline,
+    RecallBenchError,
+    RegressionDetected,
+    RunFailed,
+    WorkerDied,
+)
 from recall_tasks.secrets import redact
 from recall_tasks.summaries import FlowSummary
 
@@ -140,6 +148,13 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             print_outcome(exc.summary, output)
             err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
             raise typer.Exit(code=4) from None
+        except BudgetExhausted as exc:  # print_outcome says so in one line
+            print_outcome(exc.summary, output)
+            raise typer.Exit(code=5) from None
+        except IncomparableBaseline as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]incomparable:[/] {escape(redact(str(exc)))}", soft_wrap=True)
+            raise typer.Exit(code=6) from None
         except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
             _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)

@@ -150,6 +150,7 @@ def alert_for_run(summary: Mapping[str, Any], comparison: Comparison | None, rep
             "scored": summary.get("scored"),
             "errors": summary.get("errors"),
             "skipped": summary.get("skipped"),
+            "not_judged": summary.get("not_judged"),
             "error_rate": summary.get("error_rate"),
             "top_error": _clip(summary.get("top_error")),
             "top_error_count": summary.get("top_error_count"),
@@ -234,7 +235,7 @@ def render(p: Mapping[str, Any]) -> tuple[str, str]:
     elif kind in ("failed", "budget_exhausted"):
         blocks.append(
             f"Rows {p.get('rows')}: {p.get('scored')} scored, {p.get('errors')} with an error, {p.get('skipped')} "
-            f"skipped or not judged (error rate {fmt_number(p.get('error_rate'), '.1%')}); "
+            f"skipped, {p.get('not_judged') or 0} not judged (error rate {fmt_number(p.get('error_rate'), '.1%')}); "
             f"{p.get('requests')} judge requests, cost ${fmt_number(p.get('cost_usd'), '.4f')}."
         )
     base = p.get("baseline")
