@@ -67,6 +67,7 @@ def judge(fake_openai, monkeypatch):
     return fake_openai
 
 
+@pytest.mark.concurrency
 def test_a_budget_stop_is_budget_exhausted_whatever_the_error_rate_exit_5(prefect_harness, judge, tmp_path):
     """The issue's case: --max-requests 20 on 160 rows, 4 lacking context: 4 of 24 assessed rows in error (16.7 %)
     read ``failed``, exit 4, and nothing said the budget stopped the run."""
@@ -171,6 +172,7 @@ def test_incomparable_fails_fail_on_regression_with_exit_6_unless_allowed(prefec
     assert again.exit_code == 0 and ": incomparable (" in again.output, again.output
 
 
+@pytest.mark.concurrency
 def test_a_budget_stop_before_the_canary_says_the_canary_was_not_checked(prefect_harness, judge, tmp_path):
     from tests.test_canary import labelled, write_jsonl
 
