@@ -40,11 +40,12 @@ def is_local(uri: str) -> bool:
 
 def verdict_line(comparison: dict[str, Any], threshold: float | None = None) -> str:
     """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass at
-    threshold 0.5, 300 paired)``, or the reason a comparison is incomparable."""
+    threshold 0.5, 300 paired)``, the reason a comparison is incomparable, or ``too_few_rows (too few rows: 4
+    paired, ...)``."""
     head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
     if comparison.get("verdict") == "incomparable":
         return f"{head} ({comparison.get('reason')})"
-    parts = []
+    parts = [str(comparison.get("reason"))] if comparison.get("verdict") == "too_few_rows" else []
     if comparison.get("mean_delta") is not None:
         parts.append(f"mean delta {comparison['mean_delta']:+.4f}")
     lo, hi = (comparison.get("ci") or [None, None])[:2]
