@@ -6,6 +6,11 @@ Decisions:
   format: ``query`` prints what analysts' SQL returns, and that must never show a key.
 * Data is never read as Rich markup: cells, headers and titles are :class:`rich.text.Text`, so ``arr[i]`` prints
   as is and ``[/]`` cannot raise ``MarkupError``.
+* Data never drives the terminal: a ``table`` (for people, wherever it goes) shows every control character but
+  line breaks and tabs as an escape (``\x1b[2J``, :func:`recall_tasks._logging.inert`); ``csv`` and ``markdown``
+  do too when written to a terminal, and ``json`` there escapes DEL and the C1 controls (``\u009b``) that JSON
+  leaves raw (it escapes the rest itself). Written to a pipe or a file, csv, markdown and json keep the exact
+  bytes: an export is the data.
 * ``table`` on a terminal fits the terminal and folds long values (never ``…``); piped (stdout not a terminal)
   it is rendered at the width its widest values need, so every value is printed in full, one row per line
   unless a value holds a newline.
@@ -21,6 +26,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Literal, get_args
@@ -31,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from recall_tasks._logging import inert
 from recall_tasks.secrets import redact, redactor
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
@@ -108,6 +115,9 @@ def print_table(
 ) -> None:
     """A Rich table of plain-text cells (never markup). ``keep_whole``: columns never wrapped (run ids)."""
     whole = set(keep_whole)
+    columns = [inert(c) for c in columns]
+    cells = [[inert(c) for c in row] for row in cells]
+    title = inert(title) if title is not None else None
     piped = not console.is_terminal
     if piped:
         # wide enough for the longest values: nothing wrapped, nothing cut
@@ -141,15 +151,20 @@ def print_rows(
     """
     out = file if file is not None else sys.stdout
     mask = redactor()  # the secrets looked up once, not once per value
+    tty = _is_terminal(out)
     names = [mask(c) for c in columns]
     count = 0
     if fmt == "json":
         for row in rows:
             record = {name: json_value(v, mask) for name, v in zip(names, row, strict=True)}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            line = json.dumps(record, ensure_ascii=False)
+            out.write((_C1.sub(_json_escape, line) if tty else line) + "\n")
             count += 1
         return count
     cells = ([text(v, mask) for v in row] for row in rows)
+    if tty and fmt != "table":  # the table is made inert in print_table
+        cells = ([inert(c) for c in row] for row in cells)
+        names = [inert(n) for n in names]
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
@@ -167,6 +182,20 @@ def print_rows(
         print_table(names, every, console, title=title, keep_whole=keep_whole)
         count = len(every)
     return count
+
+
+_C1 = re.compile(r"[\x7f-\x9f]")  # what json.dumps(ensure_ascii=False) leaves raw of the control characters
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without isatty
+        return False
 
 
 def cut_notice(shown: int, total: int) -> str | None:
