@@ -3,7 +3,9 @@
 Decisions:
 
 * Every printed value passes through the secret redactor (:func:`recall_tasks.secrets.redact`), whatever the
-  format: ``query`` prints what analysts' SQL returns, and that must never show a key.
+  format: ``query`` prints what analysts' SQL returns, and that must never show a key. Only values that look
+  like secrets are masked (``LocalStack``'s ``test`` is not one: the data keeps its words), and a listing that
+  masked something says so on stderr ("3 values held a secret, shown as ***").
 * Data is never read as Rich markup: cells, headers and titles are :class:`rich.text.Text`, so ``arr[i]`` prints
   as is and ``[/]`` cannot raise ``MarkupError``.
 * Data never drives the terminal: a ``table`` (for people, wherever it goes) shows every control character but
@@ -38,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from recall_tasks._logging import inert
-from recall_tasks.secrets import redact, redactor
+from recall_tasks.secrets import MASK, redact, redactor
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
 
@@ -160,6 +162,7 @@ def print_rows(
             line = json.dumps(record, ensure_ascii=False)
             out.write((_C1.sub(_json_escape, line) if tty else line) + "\n")
             count += 1
+        _say_masked(mask.masked)
         return count
     cells = ([text(v, mask) for v in row] for row in rows)
     if tty and fmt != "table":  # the table is made inert in print_table
@@ -181,7 +184,14 @@ def print_rows(
         every = list(cells)
         print_table(names, every, console, title=title, keep_whole=keep_whole)
         count = len(every)
+    _say_masked(mask.masked)
     return count
+
+
+def _say_masked(masked: int) -> None:
+    if masked:
+        sys.stdout.flush()  # after the rows it is about, on a terminal showing both
+        sys.stderr.write(f"{masked} value{'s' if masked > 1 else ''} held a secret, shown as {MASK}\n")
 
 
 _C1 = re.compile(r"[\x7f-\x9f]")  # what json.dumps(ensure_ascii=False) leaves raw of the control characters
