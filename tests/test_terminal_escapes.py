@@ -117,6 +117,7 @@ def test_the_run_summary_shows_the_label_escaped(out: dict[str, Any]) -> None:
     assert "\\x1b]0;pwned\\x07v2" in shown
 
 
+@pytest.mark.concurrency  # the CLI in a subprocess on a pseudo-terminal
 def test_query_table_on_a_terminal_is_inert(out: dict[str, Any]) -> None:
     sql = "SELECT row_id, category, verdicts[1].statement AS statement FROM results ORDER BY row_id"
     shown = on_terminal("query", sql, "-o", out["output"])
@@ -125,6 +126,7 @@ def test_query_table_on_a_terminal_is_inert(out: dict[str, Any]) -> None:
     assert "\\x1b]8;;https://evil.example/" in shown
 
 
+@pytest.mark.concurrency  # the CLI in a subprocess on a pseudo-terminal
 @pytest.mark.parametrize("fmt", ["csv", "markdown"])
 def test_csv_and_markdown_on_a_terminal_are_inert(out: dict[str, Any], fmt: str) -> None:
     sql = "SELECT row_id, category, label FROM results ORDER BY row_id"
@@ -134,6 +136,7 @@ def test_csv_and_markdown_on_a_terminal_are_inert(out: dict[str, Any], fmt: str)
     assert cell("\\x1b[2J") in shown and cell("\\x1b]0;pwned\\x07v2") in shown and cell("\\x1b[31mred") in shown
 
 
+@pytest.mark.concurrency  # the CLI in a subprocess on a pseudo-terminal
 def test_json_on_a_terminal_escapes_what_json_leaves_raw_and_keeps_the_values(out: dict[str, Any]) -> None:
     sql = "SELECT row_id, label FROM results ORDER BY row_id"
     shown = on_terminal("query", sql, "-o", out["output"], "--output-format", "json", "--limit", "0")
@@ -143,6 +146,7 @@ def test_json_on_a_terminal_escapes_what_json_leaves_raw_and_keeps_the_values(ou
     assert {r["row_id"] for r in records} >= {CLEAR, f"q{C1}1"} and {r["label"] for r in records} == {LABEL}
 
 
+@pytest.mark.concurrency  # the CLI in a subprocess on a pseudo-terminal
 def test_history_on_a_terminal_is_inert(out: dict[str, Any]) -> None:
     shown = on_terminal("history", "-o", out["output"])
     assert_inert(shown)
