@@ -238,7 +238,7 @@ def test_an_output_written_before_the_canary_columns_takes_a_canary_run(prefect_
     from deltalake import write_deltalake
 
     runner = CliRunner()
-    data = write_parquet(tmp_path / "v1" / "eval.parquet", supported(make_rows(8, seed=3)))
+    data = write_parquet(tmp_path / "v1" / "eval.parquet", supported(make_rows(12, seed=3)))  # 10 for a verdict
     canary = write_jsonl(tmp_path / "canary.jsonl", labelled(make_rows(6, seed=9)))
     out = str(tmp_path / "out")
     for label in ("old", "older"):

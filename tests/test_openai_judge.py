@@ -155,7 +155,7 @@ def test_chunk_cannot_escape_its_fence(fake_openai):
     [
         (RecallCase(input="q", expected_output="", context=["c"]), "expected_output"),
         (RecallCase(input="q", expected_output=None, context=["c"]), "expected_output"),
-        (RecallCase(input="q", expected_output="...", context=["c"]), "expected_output"),
+        (RecallCase(input="q", expected_output=" \n\t ", context=["c"]), "expected_output"),
         (RecallCase(input="q", expected_output="A fact.", context=[]), "retrieval_context"),
         (RecallCase(input="q", expected_output="A fact.", context=["  ", ""]), "retrieval_context"),
         (RecallCase(input="q", expected_output="A fact."), "retrieval_context"),

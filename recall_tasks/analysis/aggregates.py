@@ -19,6 +19,16 @@ import pyarrow.compute as pc
 
 BOOTSTRAP_MAX_N = 20_000
 BOOTSTRAP_RESAMPLES = 2_000
+MIN_INTERVAL_ROWS = 10
+"""Fewest rows (paired rows in a comparison) that a comparison's or a calibration's 95 % interval and verdict are
+given for: below it the interval is null with :func:`too_few_rows`' reason (docs/regression.md, "Too few rows")."""
+
+
+def too_few_rows(n: int, what: str = "") -> str | None:
+    """Why ``n`` rows get no interval and no verdict (``what``: " paired"), or None when they are enough."""
+    if n >= MIN_INTERVAL_ROWS:
+        return None
+    return f"too few rows: {n}{what}, an interval needs at least {MIN_INTERVAL_ROWS}"
 
 
 def mean_ci(

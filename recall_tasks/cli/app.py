@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recall_tasks._logging import inert
 from recall_tasks.cli import calibrate_cmd, maintain, report, server_cmd, tables
 from recall_tasks.cli.alerts_cmd import alerts_app
 from recall_tasks.cli.batch import batch_app
@@ -222,7 +223,7 @@ def run(
             from recall_tasks.pipeline.estimate import estimate, report
 
             for line in report(params, estimate(params)):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
             return
     execute(params, output, debug)
 

@@ -3,9 +3,16 @@
 Decisions:
 
 * Every printed value passes through the secret redactor (:func:`recall_tasks.secrets.redact`), whatever the
-  format: ``query`` prints what analysts' SQL returns, and that must never show a key.
+  format: ``query`` prints what analysts' SQL returns, and that must never show a key. Only values that look
+  like secrets are masked (``LocalStack``'s ``test`` is not one: the data keeps its words), and a listing that
+  masked something says so on stderr ("3 values held a secret, shown as ***").
 * Data is never read as Rich markup: cells, headers and titles are :class:`rich.text.Text`, so ``arr[i]`` prints
   as is and ``[/]`` cannot raise ``MarkupError``.
+* Data never drives the terminal: a ``table`` (for people, wherever it goes) shows every control character but
+  line breaks and tabs as an escape (``\x1b[2J``, :func:`recall_tasks._logging.inert`); ``csv`` and ``markdown``
+  do too when written to a terminal, and ``json`` there escapes DEL and the C1 controls (``\u009b``) that JSON
+  leaves raw (it escapes the rest itself). Written to a pipe or a file, csv, markdown and json keep the exact
+  bytes: an export is the data.
 * ``table`` on a terminal fits the terminal and folds long values (never ``…``); piped (stdout not a terminal)
   it is rendered at the width its widest values need, so every value is printed in full, one row per line
   unless a value holds a newline.
@@ -21,6 +28,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Literal, get_args
@@ -31,7 +39,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from recall_tasks.secrets import redact, redactor
+from recall_tasks._logging import inert
+from recall_tasks.secrets import MASK, redact, redactor
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
 
@@ -108,6 +117,9 @@ def print_table(
 ) -> None:
     """A Rich table of plain-text cells (never markup). ``keep_whole``: columns never wrapped (run ids)."""
     whole = set(keep_whole)
+    columns = [inert(c) for c in columns]
+    cells = [[inert(c) for c in row] for row in cells]
+    title = inert(title) if title is not None else None
     piped = not console.is_terminal
     if piped:
         # wide enough for the longest values: nothing wrapped, nothing cut
@@ -141,15 +153,21 @@ def print_rows(
     """
     out = file if file is not None else sys.stdout
     mask = redactor()  # the secrets looked up once, not once per value
+    tty = _is_terminal(out)
     names = [mask(c) for c in columns]
     count = 0
     if fmt == "json":
         for row in rows:
             record = {name: json_value(v, mask) for name, v in zip(names, row, strict=True)}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            line = json.dumps(record, ensure_ascii=False)
+            out.write((_C1.sub(_json_escape, line) if tty else line) + "\n")
             count += 1
+        _say_masked(mask.masked)
         return count
     cells = ([text(v, mask) for v in row] for row in rows)
+    if tty and fmt != "table":  # the table is made inert in print_table
+        cells = ([inert(c) for c in row] for row in cells)
+        names = [inert(n) for n in names]
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
@@ -166,7 +184,28 @@ def print_rows(
         every = list(cells)
         print_table(names, every, console, title=title, keep_whole=keep_whole)
         count = len(every)
+    _say_masked(mask.masked)
     return count
+
+
+def _say_masked(masked: int) -> None:
+    if masked:
+        sys.stdout.flush()  # after the rows it is about, on a terminal showing both
+        sys.stderr.write(f"{masked} value{'s' if masked > 1 else ''} held a secret, shown as {MASK}\n")
+
+
+_C1 = re.compile(r"[\x7f-\x9f]")  # what json.dumps(ensure_ascii=False) leaves raw of the control characters
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without isatty
+        return False
 
 
 def cut_notice(shown: int, total: int) -> str | None:

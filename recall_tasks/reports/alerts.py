@@ -3,9 +3,9 @@
 A finished run is worth a message when it **failed** (error rate above ``--max-error-rate``, the circuit breaker,
 a worker process that died), was **stopped by its budget** (``--max-cost-usd`` / ``--max-requests``), **regressed**
 against its baseline, or could not be compared with the baseline it was given (**incomparable**: someone changed
-the judge, the prompt, the dataset...). Unchanged, improved and first runs stay quiet. At most one alert per dataset
-per run, the first that applies in that order (a failed run is never compared; a budget stop that also regressed
-is one budget message whose payload still holds the comparison).
+the judge, the prompt, the dataset...). Unchanged, improved, too_few_rows and first runs stay quiet. At most one
+alert per dataset per run, the first that applies in that order (a failed run is never compared; a budget stop
+that also regressed is one budget message whose payload still holds the comparison).
 
 Each kind is its own Prefect event (:data:`ALERT_EVENTS`), so an automation can listen to some of them only; the
 shipped one (``deployments/alerts.yaml``, ``recall-bench alerts install``) listens to all four. The payload holds

@@ -71,6 +71,8 @@ def canary_text(summary: Mapping[str, Any]) -> str:
         value, lo, hi = (summary.get(f"canary_{name}{s}") for s in ("", "_low", "_high"))
         if value is None:
             return f"{name} n/a"
+        if lo is None or hi is None:  # too few rows for an interval
+            return f"{name} {value:.3f} (no interval)"
         return f"{name} {value:.3f} ({'95 % CI ' if name == 'accuracy' else ''}{_num(lo)}..{_num(hi)})"
 
     text = f"{fig('accuracy')}, {fig('kappa')} over {summary.get('canary_rows')} rows, {summary.get('canary_units')} "
