@@ -8,7 +8,11 @@ The tree, and what the pipeline does with each branch::
     ├── MissingInputError             a row lacks a required field (on_missing="error"): the row is recorded
     │                                 with this error, the run goes on
     ├── JudgeError                    a judge could not produce verdicts
-    │   ├── JudgeConfigError          auth, quota, model or request rejected: not retried, stops the run
+    │   ├── JudgeConfigError          auth (401/403), quota, unknown model (404): not retried, stops the run
+    │   ├── JudgeRejectedError        the endpoint rejected one request (400 context_length_exceeded, a proxy's
+    │   │   │                         413...): that row's error; rejected requests in a row, none accepted, trip
+    │   │   │                         the run's circuit breaker (a bad model name or parameter: the run fails)
+    │   │   └── ContextOverflowError  the prompt would not fit the model's context window: not sent (row error)
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
@@ -96,6 +100,17 @@ class JudgeError(RecallBenchError):
 
 class JudgeConfigError(JudgeError):
     """The judge endpoint rejected the request for a reason retrying cannot fix (auth, quota, 400)."""
+
+
+class JudgeRejectedError(JudgeError):
+    """The endpoint rejected one request (a 4xx other than 401/403/404/429: a context too long, a body too large
+    for a proxy, a value it refuses): the row's error. Rejections of every request stop the run through the run's
+    circuit breaker (:meth:`~recall_tasks.fleet.guards.CircuitBreaker.request_rejected`)."""
+
+
+class ContextOverflowError(JudgeRejectedError):
+    """The row's prompt and reply budget would exceed the model's context window (``--on-overlong refuse``, or a
+    prompt that does not fit even with its context cut): nothing was sent."""
 
 
 class JudgeTransientError(JudgeError):
