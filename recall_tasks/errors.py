@@ -16,6 +16,8 @@ The tree, and what the pipeline does with each branch::
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
+    │   └── StoreUnreachable          object storage failed while the run was judging: nothing committed, the
+    │                                 judged rows kept (row cache, or its local spill): the same command resumes
     ├── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
     │                                 (raised after everything is written)
     ├── RunFailed                     the run was recorded with status failed (too many row errors, or an
@@ -32,7 +34,8 @@ Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the f
     2    usage, configuration or dataset error: nothing was judged or written, no run recorded
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
     4    the run failed: its rows are committed with status failed (flow run Failed); or a worker process
-         died (WorkerDied): nothing committed, the rerun resumes
+         died (WorkerDied) or object storage failed mid-run (StoreUnreachable): nothing committed, the rerun
+         resumes
     130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
 
 Every message says what to fix. No message ever contains an API key or a storage secret
@@ -123,6 +126,12 @@ class JudgeResponseError(JudgeError):
 
 class StorageError(RecallBenchError):
     """Object storage could not be read or written (missing object, credentials, endpoint)."""
+
+
+class StoreUnreachable(StorageError):
+    """Object storage failed while the run was judging (after its checks passed): nothing could be committed, the
+    rows judged were kept in the row cache or, when that could not be saved either, its local spill
+    (``io/cache.py``); the same command resumes once the store is back. A failed run: exit 4, not 2."""
 
 
 class RegressionDetected(RecallBenchError):

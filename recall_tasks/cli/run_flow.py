@@ -30,7 +30,14 @@ from recall_tasks.cli.runtime import (
     pause_gc,
 )
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
+from recall_tasks.errors import (
+    ConfigError,
+    RecallBenchError,
+    RegressionDetected,
+    RunFailed,
+    StoreUnreachable,
+    WorkerDied,
+)
 from recall_tasks.secrets import redact
 from recall_tasks.summaries import FlowSummary
 
@@ -140,7 +147,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             print_outcome(exc.summary, output)
             err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
             raise typer.Exit(code=4) from None
-        except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+        except (WorkerDied, StoreUnreachable) as exc:  # a failed run with nothing committed: the same command resumes
             _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
         if batch_key is not None and summary["run_key"] != batch_key:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
-from recall_tasks.errors import ConfigError, RunInterrupted
+from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
@@ -394,6 +394,23 @@ def keep_judged(plan: RunPlan) -> int:
     for fn in list(_abort_listeners):
         fn(cached)
     return cached
+
+
+def store_outage(plan: RunPlan, exc: StorageError) -> StoreUnreachable:
+    """The error of a run whose object storage failed while judging (after :func:`keep_judged`): it names the store
+    and the output, and where the judged rows are (the row cache's local spill when the cache could not be saved)."""
+    cache = plan.cache
+    if cache is not None and cache.spilled:
+        kept = (
+            f"{cache.spilled} judged rows were kept in the row cache's local spill {cache.spill} (the row cache "
+            "could not be saved to the output)"
+        )
+    else:
+        kept = "the rows judged so far are in the row cache (or its local spill on the machine that judged them)"
+    return StoreUnreachable(
+        f"run {plan.run_id} stopped: object storage failed while judging ({exc}); nothing committed to "
+        f"{plan.params.output_uri}; {kept}: rerun the same command once the store is back, they are not paid again"
+    )
 
 
 def release(plan: RunPlan) -> None:
