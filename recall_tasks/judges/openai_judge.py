@@ -43,7 +43,7 @@ from recall_tasks.judges._openai_http import (
     translate_error,
 )
 from recall_tasks.judges._openai_lean import dumps, lean_chat
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse, Spend, charge
+from recall_tasks.judges.base import SUBSTITUTED_FLAG, JudgeRequest, JudgeResponse, Spend, charge, other_model
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
@@ -269,18 +269,33 @@ class OpenAIJudge:
         msgs = prompts.messages(request, self._prompt_version)
         budget = wire.verdict_budget(request)
         usage = [0, 0]
+        models: list[str] = []
         with self._billed_on_failure(usage), counted_attempts() as counter:
             async with state.semaphore:
-                content = await self._complete(state, msgs, budget, usage)
+                content = await self._complete(state, msgs, budget, usage, models=models)
                 parsed = await wire.parse_or_repair(
-                    request, msgs, content, self._model, lambda repair: self._complete(state, repair, budget, usage)
-                )
+                    request, msgs, content, self._model,
+                    lambda repair: self._complete(state, repair, budget, usage, models=models),
+                )  # fmt: skip
         cost = self._cost(usage)
-        if cut is not None:
-            parsed = (parsed[0], parsed[1], [cut, *parsed[2]])
+        replied = self._replied(models)
+        extra = [] if cut is None else [cut]
+        if replied[1]:
+            extra.append(f"{SUBSTITUTED_FLAG}{replied[0]}, not {self._model} as asked (not cached)")
+        if extra:
+            parsed = (parsed[0], parsed[1], [*extra, *parsed[2]])
         return wire.verdict_response(
-            request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version
-        )
+            request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version,
+            replied=replied,
+        )  # fmt: skip
+
+    def _replied(self, models: list[str]) -> tuple[str | None, bool]:
+        """The model the call's replies named (one of another model first, else the last) and whether it is another
+        model than the one asked for. Azure's replies name the deployment's model, not its name: never another."""
+        other = next((m for m in models if other_model(self._model, m)), None)
+        if other is not None and not self._azure:
+            return other, True
+        return (models[-1] if models else None), False
 
     @contextlib.contextmanager
     def _billed_on_failure(self, usage: list[int]) -> Iterator[None]:
@@ -387,8 +402,10 @@ class OpenAIJudge:
         budget: int,
         usage: list[int],
         schema: tuple[str, dict[str, Any]] = wire.VERDICTS,
+        models: list[str] | None = None,
     ) -> str:
-        """One logical completion: format fallback, one retry on truncation; returns the content."""
+        """One logical completion: format fallback, one retry on truncation; returns the content (the models its
+        replies named are added to ``models``)."""
         truncated_once = False
         while True:
             if state.rpm:
@@ -409,7 +426,7 @@ class OpenAIJudge:
                 raise self._translate(exc) from None
             except openai.OpenAIError as exc:
                 raise self._translate(exc) from None
-            content, finish_reason = wire.read_completion(reply, self._model, usage)
+            content, finish_reason = wire.read_completion(reply, self._model, usage, models)
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(

@@ -238,7 +238,7 @@ async def score_rows(
         if breaker is not None:
             breaker.request_answered()
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
-        if cache is not None and cache.put_many({key: response}, flush=False):
+        if cache is not None and not response.substituted and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
 
     if to_judge:
@@ -347,6 +347,7 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["cost_usd"].append(paid.cost_usd if paid.requests or out.cached else (md.cost_usd if md else None))
         cols["latency_ms"].append(md.latency_ms if md else None)
         cols["flags"].append(md.flags if md else [])
+        cols["reply_model"].append(md.reply_model if md else None)
     table = pa.table(cols, schema=pa.schema(CHUNK_FIELDS))
     for name in block.table.column_names:
         if name not in ("expected_output", "retrieval_context", "actual_output"):
