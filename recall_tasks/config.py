@@ -96,6 +96,17 @@ class RunParams(BaseModel):
     max_retries: int = Field(
         4, ge=0, le=20, description="Retries of a judge call on 429, 5xx, timeouts and connection errors"
     )
+    context_window: int | None = Field(
+        None,
+        ge=1,
+        description="The judge model's context window in tokens (prompt plus reply), checked before each request "
+        "(default: the known window of OpenAI models, none for others)",
+    )
+    on_overlong: Literal["refuse", "truncate", "send"] = Field(
+        "refuse",
+        description="A request over the context window: refuse (the row's error, nothing sent) | truncate (the "
+        "context cut from its end to fit, said in the row's flags) | send (the endpoint decides)",
+    )
     label: str | None = Field(None, description="Free label, e.g. the index version")
     dataset_name: str | None = Field(
         None,

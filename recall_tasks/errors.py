@@ -8,10 +8,16 @@ The tree, and what the pipeline does with each branch::
     ├── MissingInputError             a row lacks a required field (on_missing="error"): the row is recorded
     │                                 with this error, the run goes on
     ├── JudgeError                    a judge could not produce verdicts
-    │   ├── JudgeConfigError          auth, quota, model or request rejected: not retried, stops the run
+    │   ├── JudgeConfigError          auth (401/403), quota, unknown model (404): not retried, stops the run
+    │   ├── JudgeRejectedError        the endpoint rejected one request (400 context_length_exceeded, a proxy's
+    │   │   │                         413...): that row's error; rejected requests in a row, none accepted, trip
+    │   │   │                         the run's circuit breaker (a bad model name or parameter: the run fails)
+    │   │   └── ContextOverflowError  the prompt would not fit the model's context window: not sent (row error)
     │   ├── JudgeTransientError       429/5xx/timeouts still failing after the retry budget: row error
     │   └── JudgeResponseError        the judge's answer could not be parsed, even after one repair: row error
     ├── StorageError                  object store unreachable, missing object, wrong credentials
+    │   └── StoreUnreachable          object storage failed while the run was judging: nothing committed, the
+    │                                 judged rows kept (row cache, or its local spill): the same command resumes
     ├── RegressionDetected            --fail-on-regression and the baseline comparison says regressed
     │                                 (raised after everything is written)
     ├── RunFailed                     the run was recorded with status failed (too many row errors, or an
@@ -32,7 +38,8 @@ Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the f
     2    usage, configuration or dataset error: nothing was judged or written, no run recorded
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
     4    the run failed: its rows are committed with status failed (flow run Failed); or a worker process
-         died (WorkerDied): nothing committed, the rerun resumes
+         died (WorkerDied) or object storage failed mid-run (StoreUnreachable): nothing committed, the rerun
+         resumes
     5    a budget stopped judging: rows committed with status budget_exhausted (flow run Failed)
     6    incomparable to its baseline with --fail-on-regression, unless --allow-incomparable (flow run Failed)
     130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
@@ -106,6 +113,17 @@ class JudgeConfigError(JudgeError):
     """The judge endpoint rejected the request for a reason retrying cannot fix (auth, quota, 400)."""
 
 
+class JudgeRejectedError(JudgeError):
+    """The endpoint rejected one request (a 4xx other than 401/403/404/429: a context too long, a body too large
+    for a proxy, a value it refuses): the row's error. Rejections of every request stop the run through the run's
+    circuit breaker (:meth:`~recall_tasks.fleet.guards.CircuitBreaker.request_rejected`)."""
+
+
+class ContextOverflowError(JudgeRejectedError):
+    """The row's prompt and reply budget would exceed the model's context window (``--on-overlong refuse``, or a
+    prompt that does not fit even with its context cut): nothing was sent."""
+
+
 class JudgeTransientError(JudgeError):
     """Transient failures (429, 5xx, timeouts, resets) outlasted the retry budget."""
 
@@ -116,6 +134,12 @@ class JudgeResponseError(JudgeError):
 
 class StorageError(RecallBenchError):
     """Object storage could not be read or written (missing object, credentials, endpoint)."""
+
+
+class StoreUnreachable(StorageError):
+    """Object storage failed while the run was judging (after its checks passed): nothing could be committed, the
+    rows judged were kept in the row cache or, when that could not be saved either, its local spill
+    (``io/cache.py``); the same command resumes once the store is back. A failed run: exit 4, not 2."""
 
 
 class RegressionDetected(RecallBenchError):

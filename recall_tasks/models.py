@@ -58,6 +58,8 @@ class ResultMetadata(BaseModel):
     judge_model: str = ""
     prompt_version: str = ""
     flags: list[str] = Field(default_factory=list)
+    #: the model the judge's reply named (another than ``judge_model`` when a gateway fell back); None: not said
+    reply_model: str | None = None
     #: context precision from the same verdicts (contextual recall only; see ``metrics.precision``)
     context_precision: float | None = None
     chunks_used: int | None = None

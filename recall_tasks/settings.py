@@ -31,12 +31,15 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ENV_NAMES", "READ_ELSEWHERE", "Settings", "cache_clear", "env_names", "environment_table", "settings"]
+__all__ = [
+    "ENV_NAMES", "READ_ELSEWHERE", "Settings", "cache_clear", "env_names", "environment_table", "settings", "state_dir",
+]  # fmt: skip
 
 
 class Settings(BaseSettings):
@@ -84,7 +87,8 @@ class Settings(BaseSettings):
     state_dir: str | None = Field(
         None,
         validation_alias="RECALL_BENCH_STATE_DIR",
-        description="The local Prefect server's state directory; default `$XDG_STATE_HOME/recall-bench`",
+        description="The local state directory (the local Prefect server's state; the row cache's spill while the "
+        "output is unreachable); default `$XDG_STATE_HOME/recall-bench`",
     )
     xdg_state_home: str | None = Field(
         None,
@@ -149,6 +153,15 @@ def _read(values: tuple[str | None, ...]) -> Settings:
 def settings() -> Settings:
     """The settings of the environment as it is now, validated once per distinct set of values (module docstring)."""
     return _read(tuple(os.environ.get(name) for name in ENV_NAMES))
+
+
+def state_dir() -> Path:
+    """The per-user state directory: ``RECALL_BENCH_STATE_DIR``, else ``$XDG_STATE_HOME/recall-bench``."""
+    env = settings()
+    if env.state_dir:
+        return Path(env.state_dir)
+    base = env.xdg_state_home or str(Path.home() / ".local" / "state")
+    return Path(base) / "recall-bench"
 
 
 def cache_clear() -> None:

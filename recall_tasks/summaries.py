@@ -67,6 +67,8 @@ class RunRow(TypedDict):
     dataset_id: str
     batch_ids: list[str] | None
     batch_wait_s: float | None
+    reply_models: list[str] | None
+    substituted_rows: int | None
     canary_id: str | None
     canary_uri: str | None
     canary_rows: int | None

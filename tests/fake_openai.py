@@ -40,6 +40,14 @@ an error file. ``batch_supported = False`` answers 404 on both routes (vLLM's Op
 routes answer as OpenAI's do: newest first, ``after`` / ``limit`` pagination with ``has_more`` (batches 20 per page
 by default, files 10,000; files also ``order=asc``), so code that takes list order for age meets production's
 order here; file and batch objects carry the real API's fields.
+
+Rejections and substitutions (per request, not queued; reset by :meth:`FakeOpenAI.reset`):
+``context_window = N`` answers a chat request whose prompt tokens (its ``usage``'s count: message characters / 4)
+plus its completion budget (``max_completion_tokens`` / ``max_tokens``) exceed ``N`` with OpenAI's
+``400 context_length_exceeded``; ``max_body_bytes = N`` answers a request body over ``N`` bytes with a proxy's
+``413`` (an nginx HTML page, not JSON); ``reply_model`` (a name, or ``fn(body) -> name | None``) names another
+model in the completion's ``model`` field, as a gateway falling back to another model does (a responder's dict may
+say ``"model"`` too).
 """
 
 from __future__ import annotations
@@ -480,6 +488,11 @@ def _parse_multipart(content_type: str, raw: bytes) -> dict[str, Any]:
 
 
 _RANDOM_FAULTS = ("429", "500", "503", "reset")
+#: A proxy's answer to a body over its limit (nginx's ``client_max_body_size``): HTML, not an OpenAI error body.
+_NGINX_413 = (
+    "<html>\r\n<head><title>413 Request Entity Too Large</title></head>\r\n<body>\r\n<center><h1>413 Request "
+    "Entity Too Large</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
 _MALFORMED_KINDS = ("truncated", "prose", "wrong_shape")
 
 
@@ -539,6 +552,9 @@ class FakeOpenAI:
             "hang": hang,
         }
         self.hang = hang
+        self.context_window: int | None = None
+        self.max_body_bytes: int | None = None
+        self.reply_model: str | Callable[[dict[str, Any]], str | None] | None = None
         self.rpm_quota = rpm_quota
         self.quota_window_s = 10.0
         self.quota_accepted: list[float] = []  # arrivals of chat requests within the quota (rpm_quota set)
@@ -632,6 +648,7 @@ class FakeOpenAI:
             self._generation += 1
             self.models_reply = None
             self.drop_idle_s = None
+            self.context_window = self.max_body_bytes = self.reply_model = None
             for name, value in self._defaults.items():
                 setattr(self, name, value)
             self.files.clear()
@@ -945,6 +962,7 @@ class FakeOpenAI:
             responder, latency_s = self.responder, self.latency_s
             reject_json_schema = self.reject_json_schema
             fault_rate, malformed_rate = self.fault_rate, self.malformed_rate
+            window, max_body, reply_model = self.context_window, self.max_body_bytes, self.reply_model
 
         def count(key: str) -> None:
             with self._lock:
@@ -988,6 +1006,20 @@ class FakeOpenAI:
                 400,
                 error_body(400, message="stream=true is not supported by the fake server", param="stream"),
             )
+        if max_body is not None and len(raw) > max_body:  # a proxy in front of the model: its own page, not JSON
+            count("rejected:413")
+            return _Reply(413, _NGINX_413, {"content-type": "text/html"})
+        if window is not None:
+            prompt = len(extract_user_text(body)) // 4
+            asked = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
+            if prompt + asked > window:
+                count("rejected:context_length")
+                message = (
+                    f"This model's maximum context length is {window} tokens. However, you requested "
+                    f"{prompt + asked} tokens ({prompt} in the messages, {asked} in the completion). Please reduce "
+                    "the length of the messages or completion."
+                )
+                return _Reply(400, error_body(400, message=message, code="context_length_exceeded", param="messages"))
 
         # 1. queued faults
         if fault is not None:
@@ -1050,6 +1082,7 @@ class FakeOpenAI:
             return _Reply(status, error_body(status), extra_headers)
         content = str(out.get("content", DEFAULT_CONTENT))
         finish_reason = str(out.get("finish_reason", "stop"))
+        replied = out.get("model") or (reply_model(body) if callable(reply_model) else reply_model)
 
         if fault is None and draws[2] < malformed_rate:
             kind = _MALFORMED_KINDS[int(draws[3] * len(_MALFORMED_KINDS))]
@@ -1062,7 +1095,7 @@ class FakeOpenAI:
                 content = '["unexpected", "shape"]'
         else:
             count("ok")
-        return self._completion(body, content, finish_reason, extra_headers)
+        return self._completion(body, content, finish_reason, extra_headers, model=replied)
 
     @staticmethod
     def _status_reply(fault: Status) -> _Reply:
@@ -1082,6 +1115,7 @@ class FakeOpenAI:
         headers: dict[str, str] | None = None,
         *,
         live: bool = True,
+        model: str | None = None,
     ) -> _Reply:
         prompt_tokens = len(extract_user_text(body)) // 4
         completion_tokens = max(1, len(content) // 4)
@@ -1092,7 +1126,7 @@ class FakeOpenAI:
             "id": f"chatcmpl-fake{next(self._ids):08d}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": body.get("model"),
+            "model": model or body.get("model"),
             "choices": [
                 {
                     "index": 0,

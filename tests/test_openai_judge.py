@@ -20,6 +20,7 @@ from recall_tasks import (
     OpenAIJudge,
     RecallCase,
 )
+from recall_tasks.errors import JudgeRejectedError
 from tests import judge_script
 from tests.fake_openai import Content, Delay, Reset, Status
 
@@ -238,7 +239,6 @@ def test_transient_faults_past_the_budget_raise_typed_errors(fake_openai):
     [
         (Status(401, code="invalid_api_key"), "rejected the API key"),
         (Status(429, code="insufficient_quota"), "quota exhausted"),
-        (Status(400, code="context_length_exceeded"), "rejected the request \\(400\\)"),
         (Status(404, code="model_not_found"), "does not serve model"),
         (Status(403), "denied access"),
     ],
@@ -247,6 +247,28 @@ def test_config_errors_are_not_retried(fake_openai, fault, match):
     fake_openai.enqueue(fault)
     with pytest.raises(JudgeConfigError, match=match):
         ContextualRecall(judge=judge_for(fake_openai)).measure(EINSTEIN)
+    assert len(fake_openai.chat_requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "match"),
+    [
+        (Status(400, code="context_length_exceeded"), r"rejected the request \(400\): This model's maximum context "
+         r"length is 8192 tokens\. .*; context_length_exceeded$"),
+        (Status(422), r"rejected the request \(422\): Unprocessable entity\.$"),
+        ("413", r"rejected the request \(413\): 413 Request Entity Too Large$"),  # a proxy's HTML page: its title
+    ],
+)  # fmt: skip
+def test_a_rejected_request_is_that_requests_error_not_the_runs(fake_openai, fault, match):
+    """400/413/422: this request was refused (too long, too large for a proxy): a JudgeRejectedError (the row's
+    error, see tests/test_rejections.py), not a configuration error that stops the run; not retried."""
+    if fault == "413":
+        fake_openai.max_body_bytes = 100
+    else:
+        fake_openai.enqueue(fault)
+    with pytest.raises(JudgeRejectedError, match=match) as info:
+        ContextualRecall(judge=judge_for(fake_openai)).measure(EINSTEIN)
+    assert not isinstance(info.value, JudgeConfigError) and info.value.requests == 1
     assert len(fake_openai.chat_requests) == 1
 
 

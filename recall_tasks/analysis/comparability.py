@@ -10,8 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from recall_tasks.io.datasets import ROW_ID_COLUMN_IDENTITY
+from recall_tasks.judges.base import model_family
 
-__all__ = ["COMPARABLE_KEYS", "COMPARABLE_KEYS_V2", "MIN_PAIRED_SHARE", "incomparable_reasons", "paired_share_reason"]
+__all__ = [
+    "COMPARABLE_KEYS", "COMPARABLE_KEYS_V2", "MIN_PAIRED_SHARE", "incomparable_reasons", "paired_share_reason",
+    "replied_reason",
+]  # fmt: skip
 
 #: Run fields that must be equal for a verdict; the second group is recorded only since row identity v2.
 COMPARABLE_KEYS = ("dataset", "metric", "judge_model", "prompt_version", "threshold", "scale")
@@ -64,6 +68,10 @@ def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[s
                 f"row_identity differs (current {current_run.get('row_identity')!r}, "
                 f"baseline {baseline_run.get('row_identity')!r})"
             )
+    if not differs & {"judge", "judge_model"}:
+        replied = replied_reason(current_run, baseline_run)
+        if replied is not None:
+            reasons.append(replied)
     if not differs & _JUDGE_KEYS and current_run.get("canary_id"):
         from recall_tasks.analysis.drift import judge_drift  # numpy: not imported by the CLI's start-up
 
@@ -71,6 +79,25 @@ def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[s
         if drift is not None and drift.drifted:
             reasons.append(drift.reason())
     return reasons
+
+
+def replied_reason(current_run: Mapping[str, Any], baseline_run: Mapping[str, Any]) -> str | None:
+    """Why the models that replied make two runs incomparable, or None: the families (names without a snapshot date)
+    of the runs' ``reply_models`` differ (a gateway fell back to another model for some rows of one run); or this run
+    has substituted rows and the baseline, recorded before the column, does not say which models replied."""
+    now, then = current_run.get("reply_models"), baseline_run.get("reply_models")
+    if now and then:
+        ours, theirs = sorted({model_family(m) for m in now}), sorted({model_family(m) for m in then})
+        if ours == theirs:
+            return None
+        return f"the models that replied differ (current {ours}, baseline {theirs}): what judged the rows changed"
+    substituted = current_run.get("substituted_rows") or 0
+    if substituted and then is None:
+        return (
+            f"{substituted} rows of this run were judged by another model than {current_run.get('judge_model')!r} "
+            f"(replies from {sorted(now or [])}); the baseline does not record which models replied"
+        )
+    return None
 
 
 def paired_share_reason(n_matched: int, n_baseline: int, n_current: int) -> str | None:

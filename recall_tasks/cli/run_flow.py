@@ -36,6 +36,7 @@ from recall_tasks.errors import (
     RecallBenchError,
     RegressionDetected,
     RunFailed,
+    StoreUnreachable,
     WorkerDied,
 )
 from recall_tasks.summaries import FlowSummary
@@ -153,7 +154,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             print_outcome(exc.summary, output)
             err.print(f"[bold red]incomparable:[/] {plain(exc)}", soft_wrap=True)
             raise typer.Exit(code=6) from None
-        except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
+        except (WorkerDied, StoreUnreachable) as exc:  # a failed run with nothing committed: the same command resumes
             _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)
         if batch_key is not None and summary["run_key"] != batch_key:

@@ -84,12 +84,10 @@ class Status:
 
 
 def state_dir() -> Path:
-    """The per-user state directory (created on first use)."""
-    env = settings()
-    if env.state_dir:
-        return Path(env.state_dir)
-    base = env.xdg_state_home or str(Path.home() / ".local" / "state")
-    return Path(base) / "recall-bench"
+    """The per-user state directory (created on first use): :func:`recall_tasks.settings.state_dir`."""
+    from recall_tasks.settings import state_dir as configured
+
+    return configured()
 
 
 def default_port() -> int:

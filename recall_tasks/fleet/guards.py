@@ -8,6 +8,7 @@ event loop the judge calls run on; ``scoring.score_rows`` consults them before a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -78,6 +79,10 @@ NOT_JUDGED = "not judged: "
 #: Failed judge attempts in a row (retries included) that trip a run's circuit breaker.
 BREAKER_THRESHOLD = 10
 
+#: Judge requests in a row the endpoint rejected (4xx), none accepted in between, that trip the breaker: a
+#: rejection every request meets (a model name or parameter the endpoint refuses), not one row's.
+REJECTION_THRESHOLD = 10
+
 
 class CircuitBreaker:
     """Stops judging when the endpoint is down: ``threshold`` failed attempts in a row, or ``timeout_threshold``
@@ -91,12 +96,23 @@ class CircuitBreaker:
     whole run, not rows x attempts x timeout. When it trips, the calls in flight are cancelled and every row not
     judged yet is recorded "not judged" with :attr:`tripped_reason` (endpoint host and cause, no credentials).
 
+    Rejections are counted per judge call, not per attempt (:meth:`request_rejected`, :meth:`request_answered`):
+    one rejected row is that row's error, but ``rejection_threshold`` calls in a row rejected with none accepted
+    in between is a rejection every request meets (a bad model name or parameter) and trips the breaker too.
+
     Shared by every chunk of a run, like :class:`Budget`; used only on the one event loop the judge calls run on.
     """
 
-    def __init__(self, threshold: int = BREAKER_THRESHOLD, timeout_threshold: int | None = None) -> None:
+    def __init__(
+        self,
+        threshold: int = BREAKER_THRESHOLD,
+        timeout_threshold: int | None = None,
+        rejection_threshold: int = REJECTION_THRESHOLD,
+    ) -> None:
         self.threshold = threshold
         self.timeout_threshold = min(timeout_threshold or threshold, threshold)
+        self.rejection_threshold = rejection_threshold
+        self.rejections = 0
         self.failures = 0
         self.timeouts = 0
         self.tripped_reason: str | None = None
@@ -138,11 +154,32 @@ class CircuitBreaker:
                 "judging stopped, the remaining rows were not judged"
             )
 
-    def trip(self, reason: str) -> None:
+    def request_rejected(self, what: str) -> None:
+        """A judge call the endpoint rejected (``what``: its error text, which names the endpoint and status)."""
+        if self.tripped_reason is not None:
+            return
+        self.rejections += 1
+        if self.rejections >= self.rejection_threshold:
+            self.trip(
+                f"the judge endpoint rejected {self.rejections} requests in a row and accepted none (last: {what}): "
+                "a rejection every request meets (check --model and the endpoint's parameters); judging stopped, "
+                "the remaining rows were not judged",
+                spare_current=True,  # the call that told it has ended: its row keeps its error
+            )
+
+    def request_answered(self) -> None:
+        """A judge call the endpoint accepted: rejections so far were those rows' own."""
+        self.rejections = 0
+
+    def trip(self, reason: str, *, spare_current: bool = False) -> None:
         """Record ``reason`` and cancel every judge call in flight (their rows become "not judged")."""
         self.tripped_reason = reason
+        current = None
+        if spare_current:
+            with contextlib.suppress(RuntimeError):  # no loop: nothing in flight to spare
+                current = asyncio.current_task()
         for task in self._in_flight:
-            if not task.done():
+            if task is not current and not task.done():
                 self._cancelled.add(task)
                 task.cancel()
 

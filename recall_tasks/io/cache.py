@@ -13,10 +13,17 @@ at most that much judging; at the end of a run the small segments it wrote are c
 keeps each of them as its own row group (so lookups stay that narrow). Segments are written whole (local:
 temp file + rename; object stores: one PUT), so a reader never sees a partial segment; two runs writing the
 same entries at once only duplicate them, which lookups tolerate.
+
+The local spill: a flush the cache's store refuses (object storage down mid-run, credentials expired) writes its
+segment under :func:`spill_dir` instead (``<state dir>/spill/<hash of the cache URI>``, on the machine running the
+run), so judging that was paid for is not lost; this process keeps finding those entries. The next cache opened
+on the same URI (a rerun: the store must be reachable to open it) uploads the spilled segments to the store,
+deletes them locally and reads them from there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -25,14 +32,16 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
+from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 from recall_tasks.judges.base import JudgeResponse
+from recall_tasks.settings import state_dir
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,11 @@ def write_atomically(fs: Any, path: str, table: pa.Table, row_group_size: int | 
         os.replace(tmp, path)
     else:
         pq.write_table(table, path, **options)
+
+
+def spill_dir(uri: str) -> Path:
+    """Where the segments of the cache at ``uri`` go while its store refuses them (see the module docstring)."""
+    return state_dir() / "spill" / hashlib.sha256(normalize_uri(uri).encode()).hexdigest()[:16]
 
 
 class SegmentCache:
@@ -80,13 +94,31 @@ class SegmentCache:
         self.hits = 0
         self.misses = 0
         self.stored = 0  # entries this instance wrote (an interrupted run reports them)
+        self.spill = spill_dir(uri)
+        self.spilled = 0  # entries this instance wrote to the local spill (its store refused them)
+        self._spilled: dict[str, str] = {}  # and their payloads: still found by this process
         self.row_groups_read = 0
         try:
             self.fs.makedirs(self.root, exist_ok=True)
+            self._upload_spill()
             if read:
                 self._load_index()
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, uri) from None
+
+    def _upload_spill(self) -> None:
+        """Segments an earlier run spilled for this URI go to the store, then leave the machine."""
+        if not self.spill.is_dir():
+            return
+        for local in sorted(self.spill.glob("seg-*.parquet")):
+            try:
+                table = pq.read_table(local)
+            except Exception as exc:  # noqa: BLE001 - a half-written spill file (a crash while spilling)
+                log.warning("skipping unreadable spilled cache segment %s: %s", local, exc)
+                continue
+            write_atomically(self.fs, f"{self.root}/{local.name}", table, row_group_size=ROW_GROUP_ROWS)
+            local.unlink(missing_ok=True)  # another process uploading the same spill may have taken it
+            log.info("uploaded %d spilled row-cache entries from %s to %s", table.num_rows, local, self.uri)
 
     def _load_index(self) -> None:
         sub = f"{self.root.rstrip('/')}/{self.SUBSTORE}/"
@@ -121,7 +153,7 @@ class SegmentCache:
             return {}
         groups_by_segment: dict[int, set[int]] = defaultdict(set)
         with self._lock:
-            pending = {k: self._pending[k] for k in keys if k in self._pending}
+            pending = {k: v for k in keys if (v := self._pending.get(k, self._spilled.get(k))) is not None}
             wanted = [k for k in keys if k not in pending and k in self._index]
             for k in wanted:
                 seg, group = self._index[k]
@@ -177,9 +209,22 @@ class SegmentCache:
         try:
             write_atomically(self.fs, path, table, row_group_size=ROW_GROUP_ROWS)
         except Exception as exc:  # noqa: BLE001
-            with self._lock:  # keep them for the next flush
-                self._pending = {**batch, **self._pending}
-            raise translate_storage_error(exc, self.uri) from None
+            error = translate_storage_error(exc, self.uri)
+            try:
+                self.spill.mkdir(parents=True, exist_ok=True)
+                local = self.spill / path.rsplit("/", 1)[-1]
+                tmp = local.with_name(f"{local.name}.tmp-{uuid.uuid4().hex[:8]}")
+                pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                os.replace(tmp, local)
+            except OSError:
+                with self._lock:  # keep them for the next flush
+                    self._pending = {**batch, **self._pending}
+                raise error from None
+            with self._lock:
+                self._spilled.update(batch)
+                self.spilled += len(batch)
+            log.warning("row cache not saved to %s (%s): %d entries kept in %s", self.uri, error, len(batch), local)
+            return
         with self._lock:
             seg = len(self._segments)
             self._segments.append(path)

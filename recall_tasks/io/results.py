@@ -35,11 +35,21 @@ import pyarrow.parquet as pq
 
 from recall_tasks.errors import ConfigError, RecallBenchError
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, LABEL_FIELD, RUN_SCHEMA
+from recall_tasks.io.schemas import (
+    CALIBRATION_SCHEMA,
+    COMPARISON_SCHEMA,
+    LABEL_FIELD,
+    LATE_RESULT_FIELDS,
+    RESULT_FIELDS,
+    RUN_SCHEMA,
+)
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 from recall_tasks.settings import settings
 
 log = logging.getLogger(__name__)
+
+#: ``results`` columns added after the table's first release (``schemas.LATE_RESULT_FIELDS``)
+LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD] if f.name in LATE_RESULT_FIELDS]
 
 Format = Literal["delta", "parquet", "iceberg"]
 FORMATS: tuple[str, ...] = ("delta", "parquet", "iceberg")
@@ -398,11 +408,12 @@ class ResultStore:
             if not self.fs.exists(path):
                 return None
             ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive")
-            if name == "results" and LABEL_FIELD.name not in ds.schema.names:
-                # the schema is the first file's: one written before results.label existed still shows the column
-                # (null in its rows, the run's label in later files)
-                with_label = ds.schema.append(LABEL_FIELD)
-                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=with_label)
+            late = [f for f in LATE_FIELDS if f.name not in ds.schema.names] if name == "results" else []
+            if late:
+                # the schema is the first file's: one written before a late column existed still shows the column
+                # (null in its rows, the values in later files)
+                schema = pa.schema([*ds.schema, *late])
+                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=schema)
             if name != "results":  # small tables whose files span versions: every file's columns
                 schemas = [fragment.physical_schema for fragment in ds.get_fragments()]
                 unified = pa.unify_schemas([*schemas, ds.schema], promote_options="permissive")

@@ -46,7 +46,12 @@ RESULT_FIELDS: list[pa.Field] = [
     pa.field("cost_usd", pa.float64()),
     pa.field("latency_ms", pa.float64()),
     pa.field("flags", pa.list_(pa.string())),
+    #: the model the judge's reply named (null: not judged, not said, or a table written before the column)
+    pa.field("reply_model", pa.string()),
 ]
+#: Result columns added after the table's first release: older tables evolve by taking them (Delta's schema merge,
+#: Iceberg's union by name, Parquet files without them read null).
+LATE_RESULT_FIELDS = ("reply_model", "label")
 CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
 #: ``results.label``: the run's ``--label`` on each row (filter results by label without a join to ``runs``). Added
 #: at commit, after ``dataset`` and ``run_date``: the last column, so older tables evolve by appending it (Delta's
@@ -175,6 +180,8 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("dataset_id", pa.string()),
     pa.field("batch_ids", pa.list_(pa.string())),
     pa.field("batch_wait_s", pa.float64()),
+    pa.field("reply_models", pa.list_(pa.string())),
+    pa.field("substituted_rows", pa.int64()),
     *CANARY_FIELDS,
     # the last column: older tables evolve by appending it (null in runs written before it)
     pa.field("not_judged", pa.int64()),

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import re
 import socket
 import ssl
 import weakref
@@ -38,7 +39,7 @@ import aiohttp
 import httpx2
 import openai
 
-from recall_tasks.errors import JudgeConfigError, JudgeTransientError
+from recall_tasks.errors import JudgeConfigError, JudgeRejectedError, JudgeTransientError
 from recall_tasks.judges.base import attempt_observer
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.secrets import redact
@@ -470,9 +471,12 @@ def translate_error(
             model=model,
             status=status,
         )
-    if isinstance(exc, openai.APIStatusError):
-        return JudgeConfigError(f"{where} rejected the request ({status}): {text}", model=model, status=status)
+    if isinstance(exc, openai.APIStatusError):  # 400, 413, 422...: this request's, not the run's (the breaker decides)
+        return JudgeRejectedError(f"{where} rejected the request ({status}): {text}", model=model, status=status)
     return JudgeTransientError(f"judge call failed: {text}", model=model)
+
+
+_TITLE = re.compile(r"<title>(.*?)</title>", re.I | re.S)
 
 
 def _error_text(exc: Exception) -> str:
@@ -482,4 +486,7 @@ def _error_text(exc: Exception) -> str:
         if isinstance(error, dict):
             parts = [str(error.get(k)) for k in ("message", "code", "param") if error.get(k)]
             return "; ".join(parts) or json.dumps(error)[:300]
+    if isinstance(body, str) and body.strip():  # a proxy's page (nginx's 413): its title, else its first words
+        title = _TITLE.search(body)
+        return " ".join((title.group(1) if title else re.sub(r"<[^>]*>", " ", body)).split())[:300]
     return str(getattr(exc, "message", None) or exc)[:300]

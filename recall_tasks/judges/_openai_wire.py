@@ -62,10 +62,15 @@ def request_body(
     return kwargs
 
 
-def read_completion(raw: bytes, model: str, usage: list[int]) -> tuple[str, str | None]:
-    """The content and finish reason of a chat-completion body; its token counts are added to ``usage``."""
+def read_completion(
+    raw: bytes, model: str, usage: list[int], models: list[str] | None = None
+) -> tuple[str, str | None]:
+    """The content and finish reason of a chat-completion body; its token counts are added to ``usage``, the model
+    it names to ``models``."""
     try:
         reply = loads(raw)
+        if models is not None and isinstance(reply.get("model"), str) and reply["model"]:
+            models.append(reply["model"])
         usage_data = reply.get("usage") or {}
         usage[0] += int(usage_data.get("prompt_tokens") or 0)
         usage[1] += int(usage_data.get("completion_tokens") or 0)
@@ -118,8 +123,10 @@ def verdict_response(
     *,
     model: str,
     prompt_version: str,
+    replied: tuple[str | None, bool] = (None, False),
 ) -> JudgeResponse:
-    """The :class:`JudgeResponse` of a parsed reply (reasons and summary dropped unless the request asked)."""
+    """The :class:`JudgeResponse` of a parsed reply (reasons and summary dropped unless the request asked);
+    ``replied``: the model the reply named and whether it is another than ``model``."""
     verdicts, summary, flags = parsed
     if not request.include_reason:
         verdicts = [v.model_copy(update={"reason": ""}) for v in verdicts]
@@ -134,4 +141,6 @@ def verdict_response(
         cost_usd=cost,
         requests=requests,
         flags=flags,
+        reply_model=replied[0],
+        substituted=replied[1],
     )

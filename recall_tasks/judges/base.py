@@ -9,6 +9,7 @@ support it. The metric, not the judge, counts and scores, so the denominator nev
 from __future__ import annotations
 
 import contextvars
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -51,8 +52,29 @@ class JudgeResponse(BaseModel):
     cost_usd: float | None = None
     requests: int = 0
     flags: list[str] = Field(default_factory=list)
+    #: the model the endpoint's reply named (None: not said, or a judge without one); ``substituted``: it is another
+    #: model than the one asked for (:func:`other_model`): such a response is never cached
+    reply_model: str | None = None
+    substituted: bool = False
     #: row-cache entries only: the run attempt that paid for it (``io/cache.RowVerdictCache.owed``); never dumped
     paid_by: str | None = Field(None, exclude=True)
+
+
+#: How the flag of a row judged by a reply from another model than the one asked for starts.
+SUBSTITUTED_FLAG = "replied by model "
+
+_DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{4})$")
+
+
+def model_family(name: str) -> str:
+    """A model name without the provider's snapshot date (``gpt-4o-mini-2024-07-18``, ``gpt-4-0613``)."""
+    return _DATED.sub("", name)
+
+
+def other_model(asked: str, replied: str | None) -> bool:
+    """Whether a reply naming ``replied`` came from another model than ``asked``: a gateway's fallback, not a dated
+    snapshot of the model asked for (``gpt-4o-mini`` answered by ``gpt-4o-mini-2024-07-18``). None: not said."""
+    return replied is not None and replied != asked and model_family(replied) != model_family(asked)
 
 
 @runtime_checkable

@@ -11,6 +11,8 @@ Decisions worth knowing:
   ``finish_reason == "length"`` is retried once with twice the completion budget.
 - The wire format (request body, reading a reply, the repair request): :mod:`recall_tasks.judges._openai_wire`;
   HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http`.
+- A verdict request is counted against the model's context window before it is sent, and refused, cut or sent
+  as ``on_overlong`` says (:mod:`recall_tasks.judges.context_window`).
 - Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight. With grant
   sources (:meth:`OpenAIJudge.share_limits`, the pipeline's fleet-wide limits) the limiters also spend grants.
 """
@@ -29,7 +31,7 @@ import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import _openai_wire as wire
-from recall_tasks.judges import prompts
+from recall_tasks.judges import context_window, prompts
 from recall_tasks.judges._openai_http import (
     _close_states,
     _close_with_loop,
@@ -41,7 +43,7 @@ from recall_tasks.judges._openai_http import (
     translate_error,
 )
 from recall_tasks.judges._openai_lean import dumps, lean_chat
-from recall_tasks.judges.base import JudgeRequest, JudgeResponse, Spend, charge
+from recall_tasks.judges.base import SUBSTITUTED_FLAG, JudgeRequest, JudgeResponse, Spend, charge, other_model
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
@@ -89,11 +91,18 @@ class OpenAIJudge:
         max_tokens_param: str | None = None,
         response_format: str = "json_schema",
         azure: dict[str, str] | None = None,
+        context_window_tokens: int | None = None,
+        on_overlong: str = "refuse",
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         if response_format not in wire.FORMATS:
             raise ValueError(f"response_format must be one of {wire.FORMATS}")
+        if on_overlong not in context_window.POLICIES:
+            raise ValueError(f"on_overlong must be one of {context_window.POLICIES}")
+        #: the model's context window (None: unknown, not checked) and what to do with a request over it
+        self.context_window = context_window.window_for(model, context_window_tokens)
+        self.on_overlong = on_overlong
         self._model = model
         env = env_settings()
         self.base_url = base_url or env.openai_base_url or None
@@ -173,14 +182,18 @@ class OpenAIJudge:
         return self._prompt_version
 
     def config(self) -> dict[str, Any]:
-        """What changes verdicts: part of cache keys. No key, no endpoint credentials."""
-        return {
+        """What changes verdicts: part of cache keys. No key, no endpoint credentials. A cut context changes what
+        the judge sees: ``on_overlong="truncate"`` and the window are part of it (the default leaves it as it was)."""
+        config = {
             "judge": "openai",
             "model": self._model,
             "prompt_version": self._prompt_version,
             "schema_version": prompts.SCHEMA_VERSION,
             "temperature": self.temperature,
         }
+        if self.on_overlong == "truncate" and self.context_window is not None:
+            config.update(on_overlong="truncate", context_window=self.context_window)
+        return config
 
     def __repr__(self) -> str:
         return f"OpenAIJudge(model={self._model!r}, base_url={self.base_url!r})"
@@ -235,22 +248,54 @@ class OpenAIJudge:
 
     # -- judging ---------------------------------------------------------------------------------
 
+    def tokens_needed(self, request: JudgeRequest) -> int:
+        """The estimated prompt tokens of the first request for ``request`` plus its completion budget: what must
+        fit :attr:`context_window` (:func:`~recall_tasks.judges.context_window.tokens_needed`)."""
+        schema = wire.VERDICTS[1] if self._format == "json_schema" else None
+        msgs = prompts.messages(request, self._prompt_version)
+        return context_window.tokens_needed(msgs, wire.verdict_budget(request), schema)
+
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
-        """Ask the endpoint for one verdict per statement; one request in the normal path."""
+        """Ask the endpoint for one verdict per statement; one request in the normal path.
+
+        A request over the model's context window is refused (:class:`~recall_tasks.errors.ContextOverflowError`,
+        nothing sent), cut or sent, as :attr:`on_overlong` says."""
+        cut = None
+        if self.context_window is not None:
+            request, cut = context_window.fit(
+                request, self.tokens_needed, self.context_window, self.on_overlong, self._model
+            )
         state = self._state()
         msgs = prompts.messages(request, self._prompt_version)
         budget = wire.verdict_budget(request)
         usage = [0, 0]
+        models: list[str] = []
         with self._billed_on_failure(usage), counted_attempts() as counter:
             async with state.semaphore:
-                content = await self._complete(state, msgs, budget, usage)
+                content = await self._complete(state, msgs, budget, usage, models=models)
                 parsed = await wire.parse_or_repair(
-                    request, msgs, content, self._model, lambda repair: self._complete(state, repair, budget, usage)
-                )
+                    request, msgs, content, self._model,
+                    lambda repair: self._complete(state, repair, budget, usage, models=models),
+                )  # fmt: skip
         cost = self._cost(usage)
+        replied = self._replied(models)
+        extra = [] if cut is None else [cut]
+        if replied[1]:
+            extra.append(f"{SUBSTITUTED_FLAG}{replied[0]}, not {self._model} as asked (not cached)")
+        if extra:
+            parsed = (parsed[0], parsed[1], [*extra, *parsed[2]])
         return wire.verdict_response(
-            request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version
-        )
+            request, parsed, usage, counter[0], cost, model=self._model, prompt_version=self._prompt_version,
+            replied=replied,
+        )  # fmt: skip
+
+    def _replied(self, models: list[str]) -> tuple[str | None, bool]:
+        """The model the call's replies named (one of another model first, else the last) and whether it is another
+        model than the one asked for. Azure's replies name the deployment's model, not its name: never another."""
+        other = next((m for m in models if other_model(self._model, m)), None)
+        if other is not None and not self._azure:
+            return other, True
+        return (models[-1] if models else None), False
 
     @contextlib.contextmanager
     def _billed_on_failure(self, usage: list[int]) -> Iterator[None]:
@@ -357,8 +402,10 @@ class OpenAIJudge:
         budget: int,
         usage: list[int],
         schema: tuple[str, dict[str, Any]] = wire.VERDICTS,
+        models: list[str] | None = None,
     ) -> str:
-        """One logical completion: format fallback, one retry on truncation; returns the content."""
+        """One logical completion: format fallback, one retry on truncation; returns the content (the models its
+        replies named are added to ``models``)."""
         truncated_once = False
         while True:
             if state.rpm:
@@ -379,7 +426,7 @@ class OpenAIJudge:
                 raise self._translate(exc) from None
             except openai.OpenAIError as exc:
                 raise self._translate(exc) from None
-            content, finish_reason = wire.read_completion(reply, self._model, usage)
+            content, finish_reason = wire.read_completion(reply, self._model, usage, models)
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(

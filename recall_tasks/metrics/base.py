@@ -159,6 +159,7 @@ class Metric:
             judge_model=response.model,
             prompt_version=response.prompt_version,
             flags=flags,
+            reply_model=response.reply_model,
         )
         return RecallResult(
             score=score,

@@ -17,6 +17,7 @@ from recall_tasks.analysis.aggregates import summarize, summarize_segments
 from recall_tasks.fleet.guards import NOT_JUDGED
 from recall_tasks.io.results import ChunkPart, today
 from recall_tasks.io.schemas import CHUNK_FIELDS
+from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.pipeline.canary import no_canary, score_canary
 from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.scoring import metric_fingerprint
@@ -26,7 +27,7 @@ from recall_tasks.summaries import RunRow
 
 _SUMMARY_COLUMNS = [
     "score", "success", "error", "skipped", "cached", "prompt_tokens", "completion_tokens", "requests", "cost_usd",
-    "context_precision", "chunks_used", "context_count",
+    "context_precision", "chunks_used", "context_count", "reply_model", "flags",
 ]  # fmt: skip
 
 
@@ -58,9 +59,10 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
         **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns, **no_canary(),
+        "reply_models": None, "substituted_rows": None,
     }  # fmt: skip
     base.update(run_outcome(plan, table, stats))
-    overall = {**base, "segment_column": None, "segment_value": None, **stats, **canary}
+    overall = {**base, "segment_column": None, "segment_value": None, **stats, **canary, **replied(table)}
     for key, value in spend.items():  # the canary's spend is the run's: requests, tokens and cost include it
         overall[key] += value
     runs = [overall]
@@ -77,6 +79,15 @@ def _not_judged_flag(batch: pa.RecordBatch) -> pa.RecordBatch:
     flag = pc.fill_null(pc.and_(batch.column("skipped"), pc.starts_with(batch.column("reason"), NOT_JUDGED)), False)
     keep = [name for name in batch.schema.names if name != "reason"]
     return pa.RecordBatch.from_arrays([*(batch.column(n) for n in keep), flag], names=[*keep, "not_judged"])
+
+
+def replied(table: pa.Table) -> dict[str, Any]:
+    """The overall row's ``reply_models`` (the models the replies named, sorted) and ``substituted_rows`` (rows a
+    reply from another model than the one asked for judged: their flag says so)."""
+    models = sorted(m for m in pc.unique(table.column("reply_model")).to_pylist() if m is not None)
+    flags = pc.list_flatten(table.column("flags"))
+    substituted = pc.sum(pc.starts_with(flags, SUBSTITUTED_FLAG)).as_py() if len(flags) else 0
+    return {"reply_models": models, "substituted_rows": int(substituted or 0)}
 
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:

@@ -36,6 +36,8 @@ def make_judge(params: RunParams) -> Judge:
         requests_per_minute=params.requests_per_minute,
         tokens_per_minute=params.tokens_per_minute,
         prices=params.prices or None,
+        context_window_tokens=params.context_window,
+        on_overlong=params.on_overlong,
     )
 
 

@@ -335,9 +335,14 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
         died = alerts.alert_for_worker_death(plan.dataset.name, plan.run_id, params.label, plan.dataset.uri, str(exc))
         emit_event(died.name, resource=died.resource, payload=died.payload)
         raise
+    except StorageError as exc:  # mid-run: the checks had reached it. Judged rows kept by the abort (keep_judged)
+        raise steps.store_outage(plan, exc) from None
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
-    committed = commit.commit_run(plan, tally.parts, flow_run_id())
+    try:
+        committed = commit.commit_run(plan, tally.parts, flow_run_id())
+    except StorageError as exc:  # the rows are judged and cached (or spilled): the rerun commits them unpaid
+        raise steps.store_outage(plan, exc) from None
     summary, publication = publish.publish_run(plan, committed, logger)
     send(publication)
     steps.finish_run(plan)

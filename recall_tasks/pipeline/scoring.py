@@ -5,6 +5,9 @@ optional ``RowCache`` for verdicts by content key first and judges only the miss
 - a missing input under ``on_missing="error"``, a judge reply that stays unusable, transient failures past
   the retry budget: the row is recorded with its error, the block goes on;
 - :class:`JudgeConfigError` (auth, quota, bad model): re-raised, the run stops before anything is written;
+- a request the endpoint rejected (:class:`JudgeRejectedError`: a context too long, a proxy's 413): the row's
+  error; rejections in a row with none accepted trip the breaker (below), as a rejection every request meets;
+  a prompt over the model's window that was not sent (:class:`ContextOverflowError`) costs the row no request;
 - an outage (the endpoint refuses, resets, times out or fails with 5xx again and again): the run's
   :class:`~recall_tasks.fleet.guards.CircuitBreaker` trips, the calls in flight are cancelled and every row
   not judged yet is recorded "not judged" with the breaker's reason (the run's status becomes ``failed``).
@@ -22,7 +25,13 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from recall_tasks.errors import JudgeConfigError, JudgeError, MissingInputError
+from recall_tasks.errors import (
+    ContextOverflowError,
+    JudgeConfigError,
+    JudgeError,
+    JudgeRejectedError,
+    MissingInputError,
+)
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
@@ -205,8 +214,10 @@ async def score_rows(
             raise
         except JudgeError as exc:
             spent = spend_of(exc)
-            failed = Spend(max(spent.requests, 1), spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
+            sent = spent.requests if isinstance(exc, ContextOverflowError) else max(spent.requests, 1)
+            failed = Spend(sent, spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
             outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", spent=extracted(prepared) + failed)
+            _rejected(breaker, exc)
             return
         except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
@@ -224,8 +235,10 @@ async def score_rows(
                     gate.release(response.requests, response.cost_usd)
                 else:
                     gate.release(failed.requests, failed.cost_usd)
+        if breaker is not None:
+            breaker.request_answered()
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
-        if cache is not None and cache.put_many({key: response}, flush=False):
+        if cache is not None and not response.substituted and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
 
     if to_judge:
@@ -239,6 +252,13 @@ async def score_rows(
         finally:
             attempt_observer.reset(token)
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
+
+
+def _rejected(breaker: CircuitBreaker | None, exc: JudgeError) -> None:
+    """Tell the breaker about a call the endpoint rejected (not one refused before sending: the endpoint's answer
+    to the others is unknown)."""
+    if breaker is not None and isinstance(exc, JudgeRejectedError) and not isinstance(exc, ContextOverflowError):
+        breaker.request_rejected(str(exc))
 
 
 def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
@@ -256,9 +276,12 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
         try:
             reply = await call()
             requests, cost = reply.requests, reply.cost_usd
+            if breaker is not None:
+                breaker.request_answered()
             return reply
         except JudgeError as exc:
             requests, cost = max(exc.requests, 1), spend_of(exc).cost_usd
+            _rejected(breaker, exc)
             raise
         except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
@@ -324,6 +347,7 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         cols["cost_usd"].append(paid.cost_usd if paid.requests or out.cached else (md.cost_usd if md else None))
         cols["latency_ms"].append(md.latency_ms if md else None)
         cols["flags"].append(md.flags if md else [])
+        cols["reply_model"].append(md.reply_model if md else None)
     table = pa.table(cols, schema=pa.schema(CHUNK_FIELDS))
     for name in block.table.column_names:
         if name not in ("expected_output", "retrieval_context", "actual_output"):

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import BATCH_CONTROL_FIELDS, GATE_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
-from recall_tasks.errors import ConfigError, RunInterrupted
+from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
@@ -36,6 +36,7 @@ from recall_tasks.io.results import ResultStore, check_format
 from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
+from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
 from recall_tasks.pipeline.artifacts import report_link_seconds
@@ -314,16 +315,18 @@ class ChunkReport:
     pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
     stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
     budget: str | None = None  # a worker process's exhausted --max-requests or --max-cost-usd, carried back likewise
+    substituted: int = 0  # rows a reply from another model judged (never cached: judged again next time)
 
     @property
     def reusable(self) -> bool:
         """Only successes are cached: a report with an errored or not-judged row is never served whole.
 
+        A row judged by a reply from another model than the one asked for counts as a failure here.
         Prefect persists every task result under the chunk's key (a cache policy cannot see the result), so
         the flow checks this before using a cached report; such a chunk goes through its task again (its
         good rows then come from the row cache, which only holds parsed verdicts) and refreshes the record.
         """
-        return self.errors == 0 and self.not_judged == 0
+        return self.errors == 0 and self.not_judged == 0 and self.substituted == 0
 
 
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
@@ -357,14 +360,17 @@ def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRep
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
     scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
     not_judged = pc.and_(table.column("skipped"), pc.starts_with(table.column("reason"), NOT_JUDGED))
+    flags = pc.list_flatten(table.column("flags"))
+    substituted = int(pc.sum(pc.starts_with(flags, SUBSTITUTED_FLAG)).as_py() or 0) if len(flags) else 0
     return ChunkReport(
         seq=seq, rows=table.num_rows, errors=errors, scored=scored, path=path,
         not_judged=int(pc.sum(pc.fill_null(not_judged, False)).as_py() or 0), pid=os.getpid(),
+        substituted=substituted,
     )  # fmt: skip
 
 
 #: Part of every chunk key: bumped when a chunk file's columns change, so older chunk files are not reused.
-CHUNK_SCHEMA_VERSION = 2
+CHUNK_SCHEMA_VERSION = 3
 
 
 def abort(plan: RunPlan) -> None:
@@ -392,6 +398,23 @@ def keep_judged(plan: RunPlan) -> int:
     for fn in list(_abort_listeners):
         fn(cached)
     return cached
+
+
+def store_outage(plan: RunPlan, exc: StorageError) -> StoreUnreachable:
+    """The error of a run whose object storage failed while judging (after :func:`keep_judged`): it names the store
+    and the output, and where the judged rows are (the row cache's local spill when the cache could not be saved)."""
+    cache = plan.cache
+    if cache is not None and cache.spilled:
+        kept = (
+            f"{cache.spilled} judged rows were kept in the row cache's local spill {cache.spill} (the row cache "
+            "could not be saved to the output)"
+        )
+    else:
+        kept = "the rows judged so far are in the row cache (or its local spill on the machine that judged them)"
+    return StoreUnreachable(
+        f"run {plan.run_id} stopped: object storage failed while judging ({exc}); nothing committed to "
+        f"{plan.params.output_uri}; {kept}: rerun the same command once the store is back, they are not paid again"
+    )
 
 
 def release(plan: RunPlan) -> None:

@@ -1,0 +1,177 @@
+"""A judge request against its model's context window: counted before sending, refused, cut or sent as is.
+
+An endpoint answers a request whose prompt plus completion budget exceeds the model's window with
+``400 context_length_exceeded`` after the row was queued, rate-limited and sent; a proxy may answer ``413``. The
+judge counts first (:func:`tokens_needed`) and follows ``--on-overlong`` (:data:`POLICIES`):
+
+- ``refuse`` (the default): the row's error (:class:`~recall_tasks.errors.ContextOverflowError`), no request;
+- ``truncate``: the context is cut from its end (the last-ranked chunks first, the chunk where the cut falls
+  keeps its beginning) until the request fits; the row's flags say how much was kept. The number of chunks
+  stays the same (a cut chunk reads ``[cut]``), so chunk ids still name the retrieved chunks;
+- ``send``: sent as is (the endpoint decides; its rejection is the row's error).
+
+The window: ``--context-window N``, else :data:`CONTEXT_WINDOWS` by model name (a dated snapshot takes its
+family's window), else unknown: nothing is counted and every request is sent.
+
+The count is an estimate: recall-bench ships no tokenizer (the BPE tables are downloads). :func:`count_tokens`
+splits text as GPT tokenizers pre-split it (words with their leading space, digit runs, punctuation, whitespace)
+and counts one token per word of up to 6 ASCII letters plus one per 6 more, one per non-ASCII letter (CJK is about
+one token a character), one per 3 digits and one per UTF-8 byte of other non-ASCII symbols (emoji). It is not the
+tokenizer's exact count (a margin: a ``--context-window`` below the model's); a request the estimate lets through
+and the endpoint still refuses is that row's error. A request fits when its count equals the window exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from recall_tasks.errors import ContextOverflowError
+from recall_tasks.judges.base import JudgeRequest
+
+#: ``--on-overlong`` values.
+POLICIES = ("refuse", "truncate", "send")
+
+#: Context windows (prompt plus completion tokens) of known models, by name; a dated snapshot
+#: (``gpt-4o-mini-2024-07-18``) takes the longest known prefix's.
+CONTEXT_WINDOWS: dict[str, int] = {
+    "gpt-4o-mini": 128_000,
+    "gpt-4o": 128_000,
+    "gpt-4-turbo": 128_000,
+    "gpt-4": 8_192,
+    "gpt-4-32k": 32_768,
+    "gpt-3.5-turbo": 16_385,
+    "gpt-4.1": 1_047_576,
+    "gpt-4.1-mini": 1_047_576,
+    "gpt-4.1-nano": 1_047_576,
+    "gpt-5": 400_000,
+    "gpt-5-mini": 400_000,
+    "gpt-5-nano": 400_000,
+    "o1": 200_000,
+    "o1-mini": 128_000,
+    "o3": 200_000,
+    "o3-mini": 200_000,
+    "o4-mini": 200_000,
+}
+
+#: Tokens a chat message costs beyond its content (role and separators), and the reply's priming.
+PER_MESSAGE = 4
+PER_REPLY = 3
+
+#: What stands for a chunk cut away entirely, and what ends a chunk cut short.
+CUT = "[cut]"
+
+_PIECES = re.compile(r" ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+|_+")
+
+
+def window_for(model: str, override: int | None = None) -> int | None:
+    """The context window of ``model``: ``override`` (``--context-window``), else :data:`CONTEXT_WINDOWS` (exact
+    name, then the longest known prefix), else None (unknown: not checked)."""
+    if override is not None:
+        return override
+    if model in CONTEXT_WINDOWS:
+        return CONTEXT_WINDOWS[model]
+    best = max((name for name in CONTEXT_WINDOWS if model.startswith(name + "-")), key=len, default=None)
+    return CONTEXT_WINDOWS[best] if best else None
+
+
+def count_tokens(text: str) -> int:
+    """An estimate of ``text``'s tokens (see the module docstring for the rule)."""
+    total = 0
+    for piece in _PIECES.findall(text):
+        word = piece.lstrip(" ") or piece
+        if word.isspace():
+            total += 1
+        elif word.isdigit():
+            total += math.ceil(len(word) / 3)
+        elif word[0].isalpha():
+            ascii_letters = sum(1 for c in word if c.isascii())
+            total += (1 + (ascii_letters - 1) // 6 if ascii_letters else 0) + len(word) - ascii_letters
+        else:
+            total += sum(1 if c.isascii() else len(c.encode("utf-8", "surrogatepass")) for c in word)
+    return total
+
+
+def tokens_needed(msgs: list[dict[str, str]], budget: int, schema: dict[str, Any] | None = None) -> int:
+    """Prompt tokens of ``msgs`` (and of a ``response_format`` schema, which the endpoint counts in the prompt),
+    plus ``budget``, the completion tokens asked for: what must fit the window."""
+    prompt = sum(PER_MESSAGE + count_tokens(m["content"]) for m in msgs) + PER_REPLY
+    if schema is not None:
+        prompt += count_tokens(json.dumps(schema, separators=(",", ":")))
+    return prompt + budget
+
+
+def fit(
+    request: JudgeRequest,
+    need: Callable[[JudgeRequest], int],
+    window: int,
+    policy: str,
+    model: str,
+) -> tuple[JudgeRequest, str | None]:
+    """``request`` as it may be sent under ``policy``, and the flag of a cut context (None when it fits as is).
+
+    ``need(request)``: the tokens the request needs (:func:`tokens_needed` of its messages, budget and schema).
+    Raises :class:`ContextOverflowError` (``refuse``, or a request that does not fit with its whole context cut).
+    """
+    needed = need(request)
+    if needed <= window or policy == "send":
+        return request, None
+    what = f"the prompt and its reply budget need about {needed} tokens, over {model}'s context window of {window}"
+    if policy == "refuse":
+        raise ContextOverflowError(
+            f"{what}: not sent (--on-overlong refuse; --on-overlong truncate cuts the context to fit, "
+            "--context-window N sets the window)",
+            model=model,
+        )
+    field = "evidence" if request.task == "contextual_recall" else "statements"
+    chunks = list(getattr(request, field))
+    before = sum(count_tokens(c) for c in chunks)
+    candidate = request
+    for _ in range(8):  # each pass removes the estimated excess; the rendering's own tokens may need another
+        excess = need(candidate) - window
+        if excess <= 0:
+            break
+        chunks = _cut(chunks, excess)
+        candidate = request.model_copy(update={field: chunks})
+        if all(c == CUT for c in chunks) and need(candidate) > window:
+            break
+    if need(candidate) > window:
+        raise ContextOverflowError(
+            f"{what}, and about {need(candidate)} with its whole context cut (--on-overlong truncate): not sent",
+            model=model,
+        )
+    kept = sum(count_tokens(c.removesuffix(" " + CUT)) for c in chunks if c != CUT)
+    return candidate, (
+        f"context cut to fit {model}'s context window of {window} tokens (--on-overlong truncate): about "
+        f"{max(kept, 0)} of {before} context tokens kept"
+    )
+
+
+def _cut(chunks: list[str], excess: int) -> list[str]:
+    """``chunks`` with about ``excess`` tokens removed from the end: whole chunks, then the end of one."""
+    out = list(chunks)
+    for i in range(len(out) - 1, -1, -1):
+        if excess <= 0:
+            break
+        if out[i] == CUT:
+            continue
+        tokens = count_tokens(out[i])
+        if tokens - count_tokens(CUT) <= excess:
+            excess -= tokens - count_tokens(CUT)
+            out[i] = CUT
+            continue
+        target = tokens - excess - count_tokens(" " + CUT)
+        text = out[i]
+        lo, hi = 0, len(text)  # the longest prefix within target tokens (the count grows with the prefix)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if count_tokens(text[:mid]) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        out[i] = text[:lo] + " " + CUT if lo else CUT
+        excess = 0
+    return out
