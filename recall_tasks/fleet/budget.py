@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.fleet import rate as fleet
-from recall_tasks.fleet.guards import Budget
+from recall_tasks.fleet.guards import Budget, Call
 
 log = logging.getLogger(__name__)
 
@@ -194,27 +194,65 @@ class FleetBudget(Budget):
 
     async def _reserve(self) -> bool:
         for share in self.shares:
-            if self.exhausted_reason is None and share.allowance < 1:
-                if self._lock is None:
-                    self._lock = asyncio.Lock()
-                async with self._lock:
-                    if self.exhausted_reason is None and share.allowance < 1:
-                        await self._take(share)
+            if self.exhausted_reason is None and share.allowance < 1 and not await self._take_locked(share, 1):
+                self.exhausted_reason = share.exhausted
         if self.exhausted_reason is not None or any(share.allowance < 1 for share in self.shares):
             return False
         for share in self.shares:
             if share.kind == REQUESTS:
-                share.allowance -= 1  # a call's first request is reserved; its cost is charged when it returns
+                share.allowance -= 1  # a call's first request is reserved; its attempts reserve their cost
         self.in_flight += 1
+        self.requests += 1
         return True
 
-    def release(self, requests: int, cost_usd: float | None) -> None:
-        super().release(requests, cost_usd)
-        for share in self.shares:
-            share.allowance -= share.charge(requests, cost_usd)
+    async def _take_locked(self, share: Share, need: int) -> bool:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return share.allowance >= need or await self._take(share, need)
 
-    async def _take(self, share: Share) -> None:
-        """One grant for ``share`` (and its debt), or what is left of the counter; nothing left: exhausted."""
+    def _charge(self, requests: int, cost_usd: float) -> None:
+        super()._charge(requests, cost_usd)
+        for share in self.shares:
+            share.allowance -= share.charge(requests + 1, cost_usd)
+
+    async def _reserve_attempt(self, call: Call) -> None:
+        self._settle(call, 0.0)  # an earlier attempt of this completion failed: it bills nothing
+        first = not call.gated
+        call.gated = True
+        requests, cost = self.share(REQUESTS), self.share(COST)
+        if requests is not None and not first:
+            if requests.allowance < 1 and not await self._take_locked(requests, 1):
+                raise self._stop(requests.exhausted)
+            requests.allowance -= 1
+        if cost is None:
+            return
+        need = cost_units(call.worst)
+        while cost.allowance < need:
+            if await self._take_locked(cost, need):
+                continue
+            if self.held_usd <= 0:  # no attempt of this process holds a reservation it could give back
+                if requests is not None:
+                    requests.allowance += 1  # not sent
+                raise self._stop(cost.exhausted)
+            await self._changes()
+        cost.allowance -= need
+        call.held_units += need
+        self.held_usd += call.worst
+        call.held += call.worst
+
+    def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
+        cost = self.share(COST)
+        if cost is not None and call.held_units:
+            cost.allowance += 0 if spent else call.held_units - cost_units(cost_usd)
+        elif cost is not None and cost_usd:
+            cost.allowance -= cost_units(cost_usd)  # reserved nothing (an attempt of no known worst case)
+        call.held_units = 0
+        super()._settle(call, cost_usd, spent=spent)
+
+    async def _take(self, share: Share, need: int = 1) -> bool:
+        """One grant for ``share`` (and its debt, and ``need``), or what is left of the counter; False when what
+        the counter had left does not cover ``need``."""
         import httpx
 
         client = await fleet._loop_client(self._clients, self.api)
@@ -222,7 +260,7 @@ class FleetBudget(Budget):
         try:
             while True:
                 # computed each round: calls returning during the awaits below charge more debt meanwhile
-                want = min(max(share.grant, 1 - share.allowance), share.slots)  # never more than the limit (422)
+                want = min(max(share.grant, need - share.allowance), share.slots)  # never more than the limit (422)
                 if rest is not None:
                     want = min(want, rest)
                 try:
@@ -233,16 +271,14 @@ class FleetBudget(Budget):
                     current = await client.read_global_concurrency_limit_by_name(share.name)
                     rest = current.limit - current.active_slots
                     if rest <= 0:
-                        self.exhausted_reason = share.exhausted
-                        return
+                        return False
                     continue
                 share.allowance += want
                 share.acquires += 1
-                if share.allowance >= 1:
-                    return
+                if share.allowance >= need:
+                    return True
                 if rest is not None:  # took the rest, and it does not cover the debt
-                    self.exhausted_reason = share.exhausted
-                    return
+                    return False
         except Exception as exc:  # noqa: BLE001 - one line naming the counter
             raise ConfigError(
                 f"{share.option.split()[0]}: the run's {NOUNS[share.kind]} counter {share.name} could not be read "

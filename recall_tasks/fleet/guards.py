@@ -11,40 +11,63 @@ import asyncio
 import threading
 from typing import Any
 
+from recall_tasks.judges.base import BudgetReached
+
 
 class Budget:
-    """Stops new judge calls once ``max_requests`` or ``max_cost_usd`` is reached (calls in flight finish).
+    """The run's ``max_requests`` and ``max_cost_usd``: every HTTP attempt is paid for before it is sent.
 
     Shared by every chunk of a run; checked and updated on the one event loop the judge calls run on.
 
-    A request is counted when its call is reserved, so ``max_requests`` is exact (plus the repairs of calls in
-    flight). A call's cost is known only when it returns, so with ``max_cost_usd`` a call reserves its place only
-    once one of ``max_in_flight`` (the run's ``--max-concurrency``) turns is free: every row of the chunks in
-    flight starts its task at once, and without the turns each would have passed the check before the first
-    answer came back (a 500-row chunk judged whole against a one-cent budget). The spend is then at most
-    ``max_cost_usd`` plus the calls in flight when it was reached: ``max_in_flight`` calls.
+    A judge call first reserves a place (:meth:`reserve`: one request, refused once the budget is spent), then
+    each HTTP attempt it sends (SDK retries, the repair of an unusable reply, the retry of a truncated one) goes
+    through its :class:`Call` (the judge's :class:`~recall_tasks.judges.base.AttemptGate`): the first attempt
+    uses the call's request, every later one reserves another, and with ``max_cost_usd`` each reserves its worst
+    case (prompt bytes plus completion limit at the price, ``OpenAIJudge.worst_cost``) before it goes out; when
+    its reply is read the cost it did not use goes back. A reservation that does not fit waits while other
+    attempts in flight hold reservations (they may give some back), and is refused once none do: the attempt is
+    not sent (``BudgetReached``), the row is "not judged", the budget is spent. So ``requests <= max_requests``
+    and ``cost <= max_cost_usd`` whatever is in flight. A call cancelled in flight keeps its reservation as spent.
+
+    A judge that reports no attempts (a library judge without HTTP) is charged when its call returns, as before.
+    ``requests``/``cost_usd`` start from ``spent`` (what earlier attempts of a resumed run spent).
     """
 
     def __init__(
-        self, max_requests: int | None = None, max_cost_usd: float | None = None, *, max_in_flight: int | None = None
+        self,
+        max_requests: int | None = None,
+        max_cost_usd: float | None = None,
+        *,
+        max_in_flight: int | None = None,
+        spent: tuple[int, float] = (0, 0.0),
     ) -> None:
         self.max_requests = max_requests
         self.max_cost_usd = max_cost_usd
-        self.requests = 0
-        self.cost_usd = 0.0
+        self.requests, self.cost_usd = spent  # reserved requests; settled cost
+        self.held_usd = 0.0  # worst cases reserved by attempts in flight
         self.in_flight = 0
         self.exhausted_reason: str | None = None
         self.max_in_flight = max_in_flight if max_cost_usd else None
         self._turns: asyncio.Semaphore | None = None
+        self._changed: asyncio.Event | None = None
+
+    @property
+    def requests_reason(self) -> str:
+        return f"request budget reached (--max-requests {self.max_requests})"
+
+    @property
+    def cost_reason(self) -> str:
+        return f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
 
     def acquire(self) -> bool:
-        """Reserve one call; False (and the reason recorded) when the budget is spent."""
-        if self.max_requests is not None and self.requests + self.in_flight >= self.max_requests:
-            self.exhausted_reason = f"request budget reached (--max-requests {self.max_requests})"
-        elif self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
-            self.exhausted_reason = f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
+        """Reserve one call (its first request); False (and the reason recorded) when the budget is spent."""
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            self.exhausted_reason = self.requests_reason
+        elif self.max_cost_usd is not None and (self.cost_usd >= self.max_cost_usd or self.exhausted_reason):
+            self.exhausted_reason = self.exhausted_reason or self.cost_reason
         else:
             self.in_flight += 1
+            self.requests += 1
             return True
         return False
 
@@ -64,12 +87,90 @@ class Budget:
         """:meth:`acquire`; a fleet-wide budget may ask a server for more first."""
         return self.acquire()
 
-    def release(self, requests: int, cost_usd: float | None) -> None:
+    def call(self) -> Call:
+        """The gate of a call :meth:`reserve` d: its attempts reserve and settle through it."""
+        return Call(self)
+
+    def release(self, requests: int, cost_usd: float | None, call: Call | None = None) -> None:
+        """A reserved call ended after ``requests`` attempts costing ``cost_usd``; ``call``: its gate, whose
+        attempts were paid for already (a reservation still held, a call cancelled in flight, counts as spent)."""
         self.in_flight -= 1
-        self.requests += requests
-        self.cost_usd += cost_usd or 0.0
+        if call is not None and call.gated:
+            self._settle(call, call.held, spent=True)
+        else:
+            self._charge(requests - 1, cost_usd or 0.0)
         if self._turns is not None:
             self._turns.release()
+
+    def _charge(self, requests: int, cost_usd: float) -> None:
+        """An ungated call's requests beyond its first and its cost, counted when it returned."""
+        self.requests += requests
+        self.cost_usd += cost_usd
+
+    def _stop(self, reason: str) -> BudgetReached:
+        self.exhausted_reason = self.exhausted_reason or reason
+        self._notify()
+        return BudgetReached(reason)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _changes(self) -> None:
+        """Until an attempt in flight settles (or the budget is spent)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+    async def _reserve_attempt(self, call: Call) -> None:
+        self._settle(call, 0.0)  # an earlier attempt of this completion failed: it bills nothing
+        first = not call.gated
+        call.gated = True
+        if not first:
+            if self.max_requests is not None and self.requests >= self.max_requests:
+                raise self._stop(self.requests_reason)
+            self.requests += 1
+        worst = call.worst if self.max_cost_usd is not None else 0.0
+        while self.max_cost_usd is not None and self.cost_usd + self.held_usd + worst > self.max_cost_usd:
+            if self.held_usd <= 0:
+                self.requests -= 1  # not sent
+                raise self._stop(self.cost_reason)
+            await self._changes()
+        self.held_usd += worst
+        call.held += worst
+
+    def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
+        """``call``'s held reservation ends: ``cost_usd`` is what its attempts cost (``spent``: the held amount)."""
+        if not call.held and not cost_usd:
+            return
+        self.held_usd = max(self.held_usd - call.held, 0.0)
+        self.cost_usd += call.held if spent else cost_usd
+        call.held = 0.0
+        self._notify()
+
+
+class Call:
+    """One judge call's :class:`~recall_tasks.judges.base.AttemptGate` on a :class:`Budget`."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.gated = False  # an attempt went through the gate (its first used the call's request)
+        self.worst = 0.0  # the worst case of an attempt of the completion being posted
+        self.held = 0.0  # reserved by its attempts in flight
+        self.held_units = 0  # the same in a fleet cost counter's micro-dollars
+        self.armed = False
+
+    def arm(self, worst_usd: float) -> None:
+        self.worst, self.armed = worst_usd, True
+
+    async def reserve_attempt(self) -> None:
+        if self.armed:
+            await self.budget._reserve_attempt(self)
+
+    def settle(self, cost_usd: float) -> None:
+        self.armed = False
+        self.budget._settle(self, cost_usd)
 
 
 #: How the reason of a row kept from the judge (budget spent, breaker tripped) starts.

@@ -27,9 +27,11 @@ from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import (
+    BudgetReached,
     JudgeRequest,
     JudgeResponse,
     Spend,
+    attempt_gate,
     attempt_observer,
     charge,
     spend_of,
@@ -199,10 +201,16 @@ async def score_rows(
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
+        call = gate.call() if gate is not None else None
+        token = attempt_gate.set(call)
         try:
             response = await metric.judge.judge(prepared.request)
         except JudgeConfigError:
             raise
+        except BudgetReached as exc:  # an attempt the budget could not pay for was not sent
+            failed = spend_of(exc)
+            outcomes[i] = not_judged(prepared, exc.reason, failed)
+            return
         except JudgeError as exc:
             spent = spend_of(exc)
             failed = Spend(max(spent.requests, 1), spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
@@ -217,13 +225,14 @@ async def score_rows(
             outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", failed)
             return
         finally:
+            attempt_gate.reset(token)
             if breaker is not None and task is not None:
                 breaker.leave(task)
             if gate is not None:
                 if response is not None:
-                    gate.release(response.requests, response.cost_usd)
+                    gate.release(response.requests, response.cost_usd, call)
                 else:
-                    gate.release(failed.requests, failed.cost_usd)
+                    gate.release(failed.requests, failed.cost_usd, call)
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
         if cache is not None and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
@@ -253,6 +262,8 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
         if breaker is not None and task is not None:
             breaker.enter(task)
         requests, cost = 1, None
+        gate = budget.call() if budget is not None else None
+        token = attempt_gate.set(gate)
         try:
             reply = await call()
             requests, cost = reply.requests, reply.cost_usd
@@ -260,6 +271,11 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
         except JudgeError as exc:
             requests, cost = max(exc.requests, 1), spend_of(exc).cost_usd
             raise
+        except BudgetReached as exc:  # an attempt the budget could not pay for was not sent
+            stopped = NotJudged(exc.reason)
+            charge(stopped, spend_of(exc))
+            requests, cost = spend_of(exc).requests, spend_of(exc).cost_usd
+            raise stopped from None
         except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
@@ -270,10 +286,11 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
             requests, cost = made, spend_of(stopped).cost_usd
             raise stopped from None
         finally:
+            attempt_gate.reset(token)
             if breaker is not None and task is not None:
                 breaker.leave(task)
             if budget is not None:
-                budget.release(requests, cost)
+                budget.release(requests, cost, gate)
 
     return guarded
 
