@@ -19,17 +19,18 @@ class Budget:
 
     Shared by every chunk of a run; checked and updated on the one event loop the judge calls run on.
 
-    A judge call first reserves a place (:meth:`reserve`: one request, refused once the budget is spent), then
-    each HTTP attempt it sends (SDK retries, the repair of an unusable reply, the retry of a truncated one) goes
-    through its :class:`Call` (the judge's :class:`~recall_tasks.judges.base.AttemptGate`): the first attempt
-    uses the call's request, every later one reserves another, and with ``max_cost_usd`` each reserves its worst
+    A judge call first reserves a place (:meth:`reserve`: refused once the budget is spent), then each HTTP
+    attempt it sends (the first, SDK retries, the repair of an unusable reply, the retry of a truncated one) goes
+    through its :class:`Call` (the judge's :class:`~recall_tasks.judges.base.AttemptGate`) as it is about to be
+    sent: it reserves a request, and with ``max_cost_usd`` its worst
     case (prompt bytes plus completion limit at the price, ``OpenAIJudge.worst_cost``) before it goes out; when
     its reply is read the cost it did not use goes back. A reservation that does not fit waits while other
     attempts in flight hold reservations (they may give some back), and is refused once none do: the attempt is
     not sent (``BudgetReached``), the row is "not judged", the budget is spent. So ``requests <= max_requests``
     and ``cost <= max_cost_usd`` whatever is in flight. A call cancelled in flight keeps its reservation as spent.
 
-    A judge that reports no attempts (a library judge without HTTP) is charged when its call returns, as before.
+    A judge that does not gate its attempts (no ``gates_attempts``: the lexical judge, a library judge) reserves
+    one request per call and is charged the rest when its call returns.
     ``requests``/``cost_usd`` start from ``spent`` (what earlier attempts of a resumed run spent).
     """
 
@@ -45,6 +46,7 @@ class Budget:
         self.max_cost_usd = max_cost_usd
         self.requests, self.cost_usd = spent  # reserved requests; settled cost
         self.held_usd = 0.0  # worst cases reserved by attempts in flight
+        self.holding = 0  # calls whose attempts hold a reservation (the count, free of float drift)
         self.in_flight = 0
         self.exhausted_reason: str | None = None
         self.max_in_flight = max_in_flight if max_cost_usd else None
@@ -59,37 +61,41 @@ class Budget:
     def cost_reason(self) -> str:
         return f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
 
-    def acquire(self) -> bool:
-        """Reserve one call (its first request); False (and the reason recorded) when the budget is spent."""
+    def acquire(self, call: Call | None = None) -> bool:
+        """Reserve one call; False (and the reason recorded) when the budget is spent. An ungated call (``call``
+        None or not gated) reserves its first request now; a gated one reserves each attempt as it is sent."""
+        gated = call is not None and call.gated
+        if self.exhausted_reason is not None and (gated or self.max_cost_usd is not None):
+            return False
         if self.max_requests is not None and self.requests >= self.max_requests:
             self.exhausted_reason = self.requests_reason
-        elif self.max_cost_usd is not None and (self.cost_usd >= self.max_cost_usd or self.exhausted_reason):
-            self.exhausted_reason = self.exhausted_reason or self.cost_reason
+        elif self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
+            self.exhausted_reason = self.cost_reason
         else:
             self.in_flight += 1
-            self.requests += 1
+            self.requests += 0 if gated else 1
             return True
         return False
 
-    async def reserve(self) -> bool:
+    async def reserve(self, call: Call | None = None) -> bool:
         """Reserve one call as the scoring loop does: wait for a turn (cost budgets), then :meth:`_reserve`."""
         if self.max_in_flight is not None:
             if self._turns is None:
                 self._turns = asyncio.Semaphore(self.max_in_flight)
             await self._turns.acquire()
-        if await self._reserve():
+        if await self._reserve(call):
             return True
         if self._turns is not None:
             self._turns.release()
         return False
 
-    async def _reserve(self) -> bool:
+    async def _reserve(self, call: Call | None = None) -> bool:
         """:meth:`acquire`; a fleet-wide budget may ask a server for more first."""
-        return self.acquire()
+        return self.acquire(call)
 
-    def call(self) -> Call:
-        """The gate of a call :meth:`reserve` d: its attempts reserve and settle through it."""
-        return Call(self)
+    def call(self, gated: bool) -> Call:
+        """The gate of one call (``gated``: a judge that sends its attempts through it, ``OpenAIJudge``)."""
+        return Call(self, gated)
 
     def release(self, requests: int, cost_usd: float | None, call: Call | None = None) -> None:
         """A reserved call ended after ``requests`` attempts costing ``cost_usd``; ``call``: its gate, whose
@@ -125,52 +131,59 @@ class Budget:
 
     async def _reserve_attempt(self, call: Call) -> None:
         self._settle(call, 0.0)  # an earlier attempt of this completion failed: it bills nothing
-        first = not call.gated
-        call.gated = True
-        if not first:
-            if self.max_requests is not None and self.requests >= self.max_requests:
-                raise self._stop(self.requests_reason)
-            self.requests += 1
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            raise self._stop(self.requests_reason)
+        self.requests += 1
         worst = call.worst if self.max_cost_usd is not None else 0.0
         while self.max_cost_usd is not None and self.cost_usd + self.held_usd + worst > self.max_cost_usd:
-            if self.held_usd <= 0:
+            if not self.holding:
                 self.requests -= 1  # not sent
                 raise self._stop(self.cost_reason)
             await self._changes()
-        self.held_usd += worst
-        call.held += worst
+        self._hold(call, worst)
 
     def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
         """``call``'s held reservation ends: ``cost_usd`` is what its attempts cost (``spent``: the held amount)."""
-        if not call.held and not cost_usd:
+        if not call.holds and not cost_usd:
             return
-        self.held_usd = max(self.held_usd - call.held, 0.0)
+        if call.holds:
+            self.holding -= 1
+        self.held_usd = self.held_usd - call.held if self.holding else 0.0
         self.cost_usd += call.held if spent else cost_usd
-        call.held = 0.0
+        call.held, call.holds = 0.0, False
         self._notify()
+
+    def _hold(self, call: Call, worst: float) -> None:
+        if not call.holds:
+            self.holding += 1
+        self.held_usd += worst
+        call.held += worst
+        call.holds = True
 
 
 class Call:
     """One judge call's :class:`~recall_tasks.judges.base.AttemptGate` on a :class:`Budget`."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, gated: bool) -> None:
         self.budget = budget
-        self.gated = False  # an attempt went through the gate (its first used the call's request)
+        self.gated = gated  # its attempts reserve through it (else the call is charged when it returns)
         self.worst = 0.0  # the worst case of an attempt of the completion being posted
         self.held = 0.0  # reserved by its attempts in flight
         self.held_units = 0  # the same in a fleet cost counter's micro-dollars
+        self.holds = False  # counted in the budget's ``holding``
         self.armed = False
 
     def arm(self, worst_usd: float) -> None:
         self.worst, self.armed = worst_usd, True
 
     async def reserve_attempt(self) -> None:
-        if self.armed:
+        if self.armed and self.gated:
             await self.budget._reserve_attempt(self)
 
     def settle(self, cost_usd: float) -> None:
         self.armed = False
-        self.budget._settle(self, cost_usd)
+        if self.gated:  # an ungated call is charged when it returns
+            self.budget._settle(self, cost_usd)
 
 
 #: How the reason of a row kept from the judge (budget spent, breaker tripped) starts.

@@ -73,6 +73,9 @@ def _check_key(key: str, model: str, azure: bool) -> None:
 class OpenAIJudge:
     """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
 
+    #: every HTTP attempt reserves the run's budget before it is sent (``judges.base.AttemptGate``)
+    gates_attempts = True
+
     def __init__(
         self,
         model: str = "gpt-4o-mini",

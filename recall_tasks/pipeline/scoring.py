@@ -139,7 +139,8 @@ async def score_rows(
     contexts = [await metric.resolve_context(case) for case in cases]
     token = attempt_observer.set(breaker)  # claim extractions (if any) report their attempts too
     try:
-        units = await metric.resolve_units(cases, contexts, _guard(budget, breaker))
+        extractor = getattr(getattr(metric, "claim_units", None), "extractor", None)
+        units = await metric.resolve_units(cases, contexts, _guard(budget, breaker, extractor))
     finally:
         attempt_observer.reset(token)
     for i, case in enumerate(cases):
@@ -186,13 +187,15 @@ async def score_rows(
         return RowOutcome(result, None, spent=extracted(prepared) + (spent or Spend()))
 
     prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
+    gated = bool(getattr(metric.judge, "gates_attempts", False))  # its attempts reserve as they are sent
 
     async def judge_one(i: int, prepared: Prepared, key: str) -> None:
         if breaker is not None and breaker.tripped_reason is not None:
             outcomes[i] = not_judged(prepared, breaker.tripped_reason)
             return
         gate = None if budget is None or (prepaid is not None and prepaid(prepared.request)) else budget
-        if gate is not None and not await gate.reserve():
+        call = gate.call(gated) if gate is not None else None
+        if gate is not None and not await gate.reserve(call):
             outcomes[i] = not_judged(prepared, gate.exhausted_reason or "budget")
             return
         started = time.perf_counter()
@@ -201,7 +204,6 @@ async def score_rows(
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
-        call = gate.call() if gate is not None else None
         token = attempt_gate.set(call)
         try:
             response = await metric.judge.judge(prepared.request)
@@ -250,19 +252,19 @@ async def score_rows(
     return [o if o is not None else RowOutcome(None, "internal: row not scored") for o in outcomes]
 
 
-def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
+def _guard(budget: Budget | None, breaker: CircuitBreaker | None, extractor: Any = None) -> Guard:
     """One extra call (a claim extraction) under the run's budget and circuit breaker, as a judge call is."""
 
     async def guarded(call: Callable[[], Awaitable[ClaimsReply]]) -> ClaimsReply:
         if breaker is not None and breaker.tripped_reason is not None:
             raise NotJudged(breaker.tripped_reason)
-        if budget is not None and not await budget.reserve():
+        gate = budget.call(bool(getattr(extractor, "gates_attempts", False))) if budget is not None else None
+        if budget is not None and not await budget.reserve(gate):
             raise NotJudged(budget.exhausted_reason or "budget")
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
         requests, cost = 1, None
-        gate = budget.call() if budget is not None else None
         token = attempt_gate.set(gate)
         try:
             reply = await call()
