@@ -131,3 +131,39 @@ def test_a_budget_stopped_run_rerun_with_a_higher_cap_judges_only_what_is_left(p
     print(f"\n[higher cap] --max-requests 12: {first} requests; then --max-requests 100: {again} more")
     assert more["status"] == "completed" and more["scored"] == 40
     assert again == 40 - stopped["scored"] == more["requests"]
+
+
+def test_help_and_the_dry_run_say_how_the_caps_hold(prefect_harness, judge_env, tmp_path):
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app as cli
+
+    data = write(tmp_path / "eval.parquet", make_rows(20, seed=12))
+    argv = ["run", data, "-o", str(tmp_path / "out"), "--judge", "openai", "--base-url", judge_env.base_url,
+            "--dry-run", "--max-requests", "15", "--max-cost-usd", "0.01"]  # fmt: skip
+    result = CliRunner().invoke(cli.app, argv)
+    assert result.exit_code == 0, result.output
+    (caps,) = [line for line in result.output.splitlines() if line.startswith("caps: ")]
+    assert "--max-requests 15 counts every attempt (retries, repairs) before it is sent" in caps
+    assert "--max-cost-usd 0.01 reserves each attempt's worst case before it is sent (about $" in caps
+    assert "never exceeded" in caps and not judge_env.chat_requests
+    text = " ".join(CliRunner().invoke(cli.app, ["run", "--help"], terminal_width=200).output.split())
+    assert "each attempt reserves its worst case" in text and "retries and repairs included" in text, text
+
+
+def test_a_resumed_attempt_takes_over_the_runs_counters_in_prefect(prefect_harness):
+    """processes/dask: the counters are named by the run id; a second attempt finds them with what was spent."""
+    from prefect.client.orchestration import get_client
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.fleet import budget as fleet_budget
+
+    params = RunParams(dataset_uri="d.parquet", task_runner="processes", max_requests=40, max_cost_usd=0.5)
+    first = fleet_budget.create_counters(params, "run-resumed")
+    with get_client(sync_client=True) as client:
+        client.increment_concurrency_slots(names=[first["requests"]], slots=24, mode="concurrency")
+    second = fleet_budget.create_counters(params, "run-resumed")
+    assert second == first == {"requests": "recall-bench-requests-run-resumed", "cost": "recall-bench-cost-run-resumed"}
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(second["requests"]).active_slots == 24
+    fleet_budget.delete_counters(second.values())
