@@ -380,8 +380,8 @@ class OpenAIJudge:
         while True:
             if state.rpm:
                 await state.rpm.acquire(1)
-            if state.tpm:
-                await state.tpm.acquire(sum(len(m["content"]) for m in msgs) / 4 + budget)
+            charged = sum(len(m["content"]) for m in msgs) / 4 + budget
+            sent = await state.tpm.acquire(charged) if state.tpm else None
             body = self._request_kwargs(msgs, budget, schema)
             data = dumps(body)
             gate = attempt_gate.get()
@@ -408,6 +408,8 @@ class OpenAIJudge:
             finally:
                 if gate is not None:  # what the replies did not use goes back (a failed attempt: all of it)
                     gate.settle(self._cost([usage[0] - before[0], usage[1] - before[1]]) or 0.0)
+                if state.tpm is not None and sent is not None:  # --tpm: likewise
+                    state.tpm.give_back(sent, charged - (usage[0] - before[0]) - (usage[1] - before[1]))
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(
