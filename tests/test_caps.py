@@ -167,3 +167,32 @@ def test_a_resumed_attempt_takes_over_the_runs_counters_in_prefect(prefect_harne
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(second["requests"]).active_slots == 24
     fleet_budget.delete_counters(second.values())
+
+
+def test_an_attempt_that_does_not_fit_waits_for_those_in_flight_then_is_refused():
+    import asyncio
+
+    from recall_tasks.fleet.guards import Budget
+    from recall_tasks.judges.base import BudgetReached
+
+    async def go() -> None:
+        budget = Budget(max_cost_usd=1.0)
+        a, b, c = (budget.call(True) for _ in range(3))
+        for call in (a, b, c):
+            assert await budget.reserve(call)
+            call.arm(0.6)
+        await a.reserve_attempt()
+        waiting = asyncio.ensure_future(b.reserve_attempt())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # 0.6 held + 0.6 > 1.0: b waits for a
+        a.settle(0.1)  # a's reply used 0.1 of its 0.6
+        await waiting
+        third = asyncio.ensure_future(c.reserve_attempt())
+        await asyncio.sleep(0.01)
+        assert not third.done()  # 0.1 spent + 0.6 held + 0.6 > 1.0: c waits for b
+        b.settle(0.5)
+        with pytest.raises(BudgetReached, match=r"cost budget reached \(--max-cost-usd 1\)"):
+            await third  # 0.6 spent + 0.6 > 1.0 and nothing in flight: not sent
+        assert budget.cost_usd == pytest.approx(0.6) and budget.held_usd == 0 and budget.requests == 2
+
+    asyncio.run(go())
