@@ -34,6 +34,7 @@ as the threads path charges it; a model of no known price is refused with ``--ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import weakref
@@ -101,7 +102,7 @@ def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
         )
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     names: dict[str, str] = {}
     for kind, slots in sizes.items():
@@ -109,11 +110,13 @@ def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
         try:
             with get_client(sync_client=True) as client:
                 try:
-                    client.create_global_concurrency_limit(
-                        GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
-                    )
-                except ObjectAlreadyExists:
+                    client.read_global_concurrency_limit_by_name(name)
                     log.info("the run's %s counter %s holds its earlier attempts' spend", NOUNS[kind], name)
+                except ObjectNotFound:
+                    with contextlib.suppress(ObjectAlreadyExists):  # another attempt created it meanwhile
+                        client.create_global_concurrency_limit(
+                            GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
+                        )
         except Exception as exc:  # noqa: BLE001 - one line naming the counter and the API's host
             delete_counters(names.values())
             raise ConfigError(
