@@ -108,7 +108,7 @@ def test_the_cap_holds_for_the_run_across_an_interrupt_and_its_resume(prefect_ha
 
     rerun = _cli(judge_env, data, out, "--max-requests", "40")
     stdout, stderr = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0, stdout + stderr
+    assert rerun.returncode in (0, 5), stdout + stderr  # a budget stop: 5 where it has its own exit code
     sent = len(judge_env.chat_requests)
     (recorded,) = _runs(out)
     print(f"\n[resume] --max-requests 40: {before} requests before Ctrl-C, {sent} in all; "
