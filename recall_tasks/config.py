@@ -24,6 +24,9 @@ BATCH_CONTROL_FIELDS = frozenset(
 #: Parameters that only say which fleet-wide limit a run shares: not part of the run key either.
 RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
 
+#: Parameters that only decide a committed run's exit code: not part of the run key (the same run, resumed or not).
+GATE_CONTROL_FIELDS = frozenset({"allow_incomparable"})
+
 
 #: One level of an Iceberg namespace (``--namespace team.recall`` has two): pyiceberg refuses an empty or blank
 #: level; recall-bench also keeps to the characters every catalog (REST, SQL, Glue, Hive) accepts.
@@ -154,7 +157,14 @@ class RunParams(BaseModel):
         "records its judge's agreement with the labels, and a comparison whose agreement moved beyond its interval "
         "is incomparable (judge drift), never regressed or improved",
     )
-    fail_on_regression: bool = Field(False, description="Fail the flow run when the comparison says regressed")
+    fail_on_regression: bool = Field(
+        False,
+        description="Fail the flow run when the comparison says regressed (exit 3) or incomparable: judge drift or "
+        "a changed configuration (exit 6)",
+    )
+    allow_incomparable: bool = Field(
+        False, description="With --fail-on-regression: an incomparable comparison passes (exit 0)"
+    )
     retriever: str | None = Field(
         None, description="module:function filling retrieval_context from the questions at run time"
     )

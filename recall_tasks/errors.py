@@ -16,6 +16,10 @@ The tree, and what the pipeline does with each branch::
     │                                 (raised after everything is written)
     ├── RunFailed                     the run was recorded with status failed (too many row errors, or an
     │                                 outage stopped judging): raised after everything is written
+    ├── BudgetExhausted               the run was recorded with status budget_exhausted (--max-requests /
+    │                                 --max-cost-usd stopped judging): raised after everything is written
+    ├── IncomparableBaseline          --fail-on-regression and the comparison says incomparable (judge drift or
+    │                                 a changed configuration), without --allow-incomparable
     ├── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
     │                                 nothing committed, judged rows kept in the row cache
     └── WorkerDied                    a worker process of --task-runner processes died (SIGKILL, out of memory):
@@ -29,7 +33,11 @@ Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the f
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
     4    the run failed: its rows are committed with status failed (flow run Failed); or a worker process
          died (WorkerDied): nothing committed, the rerun resumes
+    5    a budget stopped judging: rows committed with status budget_exhausted (flow run Failed)
+    6    incomparable to its baseline with --fail-on-regression, unless --allow-incomparable (flow run Failed)
     130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
+
+When several apply to one run, the first of 4, 5, 3, 6 is the code (``publish.raise_for_outcome``).
 
 Every message says what to fix. No message ever contains an API key or a storage secret
 (see ``recall_tasks.secrets.redact``).
@@ -120,6 +128,22 @@ class RegressionDetected(RecallBenchError):
 
 class RunFailed(RecallBenchError):
     """The run was committed with status ``failed``; ``summary`` is its run summary (what the CLI prints)."""
+
+    def __init__(self, message: str, summary: RunSummary | None = None) -> None:
+        super().__init__(message)
+        self.summary: RunSummary = summary if summary is not None else cast("RunSummary", {})  # {}: unpickled
+
+
+class BudgetExhausted(RecallBenchError):
+    """The run was committed with status ``budget_exhausted``: a partial run, never read as a completed one."""
+
+    def __init__(self, message: str, summary: RunSummary | None = None) -> None:
+        super().__init__(message)
+        self.summary: RunSummary = summary if summary is not None else cast("RunSummary", {})  # {}: unpickled
+
+
+class IncomparableBaseline(RecallBenchError):
+    """``fail_on_regression`` is set and the comparison is ``incomparable`` (``allow_incomparable`` not set)."""
 
     def __init__(self, message: str, summary: RunSummary | None = None) -> None:
         super().__init__(message)

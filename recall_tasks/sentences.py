@@ -21,13 +21,19 @@ Rules, in order:
   end of text, at a line break, or when the next word is a common sentence starter (The, He, It, This,
   However, ...). So "Dr. Smith", "U.S. Army" and "J. R. R. Tolkien" stay whole while "in the U.S. He left."
   gives two sentences.
-* Pieces with no letter or digit ("...", "—", "*", "1.", ")") are dropped.
+* Pieces with no letter or digit ("...", "—", "*", "1.", ")") are dropped, and so are list markers with
+  nothing after them, unless that leaves no unit at all: a text that is not only whitespace always gives at
+  least one. When every piece was dropped ("42.", "a.", "1)", "...", "👍"), the whole text is the one unit
+  (stripped, line breaks as single spaces), as a reference "42." is one statement for the judge.
 
 Known limits: "Main St. He left." (never-end set) and "at 5 p.m. Bob came." (next word not a known
 starter) stay one sentence; ". " inside a quotation splits it (He said "Stop. Now." -> 2); "!"/"?" glued
 to following CJK text does not split; a CJK quote closed by 」 splits unless と/っ follows it; Markdown
 headings and tables get no special treatment.
-Bump ``SPLITTER_VERSION`` whenever the output for some input changes: it is part of cache keys.
+Bump ``SPLITTER_VERSION`` whenever the units of some text that already had at least one unit change: it is
+part of cache keys and of the settings that make two runs comparable. Giving a unit to a text that had none
+does not bump it (v1 without the last rule): such rows were never judged, so no cached verdict or scored row
+depends on it, and runs on either side of the change stay comparable.
 """
 
 from __future__ import annotations
@@ -178,4 +184,6 @@ def split_sentences(text: str) -> list[str]:
         seg.append(line)
     if seg:
         _split_segment("\n".join(seg), out)
+    if not out:  # only markers, punctuation, symbols or emoji: the text itself is the one unit
+        out.append(" ".join(stripped for line in lines if (stripped := line.strip())))
     return out

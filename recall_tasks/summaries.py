@@ -84,14 +84,16 @@ class RunRow(TypedDict):
     canary_requests: int | None
     canary_cost_usd: float | None
     canary_detail: list[dict[str, Any]] | None
+    not_judged: int | None
 
 
 class RunSummary(RunRow, total=False):
     """What a finished run returns (the flow, ``recall-bench run``'s JSON, ``RunFailed.summary``): the overall run
-    row, plus the comparison with the baseline (``Comparison.event_payload()``, when there was a baseline) and where
-    the HTML report was written."""
+    row, plus the comparison with the baseline (``Comparison.event_payload()``, when there was a baseline) or why
+    there was none, and where the HTML report was written."""
 
     comparison: dict[str, Any]
+    no_baseline: str  # why there is no comparison: "first run of its series", "no comparable baseline (…)"…
     report_uri: str
 
 

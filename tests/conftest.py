@@ -25,6 +25,11 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 _STATE_DIR = tempfile.mkdtemp(prefix="recall-state-")
 os.environ["RECALL_BENCH_STATE_DIR"] = _STATE_DIR
 
+from tests.concurrency_guard import (  # noqa: E402,F401
+    mark_from_fixtures,
+    pytest_fixture_setup,
+    pytest_runtest_call,
+)
 from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
 from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
 from tests.scheduling import (  # noqa: E402,F401
@@ -99,6 +104,7 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _PROCESS_MODULES:
             item.add_marker(pytest.mark.integration)
+    mark_from_fixtures(items)  # the concurrency mark of tests using a module fixture that starts processes
     config.stash[SERIAL_FILES] = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("serial")}
     order_and_group(config, items)  # longest first; a module fixture's tests on one worker (tests/scheduling.py)
 

@@ -20,8 +20,8 @@ Use in a test module (or a conftest)::
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import secrets
 import shutil
 import signal
@@ -39,8 +39,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-GRPC_OFFSET = 10_000
 SERVICES = ("master", "volume", "filer", "s3", "webdav", "admin")  # each takes -<name>.port
+GRPC_SERVICES = ("master", "volume", "filer", "s3", "admin")  # each takes -<name>.port.grpc (else port + 10000)
 TABLE_BUCKET = "rb-warehouse"  # the S3 Tables bucket the Iceberg REST catalog serves
 STOP_GRACE_S = 1.0
 START_TIMEOUT_S = 30.0
@@ -55,23 +55,20 @@ def weed_binary() -> str:
     return found
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def pick_ports(n: int) -> list[int]:
-    """``n`` distinct ports in 20000-30000 such that both ``p`` and ``p + 10000`` are free on 127.0.0.1."""
-    ports: list[int] = []
-    while len(ports) < n:
-        p = random.randint(20_000, 29_999)
-        if p not in ports and _port_free(p) and _port_free(p + GRPC_OFFSET):
-            ports.append(p)
-    return ports
+    """``n`` distinct free ports on 127.0.0.1, as the OS assigns them to port 0 (held together, so they differ).
+
+    Before, random ports in 20000-29999 and their gRPC twins ``p + 10000`` were checked free then handed to weed:
+    the twins fell in the kernel's ephemeral range (32768-60999), where a Prefect harness on another xdist worker
+    (which binds port 0) could be given the same port in the gap; its health check then met weed's gRPC server
+    ("connection reset by peer") and every Prefect test of that worker errored. The OS never hands out a port
+    that is bound, so ports from port 0 only meet a server that binds without asking it.
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def closed_port() -> int:
@@ -88,8 +85,9 @@ class S3Server:
         self.access_key = "rbtest" + secrets.token_hex(4)
         self.secret_key = "rbsecret" + secrets.token_hex(12)
         self.log_path = data_dir / "weed.log"
-        ports = pick_ports(len(SERVICES) + 1)
+        ports = pick_ports(len(SERVICES) + len(GRPC_SERVICES) + 1)
         self.ports = dict(zip(SERVICES, ports, strict=False))
+        self.grpc_ports = dict(zip(GRPC_SERVICES, ports[len(SERVICES) :], strict=False))
         self.iceberg_port = ports[-1]
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
@@ -103,6 +101,7 @@ class S3Server:
         store.mkdir(exist_ok=True)
         args = [weed_binary(), "mini", f"-dir={store}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
         args += [f"-{name}.port={port}" for name, port in self.ports.items()]
+        args += [f"-{name}.port.grpc={port}" for name, port in self.grpc_ports.items()]
         args += [f"-s3.port.iceberg={self.iceberg_port}", f"-tableBucket={TABLE_BUCKET}"]
         args += ["-s3.port.lance=0", "-master.telemetry=false"]
         args += ["-s3.autoCreateBucket=false", "-admin.ui=false"]
@@ -157,8 +156,8 @@ class S3Server:
 
     def _remove_sockets(self) -> None:
         """weed always puts its gRPC unix sockets at /tmp/seaweedfs-<service>-grpc-<port>.sock."""
-        for port in self.ports.values():
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port + GRPC_OFFSET}.sock"):
+        for port in self.grpc_ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
                 if sock.is_socket():
                     sock.unlink(missing_ok=True)
 

@@ -53,9 +53,9 @@ HOSTILE = [
 ]
 
 
-def _rows(contexts: bool) -> list[dict[str, Any]]:
+def _rows(contexts: bool, n: int = 8) -> list[dict[str, Any]]:
     rows = []
-    for i in range(8):
+    for i in range(n):
         truth = HOSTILE[i % len(HOSTILE)]
         rows.append(
             {
@@ -164,9 +164,9 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
             "--judge", "openai", "--base-url", judge.base_url, "--max-requests", "3", "--max-concurrency", "1",
             "--no-cache",  # the same rows as the failing run's: neither takes the other's judged rows
         )  # fmt: skip
-        _write(series, _rows(True))
+        _write(series, _rows(True, 12))  # a verdict needs 10 paired rows (below: too_few_rows, no alert)
         _done(_cli(prefect_server, "run", str(series), *common, "--judge", "lexical"), "baseline", 0)
-        _write(series, _rows(False))  # the same rows, their contexts lost: recall drops
+        _write(series, _rows(False, 12))  # the same rows, their contexts lost: recall drops
         lexical = ["run", str(series), *common, "--judge", "lexical"]
         _done(_cli(prefect_server, *lexical), "regressed", 0)
         _done(_cli(prefect_server, "run", str(series), *common, "--judge", "lexical"), "unchanged", 0)
@@ -175,7 +175,7 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
             "judge changed", 0,
         )  # fmt: skip
         failed_out = _done(failed, "failing judge", 4)
-        _done(budget, "budget", 0)
+        _done(budget, "budget", 5)
     finally:
         failing.stop()
         judge.stop()
@@ -206,8 +206,8 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     assert "nightly\\_golden" in regressed["subject"] and "(label nightly)" in regressed["subject"]
     text = regressed["text"]
     assert "Mean 0.000 (95 % CI" in text and "vs baseline 1.000" in text, text
-    assert "pass→fail flips: 8" in text and "Segments that moved most:" in text, text
-    assert "- category = a: -1.000 over 4 rows" in text, text
+    assert "pass→fail flips: 12" in text and "Segments that moved most:" in text, text
+    assert "- category = a: -1.000 over 6 rows" in text, text
     assert text.count("\n- `r0") == 3, text  # the three rows that lost most
     assert "“The &lt;script&gt;alert\\(1\\)&lt;/script&gt; vault opens at dawn.”" in text, text
     assert "Report: `" in text and ".html`" in text, text
@@ -223,7 +223,7 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     assert "Rows 8: 0 scored, " in failed_text, failed_text  # with an error or not judged, as the breaker found them
     budget_text = by_subject["budget_exhausted"].json["text"]
     assert "Reason: request budget reached (--max-requests 3)" in _plain(budget_text), budget_text
-    assert "Rows 8: 3 scored, 0 with an error, 5 skipped or not judged" in budget_text, budget_text
+    assert "Rows 8: 3 scored, 0 with an error, 0 skipped, 5 not judged" in budget_text, budget_text
 
     # ---- the events: one alert per run, the figures as data, never the webhook URL or the judge key
     assert sorted(e["event"] for e in alert_events) == sorted(alerts.ALERT_EVENTS.values())
@@ -231,7 +231,7 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     assert detected["resource"]["recall.dataset"] == "nightly_golden"
     assert detected["resource"]["recall.label"] == "nightly"
     payload = detected["payload"]
-    assert payload["verdict"] == "regressed" and payload["flips"]["pass_to_fail"] == 8
+    assert payload["verdict"] == "regressed" and payload["flips"]["pass_to_fail"] == 12
     assert payload["baseline"]["mean"] == 1.0 and len(payload["worst_rows"]) == 3
     assert payload["worst_rows"][0]["lost"] == [HOSTILE[0]]
     assert payload["report_uri"].endswith(".html")

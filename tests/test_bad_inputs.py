@@ -660,11 +660,11 @@ HANDLED = [
         {"rows": 4, "scored": 3, "errors": 1},
         {"r3": "expected_output"},
     ),
-    Handled(
-        "expected_output-without-sentences",
-        _with("ground_truth", {1: "...", 2: "?!"}),
-        {"rows": 4, "scored": 2, "skipped": 2},
-        {"r1": "expected_output", "r2": "expected_output"},
+    Handled(  # a reference with no letter, or only what looks like a list marker, is one sentence: judged
+        "short-references-are-judged",
+        _with("ground_truth", {0: "42.", 1: "a.", 2: "?!"}),
+        {"rows": 4, "scored": 4, "errors": 0, "skipped": 0},
+        {},
         on_missing="skip",
     ),
     Handled(

@@ -456,6 +456,7 @@ def test_max_requests_bounds_what_the_batch_submits_and_collected_rows_are_never
     assert len(input_ids(judge_env, batch_id)) == 4  # only what the budget allows is submitted (and billed)
     judge_env.finish_batches()
     done = cli(judge_env, data, out, "--batch", "--max-requests", "4")
+    assert done.exit_code == 5, done.output  # stopped by its budget: committed, not a completed run
     got = results(out).values()
     assert sum(f"judged in batch {batch_id}" in r["flags"] for r in got) == 4, done.output  # every collected row
     assert sum((r["reason"] or "").startswith("not judged: request budget reached") for r in got) == 6

@@ -122,6 +122,7 @@ def test_cancel_cancels_the_pending_batches_and_a_later_run_submits_new_ones(
     assert record(out)["parts"][0]["batch_id"] != first
 
 
+@pytest.mark.concurrency
 def test_a_record_is_state_it_never_says_where_the_key_goes_nor_what_code_runs(
     prefect_harness, judge_env, tmp_path, monkeypatch
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from recall_tasks.config import RunParams
-from recall_tasks.errors import RunFailed, StorageError
+from recall_tasks.errors import BudgetExhausted, RunFailed, StorageError
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
@@ -178,13 +178,16 @@ def test_refresh_and_no_cache(prefect_harness, judge_env, tmp_path):
 def test_budget_stops_judging_cleanly(prefect_harness, judge_env, tmp_path):
     data = write(tmp_path / "eval.parquet", make_rows(40))
     out = tmp_path / "out"
-    summary = run(judge_env, data, out, max_requests=12, max_workers=1, max_concurrency=4)
+    with pytest.raises(BudgetExhausted) as stopped:  # the flow run ends Failed: a partial run
+        run(judge_env, data, out, max_requests=12, max_workers=1, max_concurrency=4)
+    summary = stopped.value.summary
     assert len(judge_env.chat_requests) <= 12
     assert summary["status"] == "budget_exhausted" and "--max-requests 12" in summary["status_reason"]
     got = results_of(out, summary["run_id"])
     assert len(got) == 40
     not_judged = [r for r in got.values() if r["reason"] and r["reason"].startswith("not judged")]
-    assert len(not_judged) == 40 - summary["scored"] and summary["skipped"] == len(not_judged) >= 28
+    assert len(not_judged) == 40 - summary["scored"] and summary["not_judged"] == len(not_judged) >= 28
+    assert summary["skipped"] == 0
     runs = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
     assert runs[0]["status"] == "budget_exhausted"
 
@@ -589,12 +592,14 @@ def test_budget_stop_then_rerun_without_budget_judges_the_rest(prefect_harness, 
     rows = make_rows(40, seed=53)
     data = write(tmp_path / "eval.parquet", rows)
     out = tmp_path / "out"
-    first = run(judge_env, data, out, max_requests=12, max_workers=1, max_concurrency=4)
-    assert first["status"] == "budget_exhausted" and first["skipped"] == 40 - first["scored"] >= 28
+    with pytest.raises(BudgetExhausted) as stopped:
+        run(judge_env, data, out, max_requests=12, max_workers=1, max_concurrency=4)
+    first = stopped.value.summary
+    assert first["status"] == "budget_exhausted" and first["not_judged"] == 40 - first["scored"] >= 28
     _fresh(judge_env)
     second = run(judge_env, data, out)
     assert len(judge_env.chat_requests) == 40 - first["scored"] == second["requests"]
-    assert second["scored"] == 40 and second["skipped"] == 0 and second["cached"] == first["scored"]
+    assert second["scored"] == 40 and second["not_judged"] == 0 and second["cached"] == first["scored"]
     assert second["status"] == "completed" and second["status_reason"] is None
     _all_scored_right(out, second, rows)
 

@@ -232,6 +232,7 @@ def test_labels_and_tables_on_object_storage(
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+@pytest.mark.concurrency
 def test_an_interrupt_records_nothing_and_the_rerun_completes(
     fake_openai: FakeOpenAI, labels_path: str, tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:

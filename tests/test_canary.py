@@ -25,6 +25,7 @@ from recall_tasks.analysis.agreement import agreement
 from recall_tasks.analysis.regression import compare_runs
 from recall_tasks.cli.app import app
 from recall_tasks.config import RunParams
+from recall_tasks.errors import BudgetExhausted
 from recall_tasks.io.labels import load_labels
 from recall_tasks.io.schemas import CANARY_FIELDS
 from recall_tasks.pipeline.flow import recall_benchmark
@@ -237,7 +238,7 @@ def test_an_output_written_before_the_canary_columns_takes_a_canary_run(prefect_
     from deltalake import write_deltalake
 
     runner = CliRunner()
-    data = write_parquet(tmp_path / "v1" / "eval.parquet", supported(make_rows(8, seed=3)))
+    data = write_parquet(tmp_path / "v1" / "eval.parquet", supported(make_rows(12, seed=3)))  # 10 for a verdict
     canary = write_jsonl(tmp_path / "canary.jsonl", labelled(make_rows(6, seed=9)))
     out = str(tmp_path / "out")
     for label in ("old", "older"):
@@ -278,9 +279,10 @@ def test_the_canary_draws_on_the_whole_runs_budget_with_worker_processes(prefect
     rows = nights.rows[:30]
     data = nights.data("v1", rows)
     nights.judge(0.0, rows)
-    summary = recall_benchmark(
-        nights.params(data, "procs", max_requests=len(rows) + 5, task_runner="processes", workers=1)
-    )
+    with pytest.raises(BudgetExhausted) as stopped:  # the canary's last 25 rows were kept from the judge
+        recall_benchmark(nights.params(data, "procs", max_requests=len(rows) + 5, task_runner="processes", workers=1))
+    summary = stopped.value.summary
+    assert summary["status"] == "budget_exhausted"
     assert len(posts(nights.fake)) == len(rows) + 5  # one budget: the workers' 30 and the canary's 5
     assert summary["scored"] == len(rows) and summary["canary_requests"] == 5
     assert summary["canary_rows"] == 5 and summary["canary_errors"] == CANARY_ROWS - 5

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from recall_tasks import ConfigError, ContextualRecall, RecallCase
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
-from recall_tasks.errors import RunFailed
+from recall_tasks.errors import BudgetExhausted, RunFailed
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.metrics.claims import claims_problem, traceable
 from recall_tasks.pipeline import head_start
@@ -318,7 +318,7 @@ def test_every_paid_request_is_counted_in_runs(prefect_harness, fake_openai, mon
                        units="claims", chunk_size=5, max_concurrency=4, **extra)  # fmt: skip
     try:
         summary = recall_benchmark(params)
-    except RunFailed as exc:
+    except (RunFailed, BudgetExhausted) as exc:
         summary = exc.summary
     assert summary["status"] == status, summary
     posts, prompt, completion, cost = _billed(fake_openai)

@@ -137,7 +137,7 @@ def test_history_prints_full_run_ids_the_judge_and_verdicts(out):
     )
 
     md = invoke("history", "--output", out["output"], "--output-format", "markdown").stdout.splitlines()
-    assert md[0].startswith("| started | dataset | label | run_id | judge |") and len(md) == 4
+    assert md[0].startswith("| started | dataset | label | run_id | status | judge |") and len(md) == 4
 
 
 def test_run_prints_the_judge_first_and_accepts_markup_in_labels(out):

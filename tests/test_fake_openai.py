@@ -205,6 +205,7 @@ def test_content_fault_with_length_finish_reason(fake_openai: FakeOpenAI) -> Non
     assert _ask(client).choices[0].message.content == "not used"
 
 
+@pytest.mark.concurrency
 def test_reject_json_schema() -> None:
     schema = {"type": "json_schema", "json_schema": {"name": "v", "schema": {"type": "object"}}}
     with FakeOpenAI(reject_json_schema=True) as srv:
@@ -247,6 +248,7 @@ def test_responder_exception_is_500_and_kept(fake_openai: FakeOpenAI) -> None:
     assert len(fake_openai.errors) == 1 and isinstance(fake_openai.errors[0], ValueError)
 
 
+@pytest.mark.concurrency
 def test_200_concurrent_async_requests() -> None:
     n = 200
 
@@ -296,6 +298,7 @@ def _outcomes(srv: FakeOpenAI, n: int) -> Counter[str]:
     return asyncio.run(run())
 
 
+@pytest.mark.concurrency
 def test_fault_rate_mix_is_deterministic() -> None:
     n = 150
     with FakeOpenAI(fault_rate=0.3, malformed_rate=0.2, seed=1) as srv:
@@ -420,6 +423,7 @@ def test_batch_controls_truncate_unknown_create_fault_and_no_support(fake_openai
         client.files.create(file=("in.jsonl", _batch_lines(1)), purpose="batch")
 
 
+@pytest.mark.concurrency
 def test_batch_and_file_lists_are_newest_first_a_page_at_a_time() -> None:
     """As OpenAI lists them: newest first, ``after`` / ``limit`` / ``has_more`` (the SDK pages through them)."""
     with FakeOpenAI() as srv:

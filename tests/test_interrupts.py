@@ -57,6 +57,7 @@ def assert_clean(text: str) -> None:
     [(signal.SIGINT, 130, False, True), (signal.SIGTERM, 143, False, False), (signal.SIGINT, 130, True, True)],
     ids=["sigint", "sigterm", "sigint-twice"],
 )
+@pytest.mark.concurrency
 def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     prefect_harness, judge_env, tmp_path, sig, code, twice, resume
 ):

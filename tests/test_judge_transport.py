@@ -288,6 +288,7 @@ def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
     return cert_file, key_file
 
 
+@pytest.mark.concurrency
 def test_https_endpoints_verify_the_certificate_and_answer_as_on_the_sdk_path(tmp_path, monkeypatch):
     """Both paths speak TLS with the SDK's verification: a certificate the trust store holds is accepted and every
     row is judged; one it does not hold fails both paths alike."""

@@ -185,6 +185,7 @@ class _Refuse(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.concurrency
 def test_a_prefect_api_that_refuses_the_limit_is_one_line_naming_it(monkeypatch):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

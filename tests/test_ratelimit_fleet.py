@@ -115,6 +115,7 @@ def test_a_limit_changed_by_another_run_is_set_back_and_a_deleted_one_fails_the_
         asyncio.run(grant())
 
 
+@pytest.mark.concurrency
 def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, quota_server, tmp_path, monkeypatch):
     """Two worker processes at --rpm 240 (40 requests per 10 s): per process they would send up to twice that."""
     from recall_tasks.config import RunParams
@@ -144,27 +145,31 @@ def test_worker_processes_share_one_budget_instead_of_one_each(prefect_harness, 
     assert span >= (60 - 40) / 4  # the fleet's pace: the first 10 s window holds at most 40 of the 60
 
 
+@pytest.mark.concurrency
 def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
     """Two worker processes, one --max-requests: the run's counter in Prefect, not one budget per worker."""
     from prefect.client.orchestration import get_client
 
     from recall_tasks.config import RunParams
+    from recall_tasks.errors import BudgetExhausted
     from recall_tasks.pipeline.flow import recall_benchmark
 
     data = write_parquet(tmp_path / "eval.parquet", make_rows(60, seed=11), row_group_size=10)
-    summary = recall_benchmark(
-        RunParams(
-            dataset_uri=data,
-            output_uri=str(tmp_path / "out"),
-            judge="openai",
-            base_url=judge_env.base_url,
-            max_requests=25,
-            chunk_size=10,
-            task_runner="processes",
-            workers=2,
-            baseline=None,
-        )  # fmt: skip
-    )
+    with pytest.raises(BudgetExhausted) as stopped:
+        recall_benchmark(
+            RunParams(
+                dataset_uri=data,
+                output_uri=str(tmp_path / "out"),
+                judge="openai",
+                base_url=judge_env.base_url,
+                max_requests=25,
+                chunk_size=10,
+                task_runner="processes",
+                workers=2,
+                baseline=None,
+            )  # fmt: skip
+        )
+    summary = stopped.value.summary
     assert len(judge_env.chat_arrivals) == 25  # per worker, each of the two would have allowed 25
     assert summary["status"] == "budget_exhausted" and summary["scored"] == 25
     assert "--max-requests 25, the whole run" in summary["status_reason"]
@@ -178,6 +183,7 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
 COST_BUDGET = 0.0007
 
 
+@pytest.mark.concurrency
 def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_harness, judge_env, tmp_path):
     """Two worker processes, one --max-cost-usd: the run's cost counter in Prefect, as one budget on threads.
 
@@ -187,6 +193,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     from prefect.client.orchestration import get_client
 
     from recall_tasks.config import RunParams
+    from recall_tasks.errors import BudgetExhausted
     from recall_tasks.io.results import ResultStore
     from recall_tasks.io.storage import StorageConfig
     from recall_tasks.pipeline.flow import recall_benchmark
@@ -196,21 +203,23 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     run_ids: dict[str, str] = {}
     for runner in ("processes", "threads"):
         out = str(tmp_path / runner)
-        summary = recall_benchmark(
-            RunParams(
-                dataset_uri=data,
-                output_uri=out,
-                judge="openai",
-                base_url=judge_env.base_url,
-                max_cost_usd=COST_BUDGET,
-                chunk_size=chunk_rows,
-                max_workers=chunks_in_flight,
-                max_concurrency=concurrency,
-                task_runner=runner,
-                workers=2 if runner == "processes" else None,
-                baseline=None,
+        with pytest.raises(BudgetExhausted) as stopped:
+            recall_benchmark(
+                RunParams(
+                    dataset_uri=data,
+                    output_uri=out,
+                    judge="openai",
+                    base_url=judge_env.base_url,
+                    max_cost_usd=COST_BUDGET,
+                    chunk_size=chunk_rows,
+                    max_workers=chunks_in_flight,
+                    max_concurrency=concurrency,
+                    task_runner=runner,
+                    workers=2 if runner == "processes" else None,
+                    baseline=None,
+                )
             )
-        )
+        summary = stopped.value.summary
         assert summary["status"] == "budget_exhausted", (runner, summary["status_reason"])
         run_ids[runner] = summary["run_id"]
         whole = ", the whole run" if runner == "processes" else ""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
@@ -19,7 +21,7 @@ def test_first_screen_shows_the_two_commands_and_ci_runs_the_test_one():
     assert "make demo" in first_screen and "make test" in first_screen
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo: .*\n\t.*recall-bench demo", makefile, re.M)
-    assert re.search(r"^test: .*\n\t.*pytest", makefile, re.M)
+    assert re.search(r"^test: .*\n(\t.*\n)*?\t.*pytest", makefile, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
@@ -29,9 +31,31 @@ def test_make_test_runs_every_serial_test(request):
 
     makefile = (ROOT / "Makefile").read_text()
     listed = re.search(r"^SERIAL_TESTS\s*:?=(.*)$", makefile, re.M)
-    assert listed and re.search(r"^test: .*\n\t.*\n\t.*pytest -q -m serial \$\(SERIAL_TESTS\)$", makefile, re.M)
+    assert listed and re.search(r"^test: .*\n(\t.*\n)*?\t.*pytest -q -m serial \$\(SERIAL_TESTS\)", makefile, re.M)
     collected = request.config.stash[SERIAL_FILES]  # every file collected this session, deselected tests included
     assert collected - set(listed.group(1).split()) == set(), "add these files to SERIAL_TESTS in the Makefile"
+
+
+@pytest.mark.concurrency
+@pytest.mark.parametrize(("fail", "status"), [("", 0), ("not serial", 2), ("-m serial", 2)])
+def test_make_test_runs_both_parts_reports_each_and_fails_if_either_failed(tmp_path, fail, status):
+    """A failure in the parallel part once stopped make before the serial part ran: a second failure stayed
+    hidden until the next CI run. A stand-in python records each part's arguments and fails the one named."""
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir()
+    log = tmp_path / "calls"
+    pattern = fail or "never"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *"{pattern}"*) exit 1;; esac\n')
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "test", f"BIN={fake.parent}", "STAMP=/dev/null"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and "not serial" in calls[0] and "-m serial tests/" in calls[1], calls
+    assert done.returncode == status, done.stdout + done.stderr
+    parallel, serial = (1 if fail == "not serial" else 0), (1 if fail == "-m serial" else 0)
+    assert f"make test: parallel part exit {parallel}, serial part exit {serial}" in done.stdout
 
 
 def quickstart_block() -> list[str]:
@@ -60,6 +84,7 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
+@pytest.mark.concurrency
 def test_demo_prints_what_the_readme_shows_and_its_queries_work(prefect_harness, tmp_path):
     from prefect.settings import PREFECT_API_URL
 

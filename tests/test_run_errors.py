@@ -83,6 +83,7 @@ def test_a_rejected_key_names_the_variable_to_set_not_a_missing_option(prefect_h
     assert "--api-key" not in line and KEY not in line
 
 
+@pytest.mark.concurrency
 def test_an_unreachable_prefect_api_url_is_one_line(fake_openai, data, tmp_path):
     url = f"http://127.0.0.1:{free_port()}/api"
     done = run_cli(fake_openai, data, "--output", str(tmp_path / "out"), PREFECT_API_URL=url)
@@ -101,6 +102,7 @@ def test_an_unreachable_prefect_api_url_is_one_line(fake_openai, data, tmp_path)
         (["histroy"], "error: No such command 'histroy'. Did you mean 'history'? See recall-bench --help"),
     ],
 )  # fmt: skip
+@pytest.mark.concurrency
 def test_a_usage_error_is_one_line_naming_the_help_and_exits_2(args, line):
     """A mistyped option or command is one `error:` line like every other error, not a usage block and a panel."""
     done = subprocess.run([sys.executable, "-m", "recall_tasks", *args], cwd=ROOT, capture_output=True, text=True,
@@ -109,6 +111,7 @@ def test_a_usage_error_is_one_line_naming_the_help_and_exits_2(args, line):
     assert done.stderr.splitlines() == [line] and done.stdout == ""
 
 
+@pytest.mark.concurrency
 def test_recall_bench_alone_still_prints_the_help():
     done = subprocess.run([sys.executable, "-m", "recall_tasks"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=cli_env(None))  # fmt: skip

@@ -80,6 +80,7 @@ def threads_run(prefect_harness, fake_openai_server, tmp_path_factory) -> tuple[
 
 
 @pytest.mark.parametrize("runner", ["processes", "dask"])
+@pytest.mark.concurrency
 def test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache(
     threads_run, judge_env, record_pids, tmp_path, runner
 ):
@@ -197,7 +198,7 @@ def test_a_worker_process_tripped_breaker_fails_the_run_with_its_reason(prefect_
     summary = info.value.summary
     assert summary["status"] == "failed" and summary["scored"] == 0
     assert "failed 10 attempts in a row (last: HTTP 503)" in summary["status_reason"]  # the worker's, not the rate
-    assert summary["skipped"] > 0  # rows the worker's breaker kept from the judge
+    assert summary["not_judged"] > 0 and summary["skipped"] == 0  # rows the worker's breaker kept from the judge
 
 
 @pytest.mark.parametrize(
@@ -404,3 +405,29 @@ def test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once(prefect_h
     assert sorted(ids) == sorted(r["row_id"] for r in rows)  # every row exactly once
     assert table(out) == table(tmp_path / "threads")
     assert not list((out / "_pending").glob("*.json"))
+
+
+@pytest.mark.concurrency
+def test_two_local_dask_clusters_on_one_host_serve_http_on_free_loopback_ports():
+    """The product's LocalCluster once served its scheduler's HTTP on 8787: a second cluster on the host (a
+    second run, a concurrent test) warned "Port 8787 is already in use", an error under warnings-as-errors. Held
+    here on purpose, both clusters start without a warning, each on its own loopback port, with no dashboard."""
+    import contextlib
+    import socket
+    import warnings
+
+    from recall_tasks.pipeline.flow import task_runner
+
+    params = RunParams(dataset_uri="d.parquet", output_uri="/tmp/out", task_runner="dask", workers=1)
+    with contextlib.ExitStack() as stack:
+        holder = stack.enter_context(socket.socket())
+        with contextlib.suppress(OSError):  # already held elsewhere: the same condition
+            holder.bind(("127.0.0.1", 8787))
+            holder.listen()
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("error")
+        runners = [stack.enter_context(task_runner(params)) for _ in range(2)]  # type: ignore[arg-type]
+        servers = [r.client and r._cluster.scheduler.http_server for r in runners]
+        assert {s.address for s in servers} == {"127.0.0.1"}
+        ports = {s.port for s in servers}
+        assert len(ports) == 2 and 8787 not in ports

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import recall_tasks.sentences as sentences_mod
 from recall_tasks.sentences import SPLITTER_VERSION, split_sentences
@@ -23,8 +25,17 @@ CASES: list[tuple[str, str, list[str]]] = [
     ),
     ("empty", "", []),
     ("whitespace_only", "  \n\t \n ", []),
-    ("ellipsis_only", "...", []),
-    ("dash_only", " — ", []),
+    # a text with no letter or digit (or only a list marker) is one unit: a non-empty reference always has one
+    ("ellipsis_only", "...", ["..."]),
+    ("dash_only", " — ", ["—"]),
+    ("number_with_period", "42.", ["42."]),
+    ("digit_with_period", "5.", ["5."]),
+    ("letter_with_period", "a.", ["a."]),
+    ("marker_with_paren", "1)", ["1)"]),
+    ("bullet_only", " - ", ["-"]),
+    ("emoji_only", "👍", ["👍"]),
+    ("only_markers_on_lines", "1.\n-\n*", ["1. - *"]),
+    ("cjk_full_stop_only", "。", ["。"]),
     ("single_no_punct", "The answer is forty two", ["The answer is forty two"]),
     ("single_with_padding", "   It rains.   ", ["It rains."]),
     (
@@ -300,3 +311,50 @@ def test_typical_answer_with_abbreviations() -> None:
         "He won the Nobel Prize in 1921. He later moved to the U.S. and worked at Princeton."
     )
     assert len(split_sentences(text)) == 4
+
+
+# ------------------------------------------------------------------------------ properties over short, odd strings
+
+_ODD = st.sampled_from(
+    list("0123456789aZéß.!?…,;:-*+•()[]\"'`~_/\\#%&")
+    + ["。", "！", "？", "「", "」", "東", "京", "字", "한", "ب"]
+    + ["👍", "🎉", "👩‍🔬", "🇫🇷", "\u200b", "\u0301", " ", "  ", "\n", "\n\n", "\t", "\r\n"]
+    + ["```", "~~~", "1.", "a)", "(2)"]
+)
+_SHORT = st.one_of(
+    st.lists(_ODD, min_size=1, max_size=8).map("".join),
+    st.text(max_size=12),
+    st.from_regex(r"\A[0-9]{1,4}[.)]?\Z"),
+    st.from_regex(r"\A[a-zA-Z][.)]?\Z"),
+    st.from_regex(r"\A[.!?…,;:\-*+•()]{1,5}\Z"),
+)
+
+
+def _non_space(s: str) -> str:
+    return "".join(ch for ch in s if not ch.isspace())
+
+
+@settings(max_examples=600, deadline=None, database=None)
+@given(_SHORT)
+def test_non_empty_text_has_at_least_one_unit(text: str) -> None:
+    units = split_sentences(text)
+    assert bool(units) == bool(text.strip()), (text, units)
+    for unit in units:
+        assert unit and unit == unit.strip(), (text, units)
+        assert "\n" not in unit or unit.startswith(("```", "~~~")), (text, units)  # only a code block keeps lines
+
+
+@settings(max_examples=600, deadline=None, database=None)
+@given(_SHORT)
+def test_units_only_drop_markers_and_whitespace(text: str) -> None:
+    """The units' characters, whitespace aside, are the text's in order: the splitter never invents or reorders."""
+    rest = iter(_non_space(text))
+    assert all(ch in rest for ch in _non_space("".join(split_sentences(text)))), (text, split_sentences(text))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(_SHORT, min_size=1, max_size=4))
+def test_units_of_sentences_are_kept(parts: list[str]) -> None:
+    """Odd references after a real sentence: the sentence is still one unit of its own, whatever follows."""
+    text = "The tower is in Paris.\n\n" + "\n\n".join(parts)
+    assert split_sentences(text)[0] == "The tower is in Paris."

@@ -104,6 +104,7 @@ def clean_output(done: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in text, text
 
 
+@pytest.mark.concurrency
 def test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it(local: Local) -> None:
     """One server boot for the whole life cycle: the boot is the slow part (~20 s on a 2-core machine, ~5 s of it
     when its database starts migrated)."""
@@ -164,6 +165,7 @@ def test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_
     assert local.cli("server", "stop").stdout.strip() == "local Prefect server: not running"
 
 
+@pytest.mark.concurrency
 def test_a_taken_port_is_a_clear_error(local: Local) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", local.port))

@@ -13,6 +13,7 @@ from recall_tasks.pipeline.flow import recall_benchmark
 from tests.prefect_server import REPO, clean_env
 
 
+@pytest.mark.concurrency
 def test_cli_and_server_commands_import_neither_prefect_nor_openai_nor_numpy():
     code = (
         "import sys, recall_tasks.cli.app, recall_tasks.cli.server, recall_tasks\n"
@@ -40,6 +41,7 @@ def test_flow_parameters_are_serialised_as_prefect_would_without_fastapi():
     assert recall_benchmark.serialize_parameters(as_dict) == as_dict
 
 
+@pytest.mark.concurrency
 def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps_its_rows(
     prefect_harness, fake_openai, tmp_path
 ):
@@ -132,6 +134,7 @@ console_main()
 """
 
 
+@pytest.mark.concurrency
 def test_a_run_collects_no_garbage_before_prefect_is_imported_and_exits_frozen(prefect_harness, tmp_path):
     """Start-up's objects live as long as the process: no collection walks them while ``recall-bench run``
     starts (from its first line: reading its options and importing pyarrow, the pre-flight, the plan and the

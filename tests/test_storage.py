@@ -124,6 +124,7 @@ def test_delta_commits_need_conditional_put(s3_server: _s3.S3Server, s3_bucket: 
         write_deltalake(uri, TABLE, storage_options=options)
 
 
+@pytest.mark.concurrency
 def test_server_restart_keeps_data(s3_server: _s3.S3Server, s3_bucket: str) -> None:
     fs, path = filesystem(f"s3://{s3_bucket}/x.parquet", _config(s3_server))
     pq.write_table(TABLE, path, filesystem=fs)

@@ -16,7 +16,7 @@ from tests.test_window import PoolExecutor, plan_for
 def test_the_run_row_has_the_runs_tables_columns_in_order() -> None:
     assert list(typing.get_type_hints(RunRow)) == RUN_SCHEMA.names
     assert RunRow.__required_keys__ == frozenset(RUN_SCHEMA.names)
-    assert RunSummary.__optional_keys__ == {"comparison", "report_uri"}
+    assert RunSummary.__optional_keys__ == {"comparison", "no_baseline", "report_uri"}
 
 
 def test_the_status_literals_are_what_the_pipeline_writes() -> None:
@@ -38,7 +38,8 @@ def test_a_committed_run_returns_exactly_the_typed_row_and_summary(tmp_path: Pat
     assert row["segment_column"] is None and row["batch_ids"] is None and row["batch_wait_s"] is None
     summary, _ = publish.publish_run(plan, row, logging.getLogger("test-summaries"))
     steps.finish_run(plan)
-    assert set(summary) - set(row) == {"report_uri"}  # first of its series: no comparison
+    assert set(summary) - set(row) == {"report_uri", "no_baseline"}  # first of its series: no comparison
+    assert summary["no_baseline"] == "first run of its series" and row["not_judged"] == 0
     hints = typing.get_type_hints(RunSummary)
     for key, value in summary.items():  # every value of the real run has its declared type
         assert _is_instance(value, hints[key]), (key, value, hints[key])

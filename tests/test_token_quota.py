@@ -69,6 +69,7 @@ def _send(server: FakeOpenAI, tpm: int, n: int, params: RunParams | None = None)
     return asyncio.run(go())
 
 
+@pytest.mark.concurrency
 def test_3000_token_prompts_keep_every_minute_within_the_token_quota_locally_and_fleet_wide(prefect_harness, tmp_path):
     """Alone: 10 requests at --tpm 30000. Fleet: two judges on loops of their own (as two worker processes), 10
     requests each, sharing --tpm 60000 through the Prefect limit. Both send more than a minute's quota in all."""
@@ -91,6 +92,7 @@ def test_3000_token_prompts_keep_every_minute_within_the_token_quota_locally_and
     assert shared.busiest_tokens() <= fleet_tpm
 
 
+@pytest.mark.concurrency
 def test_the_fake_server_refuses_prompt_tokens_over_its_sliding_minute():
     import openai
 

@@ -131,7 +131,7 @@ def test_a_changed_judge_is_incomparable_and_latest_picks_a_like_for_like_run(pr
     llm = ["--judge", "openai", "--base-url", judge.base_url]
     assert cli("run", data, "-o", out, *llm, "--label", "a").exit_code == 0
     lexical = cli("run", data, "-o", out, "--label", "b", "--fail-on-regression")
-    assert lexical.exit_code == 0, lexical.output  # incomparable is not a regression
+    assert lexical.exit_code == 6, lexical.output  # not a regression (3), but the gate cannot pass it either
     line = next(x for x in lexical.output.splitlines() if x.startswith("vs baseline"))
     assert ": incomparable (" in line and "judge differs (current 'lexical', baseline 'openai')" in line
     again = cli("run", data, "-o", out, *llm, "--label", "c")
@@ -164,11 +164,11 @@ def test_an_endpoint_failing_every_judge_call_fails_the_run_with_exit_4(prefect_
     with get_client(sync_client=True) as client:
         flow_run = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run["flow_run_id"]])))
     assert flow_run[0].state is not None and flow_run[0].state.is_failed()
-    # a failed run is never a baseline: the next healthy run is the first of its series
+    # a failed run is never a baseline: the next healthy run has no comparable baseline, and says why
     judge.set_responder(judge_script.responder)
     healthy = cli("run", data, "-o", out, "--judge", "openai", "--base-url", judge.base_url, "--refresh-cache")
     assert healthy.exit_code == 0, healthy.output
-    assert "first run of its series" in healthy.output
+    assert "no comparable baseline (1 earlier run: 1 failed)" in healthy.output
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,7 @@ def test_the_deployments_entrypoint_runs_the_flow_from_the_wheel(installed_wheel
     assert (tmp_path / "out" / "runs" / "_delta_log").is_dir()
 
 
+@pytest.mark.concurrency
 def test_the_lock_matches_pyproject_and_bounds_every_major():
     """``uv.lock`` is what ``pyproject.toml`` asks for (``make lock`` after an edit); every dependency names its
     next major as a bound, except the date-versioned fsspec family."""

@@ -16,6 +16,7 @@ import pytest
 from recall_tasks.config import RunParams
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.pipeline import steps, workers
+from recall_tasks.pipeline.flow import LOCAL_CLUSTER_HTTP
 from tests import judge_script
 from tests.fake_openai import FakeOpenAI
 from tests.test_pipeline import KEY, make_rows, write_parquet
@@ -29,7 +30,7 @@ def cluster():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENAI_API_KEY", KEY)  # the worker process inherits it
         with (
-            distributed.LocalCluster(n_workers=1, threads_per_worker=3, processes=True, dashboard_address=":0") as c,
+            distributed.LocalCluster(n_workers=1, threads_per_worker=3, processes=True, **LOCAL_CLUSTER_HTTP) as c,
             distributed.Client(c) as client,
         ):
             yield client
@@ -100,6 +101,7 @@ def test_evicting_the_oldest_plan_never_closes_its_judge_in_flight(cluster, tmp_
             steps.release(plan)
 
 
+@pytest.mark.concurrency
 def test_a_chunk_ending_never_closes_the_budget_client_another_chunk_uses(prefect_harness, fake_openai, tmp_path):
     """``--max-requests`` on a Dask worker of four threads: chunks end while others take grants from the run's
     counter on the process's one loop. Before, each chunk's end closed that loop's Prefect client under the

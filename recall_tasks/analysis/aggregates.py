@@ -1,9 +1,11 @@
 """Run-level aggregates: counts, mean/median/p10, pass rate and a 95 % confidence interval of the mean.
 
-Rows not assessed (skipped) and rows with an error have no score and are never averaged as 0: they are
-counted in ``skipped`` and ``errors``. The interval is a percentile bootstrap (2,000 resamples, fixed
-seed) up to 20,000 scored rows; above that the bootstrap distribution of a mean is normal to well
-within the interval's own noise, so the normal interval is used (it costs nothing on a 1M-row run).
+Rows not assessed and rows with an error have no score and are never averaged as 0: they are counted in
+``skipped`` (``--on-missing skip``), ``not_judged`` (kept from the judge by a budget or the circuit breaker: a table
+with a boolean ``not_judged`` column tells them apart, see ``pipeline/commit.py``) and ``errors``. The interval is
+a percentile bootstrap (2,000 resamples, fixed seed) up to 20,000 scored rows; above that the bootstrap
+distribution of a mean is normal to well within the interval's own noise, so the normal interval is used (it costs
+nothing on a 1M-row run).
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ import pyarrow.compute as pc
 
 BOOTSTRAP_MAX_N = 20_000
 BOOTSTRAP_RESAMPLES = 2_000
+MIN_INTERVAL_ROWS = 10
+"""Fewest rows (paired rows in a comparison) that a comparison's or a calibration's 95 % interval and verdict are
+given for: below it the interval is null with :func:`too_few_rows`' reason (docs/regression.md, "Too few rows")."""
+
+
+def too_few_rows(n: int, what: str = "") -> str | None:
+    """Why ``n`` rows get no interval and no verdict (``what``: " paired"), or None when they are enough."""
+    if n >= MIN_INTERVAL_ROWS:
+        return None
+    return f"too few rows: {n}{what}, an interval needs at least {MIN_INTERVAL_ROWS}"
 
 
 def mean_ci(
@@ -64,11 +76,13 @@ def summarize(table: pa.Table) -> dict[str, Any]:
 
     lo, hi = mean_ci(scores)
     scored = len(scores)
+    not_judged = int(pc.sum(table.column("not_judged")).as_py() or 0) if "not_judged" in table.column_names else 0
     return {
         "rows": rows,
         "scored": scored,
         "errors": int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0),
-        "skipped": int(pc.sum(table.column("skipped")).as_py() or 0),
+        "skipped": int(pc.sum(table.column("skipped")).as_py() or 0) - not_judged,
+        "not_judged": not_judged,
         "cached": int(pc.sum(table.column("cached")).as_py() or 0),
         "mean_score": float(scores.mean()) if scored else None,
         "median_score": float(np.median(scores)) if scored else None,

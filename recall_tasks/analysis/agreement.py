@@ -18,7 +18,10 @@ Intervals: percentile bootstrap, 95 % by default, resampling ROWS with replaceme
 reference and a context, so they are not independent; resampling units would give intervals that are too
 narrow). ``resamples`` (2000) replicates from ``numpy.random.default_rng(seed)``: the same rows and seed give
 the same interval, always. A replicate where a figure is undefined (e.g. it drew no unsupported unit, so TNR has
-no denominator) is left out of that figure's interval; ``Figure.undefined_share`` says how many were.
+no denominator) is left out of that figure's interval; ``Figure.undefined_share`` says how many were. Below
+:data:`~recall_tasks.analysis.aggregates.MIN_INTERVAL_ROWS` rows no figure has an interval (``low``/``high``
+None, ``reason`` "too few rows: ..."): one row resampled is always itself, a zero-width interval that claims
+certainty, and below ten rows the bootstrap covers far less than it says (docs/regression.md, "Too few rows").
 
 Undefined figures are ``None`` with the reason, never a made-up 0 or 1:
 - κ when the human labels are all one class (κ then measures nothing: it is 0 whenever the judge says anything
@@ -42,6 +45,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from recall_tasks.analysis.aggregates import too_few_rows
+
 __all__ = [
     "FIGURES",
     "Agreement",
@@ -54,6 +59,7 @@ __all__ = [
     "cohen_kappa",
     "compare",
     "figures_differ",
+    "interval_note",
     "spearman",
 ]
 
@@ -113,7 +119,8 @@ class Confusion:
 
 @dataclass(frozen=True)
 class Figure:
-    """One agreement figure: its value and bootstrap interval, or ``None`` with the reason."""
+    """One agreement figure: its value and bootstrap interval, or ``None`` with the reason (the value's when
+    ``value`` is None, else the interval's: too few rows)."""
 
     name: str
     value: float | None
@@ -350,13 +357,17 @@ def agreement(
     total = table.counts.sum(axis=0)
     confusion = Confusion(*(int(v) for v in total))
     point = table.figures(np.ones((1, len(rows))))
-    boot = _bootstrap([table], None, resamples, seed)[0]
+    boot = _bootstrap([table], None, resamples, seed)[0] if too_few_rows(len(rows)) is None else {}
     reasons = _reasons(confusion, table)
+    few = too_few_rows(len(rows))
     figures: dict[str, Figure] = {}
     for name in FIGURES:
         value = float(point[name][0])
         if np.isnan(value):
             figures[name] = Figure(name, None, reason=reasons[name])
+            continue
+        if few is not None:
+            figures[name] = Figure(name, value, reason=few)
             continue
         low, high, undefined = _interval(boot[name], confidence)
         figures[name] = Figure(name, value, low, high, undefined_share=undefined)
@@ -370,6 +381,11 @@ def agreement(
         confidence=confidence,
         **figures,
     )
+
+
+def interval_note(a: Agreement) -> str | None:
+    """Why the defined figures of ``a`` have no interval (too few rows), or None when they have one."""
+    return next((f.reason for f in a.figures().values() if f.value is not None and f.low is None and f.reason), None)
 
 
 def by_category(
@@ -424,6 +440,9 @@ def compare(
     if va is None or vb is None:
         which = "a" if va is None else "b"
         return Difference(figure, va, vb, None, None, None, False, order is not None, f"{figure} undefined in {which}")
+    few = too_few_rows(min(len(a), len(b)))
+    if few is not None:  # no interval of the difference: never "differs"
+        return Difference(figure, va, vb, vb - va, None, None, False, order is not None, few)
     boot_a, boot_b = _bootstrap([ta, tb], order, resamples, seed)
     diff = boot_b[figure] - boot_a[figure]
     low, high, _ = _interval(diff, confidence)

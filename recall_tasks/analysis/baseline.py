@@ -16,7 +16,10 @@ import pyarrow.compute as pc
 from recall_tasks.analysis.comparability import incomparable_reasons
 from recall_tasks.errors import ConfigError
 
-__all__ = ["find_baseline"]
+__all__ = ["earlier_statuses", "find_baseline", "no_baseline_text"]
+
+#: The statuses ``--baseline latest`` and ``label:`` never choose, in the order ``no_baseline_text`` names them.
+NEVER_CHOSEN = ("failed", "budget_exhausted")
 
 
 def _strings(table: pa.Table, name: str) -> pa.ChunkedArray:
@@ -51,6 +54,51 @@ def _shown(values: list[str]) -> str:
     return ", ".join(repr(v) for v in values) if values else "none"
 
 
+def _overall(runs: pa.Table) -> pa.Table:
+    if "segment_column" in runs.column_names:
+        return runs.filter(pc.is_null(runs.column("segment_column")))
+    return runs
+
+
+def _series(overall: pa.Table, dataset: str, metric: str, dataset_id: str | None) -> pa.Table:
+    """The overall rows of one series: ``dataset_id``'s runs (and runs recorded before it by ``dataset`` name)."""
+    same_dataset = _eq(overall, "dataset", dataset)
+    if dataset_id is not None and "dataset_id" in overall.column_names:
+        ids = _strings(overall, "dataset_id")
+        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), pc.and_(pc.is_null(ids), same_dataset))
+    return overall.filter(pc.and_(same_dataset, _eq(overall, "metric", metric)))
+
+
+def earlier_statuses(
+    runs: pa.Table, *, dataset: str, metric: str, exclude_run_id: str | None = None, dataset_id: str | None = None
+) -> dict[str, int]:
+    """How many runs of the series (the one :func:`find_baseline` searches) other than ``exclude_run_id`` ended
+    with each status (a run recorded without one counts as ``completed``)."""
+    series = _series(_overall(runs), dataset, metric, dataset_id)
+    if exclude_run_id is not None:
+        series = series.filter(pc.invert(_eq(series, "run_id", exclude_run_id)))
+    counts: dict[str, int] = {}
+    statuses = _strings(series, "status").to_pylist() if "status" in series.column_names else []
+    for status in statuses or ["completed"] * series.num_rows:
+        counts[status or "completed"] = counts.get(status or "completed", 0) + 1
+    return counts
+
+
+def no_baseline_text(earlier: dict[str, int]) -> str | None:
+    """Why ``--baseline latest`` found no run, from the earlier runs' statuses; None when it had candidates.
+
+    ``first run of its series``, or ``no comparable baseline (3 earlier runs: 2 failed / 1 budget_exhausted)``
+    when every earlier run failed or was stopped by a budget (neither is chosen automatically).
+    """
+    total = sum(earlier.values())
+    if total == 0:
+        return "first run of its series"
+    if any(status not in NEVER_CHOSEN for status in earlier):
+        return None
+    counts = " / ".join(f"{earlier[s]} {s}" for s in NEVER_CHOSEN if earlier.get(s))
+    return f"no comparable baseline ({total} earlier run{'s' if total > 1 else ''}: {counts})"
+
+
 def find_baseline(
     runs: pa.Table,
     *,
@@ -64,7 +112,8 @@ def find_baseline(
     """The overall ``runs`` row of the baseline run chosen by ``spec``, or None when there is none yet.
 
     ``spec``:
-    - ``"latest"``: the most recent (``finished_at``) completed run of the same dataset and metric, other than
+    - ``"latest"``: the most recent (``finished_at``) completed run of the same dataset and metric (never a failed
+      nor a budget-stopped one: :func:`no_baseline_text` says so when nothing else is left), other than
       ``exclude_run_id``, preferring runs comparable with ``current`` (the current run's settings, see
       :func:`incomparable_reasons`): with one judge configuration interrupted by another, each run is compared
       with the latest run of its own configuration. When no run is comparable, the latest one is returned (the
@@ -72,7 +121,8 @@ def find_baseline(
     - ``"label:<label>"``: the most recent completed run with that label, same dataset and metric, other than
       ``exclude_run_id``, comparable ones first;
     - ``"run:<run_id>"`` or a bare run id: that run (an explicit choice), unless it failed or has not finished
-      (a failed run is never a baseline); preferably its row for ``dataset``/``metric``, else its only overall
+      (a failed run is never a baseline; a ``budget_exhausted`` one is, when named: its judged rows are paired,
+      the rest count as unscored); preferably its row for ``dataset``/``metric``, else its only overall
       row (a mismatch is then flagged by ``regression.compare_runs``).
 
     The series is the runs of ``dataset_id`` (a normalised URI or ``name:<--dataset-name>``) when given, so two
@@ -87,14 +137,8 @@ def find_baseline(
         if required not in runs.column_names:
             raise ConfigError(f"the runs table has no {required!r} column; columns: {runs.column_names}")
 
-    overall = runs
-    if "segment_column" in runs.column_names:
-        overall = runs.filter(pc.is_null(runs.column("segment_column")))
-    same_dataset = _eq(overall, "dataset", dataset)
-    if dataset_id is not None and "dataset_id" in overall.column_names:
-        ids = _strings(overall, "dataset_id")
-        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), pc.and_(pc.is_null(ids), same_dataset))
-    series = overall.filter(pc.and_(same_dataset, _eq(overall, "metric", metric)))
+    overall = _overall(runs)
+    series = _series(overall, dataset, metric, dataset_id)
     completed = series
     if "status" in series.column_names:
         completed = series.filter(_eq(series, "status", "completed"))

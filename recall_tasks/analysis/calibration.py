@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from recall_tasks.analysis.agreement import Agreement, PairedRow
+from recall_tasks.analysis.agreement import Agreement, PairedRow, interval_note
 from recall_tasks.io.labels import LabelledRow, LabelledSet
 from recall_tasks.models import RecallResult
 
@@ -133,8 +133,10 @@ class Calibration:
                     "rows": (j.rows if overall else agr.rows), "judged_rows": agr.rows,
                     "errors": len(j.row_errors) if overall else None, "units": agr.units,
                     "tp": agr.confusion.tp, "fn": agr.confusion.fn, "fp": agr.confusion.fp, "tn": agr.confusion.tn,
-                    "undefined": "; ".join(f"{f.name}: {f.reason}" for f in agr.figures().values() if f.value is None)
-                    or None,
+                    "undefined": "; ".join(
+                        [f"{f.name}: {f.reason}" for f in agr.figures().values() if f.value is None]
+                        + [f"intervals: {note}" for note in [interval_note(agr)] if note]
+                    ) or None,
                     "resamples": agr.resamples, "seed": agr.seed,
                     "requests": j.requests if overall else None,
                     "prompt_tokens": j.prompt_tokens if overall else None,

@@ -10,7 +10,8 @@ canary rows judged in both runs are paired by key and resampled together (``agre
 bootstrap: the same canary rows in both runs); the judge drifted when the 95 % interval of the change in unit
 accuracy or in Cohen's κ excludes 0. Runs recorded without the per-row counts fall back to the stored intervals
 (``agreement.figures_differ``: drift when they do not overlap, a stricter rule). A canary absent on one side, or two
-different labelled sets, is said in the comparison's warnings (:func:`canary_note`) and changes nothing else.
+different labelled sets, or a canary of fewer rows than an interval needs (``MIN_INTERVAL_ROWS``), is said in the
+comparison's warnings (:func:`canary_note`) and changes nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recall_tasks.analysis.aggregates import too_few_rows
 from recall_tasks.analysis.agreement import Figure, PairedRow, compare, figures_differ
 
 __all__ = ["DRIFT_FIGURES", "DRIFT_REASON", "Drift", "canary_figures", "canary_note", "judge_drift"]
@@ -113,6 +115,10 @@ def canary_note(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> str 
         if not run.get("canary_rows") and run.get("canary_accuracy") is None:
             errors = run.get("canary_errors")
             return f"{side} canary got no verdict ({errors} rows without one): judge drift not checked"
+    for side, run in (("this run's", current), ("the baseline's", baseline)):
+        few = too_few_rows(int(run.get("canary_rows") or 0)) if run.get("canary_rows") is not None else None
+        if few is not None:
+            return f"{side} canary: {few}; judge drift not checked"
     return None
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
+from recall_tasks.analysis.aggregates import MIN_INTERVAL_ROWS, too_few_rows
 from recall_tasks.analysis.baseline import find_baseline
 from recall_tasks.analysis.comparability import (
     COMPARABLE_KEYS,
@@ -41,6 +42,7 @@ __all__ = [
     "COMPARABLE_KEYS_V2",
     "Comparison",
     "MCNEMAR_EXACT_MAX",
+    "MIN_INTERVAL_ROWS",
     "MIN_PAIRED_SHARE",
     "SegmentDelta",
     "ComparisonVerdict",
@@ -53,7 +55,7 @@ __all__ = [
     "paired_mean_ci",
 ]
 
-ComparisonVerdict = Literal["regressed", "improved", "unchanged", "no_overlap", "incomparable"]
+ComparisonVerdict = Literal["regressed", "improved", "unchanged", "no_overlap", "too_few_rows", "incomparable"]
 
 #: The figures of a paired comparison, overall (:class:`Comparison`) and per segment (:class:`SegmentDelta`).
 _FIGURES = ("n_paired", "mean_current", "mean_baseline", "mean_delta", "ci_low", "ci_high", "flips_pass_to_fail",
@@ -68,6 +70,8 @@ def _verdict_of(fig: dict[str, Any], *, tolerance: float, alpha: float) -> tuple
     mean_delta, lo, hi = fig["mean_delta"], fig["ci_low"], fig["ci_high"]
     if mean_delta is None:
         return "no_overlap", False
+    if fig["n_paired"] < MIN_INTERVAL_ROWS:  # no interval, and McNemar's flips alone decide nothing either
+        return "too_few_rows", False
     b, c, p = fig["flips_pass_to_fail"], fig["flips_fail_to_pass"], fig["mcnemar_p"]
     regressed = (mean_delta < -tolerance and hi is not None and hi < 0) or (p < alpha and b > c)
     improved = (mean_delta > tolerance and lo is not None and lo > 0) or (p < alpha and c > b)
@@ -96,6 +100,8 @@ class SegmentDelta(BaseModel):
     flips_fail_to_pass: int = 0
     mcnemar_p: float = 1.0
     verdict: ComparisonVerdict = "unchanged"
+    #: why the segment has no interval (too few paired rows); None otherwise
+    reason: str | None = None
 
 
 class Comparison(BaseModel):
@@ -162,7 +168,8 @@ class Comparison(BaseModel):
         for s in self.segments:
             segment = {"segment_column": s.column, "segment_value": s.value, "verdict": s.verdict, "n_added": None,
                        "n_removed": None, "n_unpaired_unscored": None, "context_precision_delta": None}  # fmt: skip
-            rows.append({**base, **segment, **{k: getattr(s, k) for k in _FIGURES}})
+            reason = {"reason": s.reason} if s.reason is not None else {}
+            rows.append({**base, **segment, **reason, **{k: getattr(s, k) for k in _FIGURES}})
         return [{name: row[name] for name in COMPARISON_SCHEMA.names} for row in rows]
 
     def event_payload(self) -> dict[str, Any]:
@@ -221,7 +228,7 @@ def _figures(pairs: Pairs, members: np.ndarray | slice = slice(None), *, resampl
         }  # fmt: skip
     succ_c, succ_b, known = pairs.success_current[members], pairs.success_baseline[members], pairs.known[members]
     deltas = sc - sb
-    lo, hi = paired_mean_ci(deltas, resamples=resamples, seed=seed)
+    lo, hi = paired_mean_ci(deltas, resamples=resamples, seed=seed) if n >= MIN_INTERVAL_ROWS else (None, None)
     b = int(np.count_nonzero(known & succ_b & ~succ_c))
     c = int(np.count_nonzero(known & ~succ_b & succ_c))
     return {
@@ -268,9 +275,10 @@ def _segments(
                 continue
             seg = _figures(pairs, members, resamples=resamples, seed=seed)
             seg_verdict, _ = _verdict_of(seg, tolerance=tolerance, alpha=alpha)
+            reason = too_few_rows(seg["n_paired"], " paired") if seg_verdict == "too_few_rows" else None
             if incomparable:
-                seg_verdict = "incomparable"
-            segments.append(SegmentDelta(column=column, value=value, verdict=seg_verdict, **seg))
+                seg_verdict, reason = "incomparable", None
+            segments.append(SegmentDelta(column=column, value=value, verdict=seg_verdict, reason=reason, **seg))
     return segments
 
 
@@ -324,6 +332,7 @@ def compare_runs(
         reasons.append(share)
     if reasons:
         verdict, mixed = "incomparable", False
+    reason = "; ".join(reasons) or (too_few_rows(fig["n_paired"], " paired") if verdict == "too_few_rows" else None)
     if verdict == "no_overlap":
         warnings.append("no row was scored in both runs: nothing to compare")
     if mixed:
@@ -345,7 +354,7 @@ def compare_runs(
         alpha=alpha,
         verdict=verdict,
         like_for_like=not reasons,
-        reason="; ".join(reasons) or None,
+        reason=reason,
         warnings=warnings,
         n_added=n_current - n_matched,
         n_removed=n_baseline - n_matched,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.analysis.baseline import find_baseline
+from recall_tasks.analysis.baseline import earlier_statuses, find_baseline, no_baseline_text
 from recall_tasks.analysis.regression import Comparison, compare_runs
 from recall_tasks.analysis.worst_rows import WorstRow, lost_statements
 from recall_tasks.summaries import RunRow
@@ -66,6 +66,22 @@ def compare_with_baseline(plan: Any, summary: RunRow) -> Comparison | None:
     fill_lost(results, plan.run_id, baseline["run_id"], comparison.worst_rows)
     plan.store.append_comparison(comparison.comparison_id, plan.dataset.name, comparison.to_rows())
     return comparison
+
+
+def why_no_baseline(plan: Any) -> str:
+    """Why a committed run was not compared: ``--baseline none``, the first run of its series, or ``no comparable
+    baseline (N earlier runs: …)`` when every earlier run failed or was stopped by a budget."""
+    if not plan.params.baseline:
+        return "not compared (--baseline none)"
+    runs_ds = plan.store.read_table("runs")
+    if runs_ds is None:
+        return "first run of its series"
+    earlier = earlier_statuses(
+        runs_ds.to_table(columns=["run_id", "dataset", "metric", "segment_column", "status", "dataset_id"]),
+        dataset=plan.dataset.name, metric=plan.params.metric, exclude_run_id=plan.run_id,
+        dataset_id=plan.dataset.identity,
+    )  # fmt: skip
+    return no_baseline_text(earlier) or "no baseline found"
 
 
 def largest_drops(store: Any, run_id: str, baseline_id: str, limit: int = 10) -> list[WorstRow]:

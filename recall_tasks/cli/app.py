@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recall_tasks._logging import inert
 from recall_tasks.cli import calibrate_cmd, maintain, report, server_cmd, tables
 from recall_tasks.cli.alerts_cmd import alerts_app
 from recall_tasks.cli.batch import batch_app
@@ -50,7 +51,13 @@ Exit codes of run and batch collect:
   4    the run failed: rows committed with status failed (errors above
        --max-error-rate, or an outage stopped judging); or a worker process
        died: nothing committed, rerun to resume
-  130  interrupted (143 on SIGTERM)"""
+  5    stopped by --max-requests or --max-cost-usd: rows committed with
+       status budget_exhausted, the rest counted not_judged
+  6    incomparable to its baseline (judge drift or a changed configuration)
+       with --fail-on-regression, unless --allow-incomparable
+  130  interrupted (143 on SIGTERM)
+When several apply, the code is the first of 4, 5, 3, 6. A Prefect flow run
+ends Failed for 3, 4, 5 and 6."""
 
 
 app = typer.Typer(
@@ -102,7 +109,7 @@ RUN_OPTION_FIELDS = {
 }  # fmt: skip
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def run(
     dataset_uri: Annotated[str, typer.Argument(help=RUN_FIELDS["dataset_uri"].description)],
     output: OutputOption = DEFAULT_OUTPUT,
@@ -148,6 +155,9 @@ def run(
     canary: Annotated[str | None, _opt("canary", metavar="LABELS")] = _field("canary"),
     fail_on_regression: Annotated[bool, _opt("fail_on_regression", "--fail-on-regression")] = _field(
         "fail_on_regression"
+    ),
+    allow_incomparable: Annotated[bool, _opt("allow_incomparable", "--allow-incomparable")] = _field(
+        "allow_incomparable"
     ),
     retriever: Annotated[str | None, _opt("retriever")] = _field("retriever"),
     retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
@@ -200,7 +210,8 @@ def run(
                 "max_error_rate": max_error_rate, "index_version": index_version,
                 "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
                 "canary": canary,
-                "fail_on_regression": fail_on_regression, "retriever": retriever, "retrieval_uri": retrieval_uri,
+                "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
+                "retriever": retriever, "retrieval_uri": retrieval_uri,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
@@ -212,7 +223,7 @@ def run(
             from recall_tasks.pipeline.estimate import estimate, report
 
             for line in report(params, estimate(params)):
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
             return
     execute(params, output, debug)
 

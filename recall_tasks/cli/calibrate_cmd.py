@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recall_tasks._logging import inert
 from recall_tasks.cli.common import (
     DEBUG_HELP,
     DEFAULT_OUTPUT,
@@ -118,7 +119,7 @@ def calibrate(
 
         store.append_calibration(cal.calibration_id, cal.labelled.name, cal.table_rows())
         uris = write_reports(store, cal)
-    console.print(render_text(blocks(cal, show)), markup=False, highlight=False, soft_wrap=True)
+    console.print(inert(render_text(blocks(cal, show))), markup=False, highlight=False, soft_wrap=True)
     err.print(f"calibration {cal.calibration_id} recorded in the calibrations table under {output}", markup=False)
     for uri in uris:
         err.print(f"report: {uri}", markup=False, highlight=False, soft_wrap=True)

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from recall_tasks._logging import inert
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.storage import parse_storage_options
@@ -77,11 +78,17 @@ def _split_storage_options(pairs: list[str]) -> dict[str, str]:
     return plain
 
 
+def plain(value: object) -> str:
+    """``value`` for a Rich markup string: redacted, its control characters shown escaped (``\\x1b``: a dataset's
+    escape sequence never reaches the terminal raw), its markup escaped."""
+    return escape(inert(redact(str(value))))
+
+
 def _fail(exc: BaseException, debug: bool = False, code: int = 2) -> NoReturn:
     """One line, ``error: …``, exit ``code`` (2); ``--debug`` prints the (redacted) traceback before it."""
     if debug and exc.__traceback__ is not None:
-        err.print(escape(redact("".join(traceback.format_exception(exc)))), soft_wrap=True, highlight=False)
-    err.print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        err.print(plain("".join(traceback.format_exception(exc))), soft_wrap=True, highlight=False)
+    err.print("[bold red]error:[/]", plain(exc), soft_wrap=True)
     raise typer.Exit(code=code)
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 
-from recall_tasks.cli.common import console, err
+from recall_tasks._logging import inert
+from recall_tasks.cli.common import console, err, plain
 from recall_tasks.cli.output import judge_line, print_table
 from recall_tasks.config import RunParams
 from recall_tasks.secrets import redact
@@ -25,7 +25,7 @@ def print_summary(summary: RunSummary, output: str) -> None:
     query = "SELECT row_id, score, reason FROM results ORDER BY score LIMIT 5"
     console.print(Text(f'\nQuery the tables:\n  recall-bench query "{query}" --output {output}'), soft_wrap=True)
     if summary.get("report_uri"):
-        console.print(Text(f"HTML report: {summary['report_uri']}"), soft_wrap=True)
+        console.print(Text(inert(f"HTML report: {summary['report_uri']}")), soft_wrap=True)
         if not is_local(str(summary["report_uri"])):  # a browser cannot open s3://: say how to get a local copy
             console.print(
                 Text(f"  open it locally: recall-bench report {summary['run_id']} --output {output} --to ."),
@@ -40,11 +40,12 @@ def is_local(uri: str) -> bool:
 
 def verdict_line(comparison: dict[str, Any], threshold: float | None = None) -> str:
     """``vs baseline X: regressed (mean delta -0.0867, 95 % CI -0.12..-0.05, 21 pass->fail / 0 fail->pass at
-    threshold 0.5, 300 paired)``, or the reason a comparison is incomparable."""
+    threshold 0.5, 300 paired)``, the reason a comparison is incomparable, or ``too_few_rows (too few rows: 4
+    paired, ...)``."""
     head = f"vs baseline {comparison['baseline_run_id']}: {comparison['verdict']}"
     if comparison.get("verdict") == "incomparable":
         return f"{head} ({comparison.get('reason')})"
-    parts = []
+    parts = [str(comparison.get("reason"))] if comparison.get("verdict") == "too_few_rows" else []
     if comparison.get("mean_delta") is not None:
         parts.append(f"mean delta {comparison['mean_delta']:+.4f}")
     lo, hi = (comparison.get("ci") or [None, None])[:2]
@@ -64,24 +65,51 @@ def print_outcome(summary: RunSummary, output: str) -> None:
     print_summary(summary, output)
     comparison = summary.get("comparison")
     if comparison:
-        console.print(escape(verdict_line(comparison, summary.get("threshold"))), soft_wrap=True)
+        console.print(plain(verdict_line(comparison, summary.get("threshold"))), soft_wrap=True)
         for warning in comparison.get("warnings") or []:
-            err.print(f"[yellow]warning:[/] {escape(redact(str(warning)))}", soft_wrap=True)
+            err.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
     elif summary.get("status") == "failed":
         console.print(
             "not compared with a baseline: a failed run is never compared nor used as a baseline", soft_wrap=True
         )
     else:
-        console.print("first run of its series: no baseline to compare with", soft_wrap=True)
+        console.print(plain(no_baseline_line(summary.get("no_baseline"))), soft_wrap=True)
     if summary.get("top_error"):
         err.print(
             f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "
-            f"rows): {escape(redact(str(summary['top_error'])))}[/]",
+            f"rows): {plain(summary['top_error'])}[/]",
             soft_wrap=True,
         )
     if summary.get("status") == "budget_exhausted":
-        reason = escape(redact(str(summary["status_reason"])))
-        err.print(f"[yellow]judging stopped early: {reason}; rows not judged are marked[/]", soft_wrap=True)
+        err.print(f"[yellow]{plain(budget_line(summary))}[/]", soft_wrap=True)
+
+
+def no_baseline_line(why: str | None) -> str:
+    """What a run with no comparison prints: why there is none, and, when every earlier run failed or was stopped
+    by a budget, that such runs are never chosen automatically."""
+    if why is None or why == "first run of its series":
+        return "first run of its series: no baseline to compare with"
+    if why.startswith("no comparable baseline"):
+        return (
+            f"{why}: a failed or budget-stopped run is never chosen as a baseline (--baseline RUN_ID may name a "
+            "budget-stopped one)"
+        )
+    return why
+
+
+def budget_line(summary: RunSummary) -> str:
+    """The one line of a budget stop: the limit, the rows left unjudged, what was committed, and the canary if it
+    lost its verdicts to the budget."""
+    line = f"budget exhausted: {summary['status_reason']}; results committed (status budget_exhausted)"
+    if summary.get("not_judged"):
+        line += "; the next run judges the rest"
+    unchecked, checked = summary.get("canary_errors") or 0, summary.get("canary_rows") or 0
+    if summary.get("canary_id") and unchecked:
+        if not checked:
+            line += f"; the canary was not checked (none of its {unchecked} rows judged)"
+        else:
+            line += f"; the canary was checked on {checked} of its {checked + unchecked} rows"
+    return line
 
 
 def judge_line_of(params: RunParams) -> str:
@@ -113,4 +141,4 @@ def pending_lines(summary: PendingSummary | IdleSummary) -> list[str]:
 
 def print_pending(summary: PendingSummary | IdleSummary) -> None:
     for line in pending_lines(summary):
-        console.print(escape(redact(line)), soft_wrap=True, highlight=False)
+        console.print(plain(line), soft_wrap=True, highlight=False)

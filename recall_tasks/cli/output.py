@@ -3,9 +3,16 @@
 Decisions:
 
 * Every printed value passes through the secret redactor (:func:`recall_tasks.secrets.redact`), whatever the
-  format: ``query`` prints what analysts' SQL returns, and that must never show a key.
+  format: ``query`` prints what analysts' SQL returns, and that must never show a key. Only values that look
+  like secrets are masked (``LocalStack``'s ``test`` is not one: the data keeps its words), and a listing that
+  masked something says so on stderr ("3 values held a secret, shown as ***").
 * Data is never read as Rich markup: cells, headers and titles are :class:`rich.text.Text`, so ``arr[i]`` prints
   as is and ``[/]`` cannot raise ``MarkupError``.
+* Data never drives the terminal: a ``table`` (for people, wherever it goes) shows every control character but
+  line breaks and tabs as an escape (``\x1b[2J``, :func:`recall_tasks._logging.inert`); ``csv`` and ``markdown``
+  do too when written to a terminal, and ``json`` there escapes DEL and the C1 controls (``\u009b``) that JSON
+  leaves raw (it escapes the rest itself). Written to a pipe or a file, csv, markdown and json keep the exact
+  bytes: an export is the data.
 * ``table`` on a terminal fits the terminal and folds long values (never ``…``); piped (stdout not a terminal)
   it is rendered at the width its widest values need, so every value is printed in full, one row per line
   unless a value holds a newline.
@@ -21,6 +28,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any, Literal, get_args
@@ -31,7 +39,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from recall_tasks.secrets import redact, redactor
+from recall_tasks._logging import inert
+from recall_tasks.secrets import MASK, redact, redactor
 
 __all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
 
@@ -108,6 +117,9 @@ def print_table(
 ) -> None:
     """A Rich table of plain-text cells (never markup). ``keep_whole``: columns never wrapped (run ids)."""
     whole = set(keep_whole)
+    columns = [inert(c) for c in columns]
+    cells = [[inert(c) for c in row] for row in cells]
+    title = inert(title) if title is not None else None
     piped = not console.is_terminal
     if piped:
         # wide enough for the longest values: nothing wrapped, nothing cut
@@ -141,15 +153,21 @@ def print_rows(
     """
     out = file if file is not None else sys.stdout
     mask = redactor()  # the secrets looked up once, not once per value
+    tty = _is_terminal(out)
     names = [mask(c) for c in columns]
     count = 0
     if fmt == "json":
         for row in rows:
             record = {name: json_value(v, mask) for name, v in zip(names, row, strict=True)}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            line = json.dumps(record, ensure_ascii=False)
+            out.write((_C1.sub(_json_escape, line) if tty else line) + "\n")
             count += 1
+        _say_masked(mask.masked)
         return count
     cells = ([text(v, mask) for v in row] for row in rows)
+    if tty and fmt != "table":  # the table is made inert in print_table
+        cells = ([inert(c) for c in row] for row in cells)
+        names = [inert(n) for n in names]
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
@@ -166,7 +184,28 @@ def print_rows(
         every = list(cells)
         print_table(names, every, console, title=title, keep_whole=keep_whole)
         count = len(every)
+    _say_masked(mask.masked)
     return count
+
+
+def _say_masked(masked: int) -> None:
+    if masked:
+        sys.stdout.flush()  # after the rows it is about, on a terminal showing both
+        sys.stderr.write(f"{masked} value{'s' if masked > 1 else ''} held a secret, shown as {MASK}\n")
+
+
+_C1 = re.compile(r"[\x7f-\x9f]")  # what json.dumps(ensure_ascii=False) leaves raw of the control characters
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    return f"\\u{ord(m.group()):04x}"
+
+
+def _is_terminal(out: IO[str]) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or file-like stream without isatty
+        return False
 
 
 def cut_notice(shown: int, total: int) -> str | None:
@@ -190,21 +229,27 @@ def judge_line(judge: str, model: str, base_url: str | None) -> str:
     return f"judge: {judge} {model} at {host}"
 
 
-HISTORY_COLUMNS = ("started", "dataset", "label", "run_id", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict")
+HISTORY_COLUMNS = (
+    "started", "dataset", "label", "run_id", "status", "judge", "rows", "mean", "95 % CI", "pass rate", "verdict",
+)  # fmt: skip
 HISTORY_FIELDS = (
-    "started_at", "dataset", "label", "run_id", "judge", "rows", "mean_score", "ci_low", "ci_high", "pass_rate",
-    "threshold", "verdict", "baseline_run_id", "reason",
+    "started_at", "dataset", "label", "run_id", "status", "judge", "rows", "mean_score", "ci_low", "ci_high",
+    "pass_rate", "threshold", "verdict", "baseline_run_id", "reason",
 )  # fmt: skip
 #: Dropped one by one, in this order, until the table fits a narrow terminal (``history_fit``); run_id, label, mean,
-#: pass rate and verdict stay. ``started`` goes early: the run id starts with the same UTC time.
-HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows")
+#: pass rate and verdict stay (a dropped status other than completed goes into the verdict). ``started`` goes early:
+#: the run id starts with the same UTC time.
+HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows", "status")
 
 
 def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
-    """One record per run (overall rows only), oldest first, with its verdict against its baseline.
+    """One record per run (overall rows only), oldest first, with its status and its verdict against its baseline.
 
     ``runs``/``comparisons`` are pyarrow tables. The comparisons table's ``reason`` column (why a pair is
-    ``incomparable``) is optional: outputs written before it existed have none.
+    ``incomparable``) is optional: outputs written before it existed have none. A run without a comparison gets,
+    as its ``reason``, why not: ``not compared (failed run)``, ``first run of its series``, ``no comparable
+    baseline (N earlier runs: …)`` when every earlier run of its series failed or was stopped by a budget, else
+    ``not compared``.
     """
     verdicts: dict[str, dict[str, Any]] = {}
     if comparisons is not None:
@@ -222,6 +267,7 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
                 "dataset": r["dataset"],
                 "label": r["label"],
                 "run_id": r["run_id"],
+                "status": r.get("status"),
                 "judge": r.get("judge_model"),
                 "rows": r["rows"],
                 "mean_score": r["mean_score"],
@@ -235,7 +281,38 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
             }
         )
     epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-    return sorted(records, key=lambda rec: rec["started_at"] or epoch)
+    order = sorted(range(len(records)), key=lambda i: records[i]["started_at"] or epoch)
+    series = [_series_keys(r) for r in runs.to_pylist() if r.get("segment_column") is None]
+    _explain_missing_verdicts([records[i] for i in order], [series[i] for i in order])
+    return [records[i] for i in order]
+
+
+def _series_keys(run: Mapping[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A run's series as ``baseline.find_baseline`` has it: its dataset id, else its dataset name (and metric)."""
+    metric = run.get("metric")
+    by_name = ("name", run.get("dataset"), metric)
+    return (("id", run["dataset_id"], metric) if run.get("dataset_id") else by_name), by_name
+
+
+def _explain_missing_verdicts(records: list[dict[str, Any]], series: list[tuple[tuple[Any, ...], ...]]) -> None:
+    """Fill ``reason`` of the runs with no verdict (oldest first): why they have none (see history_records)."""
+    from recall_tasks.analysis.baseline import no_baseline_text
+
+    seen: dict[tuple[Any, ...], dict[str, int]] = {}  # statuses so far per series key (id-less runs by name too)
+    for rec, (key, by_name) in zip(records, series, strict=True):
+        if rec["verdict"] is None:
+            earlier = dict(seen.get(key, {}))
+            if key != by_name:  # runs recorded before dataset_id existed belong to every id of that name
+                for status, n in seen.get(("legacy", *by_name[1:]), {}).items():
+                    earlier[status] = earlier.get(status, 0) + n
+            if rec["status"] == "failed":
+                rec["reason"] = "not compared (failed run)"
+            else:
+                rec["reason"] = no_baseline_text(earlier) or "not compared"
+        status = rec["status"] or "completed"
+        for k in (by_name, key if key != by_name else ("legacy", *by_name[1:])):
+            counts = seen.setdefault(k, {})
+            counts[status] = counts.get(status, 0) + 1
 
 
 def history_cells(rec: Mapping[str, Any]) -> list[str]:
@@ -246,14 +323,16 @@ def history_cells(rec: Mapping[str, Any]) -> list[str]:
 
     ci = "-" if rec["ci_low"] is None else f"{rec['ci_low']:.3f}..{rec['ci_high']:.3f}"
     if rec["verdict"] is None:
-        verdict = "first of series"
+        why = rec.get("reason") or "first run of its series"
+        verdict = "first of series" if why == "first run of its series" else why
     else:
         verdict = f"{rec['verdict']} vs {rec['baseline_run_id']}"
         if rec["verdict"] == "incomparable" and rec.get("reason"):
             verdict += f": {rec['reason']}"
     started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
     return [
-        started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec["judge"]), text(rec["rows"]),
+        started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec.get("status")), text(rec["judge"]),
+        text(rec["rows"]),
         num(rec["mean_score"], ".3f"), ci, pass_rate_text(rec["pass_rate"], rec.get("threshold")), verdict,
     ]  # fmt: skip
 
@@ -269,20 +348,23 @@ def history_fit(columns: Sequence[str], cells: list[list[str]], width: int) -> t
     """The history table narrowed to ``width`` terminal columns, so no cell is folded into pieces.
 
     First the verdict loses its baseline run id (each run's baseline is usually the row above; ``--output-format
-    csv`` has it; "first of series" becomes "first"), then columns go in :data:`HISTORY_DROP_ORDER` while the
-    table is still too wide.
+    csv`` has it; "first of series" becomes "first", a parenthesis goes), then columns go in
+    :data:`HISTORY_DROP_ORDER` while the table is still too wide (the status last, kept in the verdict when it is
+    not ``completed``).
     """
     names, rows = list(columns), [list(r) for r in cells]
     if _width_needed(names, rows) <= width:
         return names, rows
     v = names.index("verdict")
     for row in rows:
-        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0]
+        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0].split(" (", 1)[0]
     for drop in HISTORY_DROP_ORDER:
         if _width_needed(names, rows) <= width:
             break
         i = names.index(drop)
         del names[i]
         for row in rows:
-            del row[i]
+            gone = row.pop(i)
+            if drop == "status" and gone not in ("completed", ""):
+                row[names.index("verdict")] = f"{gone}: {row[names.index('verdict')]}"
     return names, rows

@@ -15,9 +15,8 @@ from collections.abc import Iterator
 
 import typer
 from pydantic import ValidationError
-from rich.markup import escape
 
-from recall_tasks.cli.common import _fail, _fail_unexpected, err
+from recall_tasks.cli.common import _fail, _fail_unexpected, err, plain
 from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_pending
 from recall_tasks.cli.runtime import (
     _check_reachable,
@@ -30,8 +29,15 @@ from recall_tasks.cli.runtime import (
     pause_gc,
 )
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, RecallBenchError, RegressionDetected, RunFailed, WorkerDied
-from recall_tasks.secrets import redact
+from recall_tasks.errors import (
+    BudgetExhausted,
+    ConfigError,
+    IncomparableBaseline,
+    RecallBenchError,
+    RegressionDetected,
+    RunFailed,
+    WorkerDied,
+)
 from recall_tasks.summaries import FlowSummary
 
 #: Set by ``_run`` once an interrupt's clean-up is done (``app.console_main`` then exits at once).
@@ -82,7 +88,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             if preflight:
                 for note in _preflight(params):
                     _printed_notes.add(note)
-                    err.print(f"[yellow]note:[/] {escape(redact(note))}")
+                    err.print(f"[yellow]note:[/] {plain(note)}")
                 # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
                 if os.environ.get("PREFECT_API_URL"):
                     _check_reachable(os.environ["PREFECT_API_URL"])
@@ -134,12 +140,19 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             summary = _run(params, debug, preflight=True)
         except RegressionDetected as exc:
             print_outcome(exc.summary, output)
-            err.print(f"[bold red]regression:[/] {escape(redact(str(exc)))}")
+            err.print(f"[bold red]regression:[/] {plain(exc)}")
             raise typer.Exit(code=3) from None
         except RunFailed as exc:
             print_outcome(exc.summary, output)
-            err.print(f"[bold red]run failed:[/] {escape(redact(str(exc)))}")
+            err.print(f"[bold red]run failed:[/] {plain(exc)}")
             raise typer.Exit(code=4) from None
+        except BudgetExhausted as exc:  # print_outcome says so in one line
+            print_outcome(exc.summary, output)
+            raise typer.Exit(code=5) from None
+        except IncomparableBaseline as exc:
+            print_outcome(exc.summary, output)
+            err.print(f"[bold red]incomparable:[/] {plain(exc)}", soft_wrap=True)
+            raise typer.Exit(code=6) from None
         except WorkerDied as exc:  # a failed run with nothing committed: the same command resumes it
             _fail(exc, debug, code=4)
     if summary["status"] == "batch_pending" or summary["status"] == "batch_idle":  # nothing committed (yet)

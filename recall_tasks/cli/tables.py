@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from recall_tasks._logging import inert
 from recall_tasks.cli.common import (
     DEFAULT_OUTPUT,
     FormatOption,
@@ -138,7 +139,7 @@ def history(
         print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console)
     else:
         columns, cells = list(HISTORY_COLUMNS), [history_cells(r) for r in shown]
-        if fmt == "table" and console.is_terminal:
-            columns, cells = history_fit(columns, cells, console.width)
+        if fmt == "table" and console.is_terminal:  # made inert first: the fit measures what is shown
+            columns, cells = history_fit(columns, [[inert(c) for c in row] for row in cells], console.width)
         print_rows(columns, cells, fmt, console, keep_whole=["run_id"])
     _print_notice(cut_notice(len(shown), len(records)))

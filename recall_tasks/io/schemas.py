@@ -176,6 +176,8 @@ RUN_FIELDS: list[pa.Field] = [
     pa.field("batch_ids", pa.list_(pa.string())),
     pa.field("batch_wait_s", pa.float64()),
     *CANARY_FIELDS,
+    # the last column: older tables evolve by appending it (null in runs written before it)
+    pa.field("not_judged", pa.int64()),
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 """Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value.
@@ -185,7 +187,11 @@ runs written before the columns existed: Delta merges the schema on append, the 
 schemas). ``batch_ids`` is a ``list<string>`` rather than a comma-joined string: DuckDB (``list_contains``,
 ``unnest``) and Athena/Trino (``contains``, ``CROSS JOIN UNNEST``) query an array natively, with no string
 splitting; ``batch_wait_s`` is the seconds from the first batch's submission to the collect (the resubmission
-included), as wall-clock time across the submitting and collecting processes."""
+included), as wall-clock time across the submitting and collecting processes.
+
+``not_judged``: rows a budget (``--max-requests`` / ``--max-cost-usd``) or the circuit breaker kept from the judge,
+recorded with no score and the reason ``not judged: …``; ``skipped`` counts only the rows ``--on-missing skip`` did
+not assess. Null in runs written before the column existed (their ``skipped`` counted both)."""
 
 DISAGREEMENT_TYPE = pa.struct(
     [

@@ -105,7 +105,10 @@ def score_canary(plan: Any, canary: Canary, *, fresh: bool) -> tuple[dict[str, A
     """
     cache = plan.cache if plan.cache is None or not fresh else _WriteOnly(plan.cache)
     rows = [dict(r.row) for r in canary.rows]
-    outcomes = plan.scope.run(score_rows(plan.metric, rows, cache, _budget(plan), plan.breaker))
+    budget = _budget(plan)
+    outcomes = plan.scope.run(score_rows(plan.metric, rows, cache, budget, plan.breaker))
+    if budget is not plan.budget and budget is not None and budget.exhausted_reason and plan.budget is not None:
+        plan.budget.exhausted_reason = plan.budget.exhausted_reason or budget.exhausted_reason  # the run's outcome
     if plan.cache is not None:
         plan.cache.flush()
     return canary_columns(canary, outcomes)

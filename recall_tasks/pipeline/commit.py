@@ -11,8 +11,10 @@ import time
 from typing import Any, cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from recall_tasks.analysis.aggregates import summarize, summarize_segments
+from recall_tasks.fleet.guards import NOT_JUDGED
 from recall_tasks.io.results import ChunkPart, today
 from recall_tasks.io.schemas import CHUNK_FIELDS
 from recall_tasks.pipeline.canary import no_canary, score_canary
@@ -32,7 +34,8 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
     """Aggregate the run's chunk files, commit results and run rows; returns the overall run row."""
     columns = _SUMMARY_COLUMNS + plan.segment_columns
     if parts:
-        table = pa.Table.from_batches(list(plan.store.read_parts(parts, columns=columns)))
+        batches = plan.store.read_parts(parts, columns=[*columns, "reason"])
+        table = pa.Table.from_batches([_not_judged_flag(b) for b in batches])
     else:
         table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
         for col in plan.segment_columns:
@@ -66,6 +69,14 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs, label=plan.params.label)
     return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
+
+
+def _not_judged_flag(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch with its ``reason`` (a chunk's text, read one batch at a time) replaced by ``not_judged``: rows a
+    budget or the circuit breaker kept from the judge, told from ``--on-missing skip`` rows by their reason."""
+    flag = pc.fill_null(pc.and_(batch.column("skipped"), pc.starts_with(batch.column("reason"), NOT_JUDGED)), False)
+    keep = [name for name in batch.schema.names if name != "reason"]
+    return pa.RecordBatch.from_arrays([*(batch.column(n) for n in keep), flag], names=[*keep, "not_judged"])
 
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:

@@ -173,8 +173,17 @@ def task_runner(params: RunParams) -> TaskRunner[Any] | None:
     if params.dask_address:
         return cast(TaskRunner[Any], DaskTaskRunner(address=params.dask_address))
     threads = max(1, -(-params.max_workers // n))  # the window's chunks in flight, spread over the workers
-    cluster = {"n_workers": n, "threads_per_worker": threads, "processes": True, "dashboard_address": None}
+    cluster = {"n_workers": n, "threads_per_worker": threads, "processes": True, **LOCAL_CLUSTER_HTTP}
     return cast(TaskRunner[Any], DaskTaskRunner(cluster_kwargs=cluster))
+
+
+#: The LocalCluster's scheduler always serves HTTP (health, metrics; the dashboard when bokeh is installed): with
+#: ``dashboard_address=None`` on its default port 8787, where a second cluster on the host warns and moves. No
+#: dashboard, and that server on a free loopback port: concurrent runs on one host never meet.
+LOCAL_CLUSTER_HTTP: dict[str, Any] = {
+    "dashboard_address": None,
+    "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+}
 
 
 class _TaskHandle:

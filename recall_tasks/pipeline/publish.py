@@ -21,7 +21,7 @@ from typing import Any, Literal, cast
 
 from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
-from recall_tasks.errors import RegressionDetected, RunFailed
+from recall_tasks.errors import BudgetExhausted, IncomparableBaseline, RegressionDetected, RunFailed
 from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
 from recall_tasks.reports.alerts import alert_for_run, alert_resource
 from recall_tasks.reports.comparison import comparison_markdown
@@ -70,20 +70,22 @@ def log_commit(plan: Any, summary: RunRow, logger: Any) -> None:
         log("run %s %s: %s", plan.run_id, summary["status"], summary["status_reason"])
 
 
-def compare(plan: Any, summary: RunRow, logger: Any) -> Comparison | None:
-    """The comparison with the baseline (None for a failed run or the first of a series), logged."""
+def compare(plan: Any, summary: RunRow, logger: Any) -> tuple[Comparison | None, str | None]:
+    """The comparison with the baseline, or None and why not (a failed run, the first of a series...), logged."""
     if summary["status"] == "failed":
         logger.info("run %s failed: not compared with a baseline, and never used as one", plan.run_id)
-        return None
+        return None, "not compared (failed run)"
     comparison = tracking.compare_with_baseline(plan, summary)
     if comparison is None:
-        logger.info("run %s is the first of its series (no baseline %r)", plan.run_id, plan.params.baseline)
+        why = tracking.why_no_baseline(plan)
+        logger.info("run %s: %s (--baseline %r)", plan.run_id, why, plan.params.baseline)
+        return None, why
     else:
         logger.info(
             "run %s vs baseline %s: %s (mean delta %s)%s", plan.run_id, comparison.baseline_run_id,
             comparison.verdict, comparison.mean_delta, f": {comparison.reason}" if comparison.reason else "",
         )  # fmt: skip
-    return comparison
+    return comparison, None
 
 
 def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Publication]:
@@ -97,7 +99,9 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     }
     out.artifacts.append(Artifact("table", keys["summary"], summary_table(row), f"run {plan.run_id}"))
     out.artifacts.append(Artifact("link", "recall-results", plan.store.results_uri, link_text="results table"))
-    comparison = compare(plan, row, logger)
+    comparison, no_baseline = compare(plan, row, logger)
+    if no_baseline is not None:
+        summary["no_baseline"] = no_baseline
     resource = alert_resource(plan.dataset.name, plan.run_id, plan.params.label)
     out.events.append(Event("recall.run.completed", resource, tracking.run_event_payload(row)))
     if comparison is not None:
@@ -129,9 +133,15 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
 
 
 def raise_for_outcome(plan: Any, summary: RunSummary) -> None:
-    """End the flow run Failed for a failed run (exit 4) or, with ``fail_on_regression``, a regression (exit 3)."""
+    """End the flow run Failed unless the run completed and passes its gate; the first that applies:
+
+    a failed run (exit 4), a budget stop (exit 5), with ``fail_on_regression`` a regression (exit 3), then an
+    incomparable comparison unless ``allow_incomparable`` (exit 6). The summary travels in the exception.
+    """
     if summary["status"] == "failed":
         raise RunFailed(f"run {plan.run_id} failed: {summary['status_reason']}", summary)
+    if summary["status"] == "budget_exhausted":
+        raise BudgetExhausted(f"run {plan.run_id} stopped by its budget: {summary['status_reason']}", summary)
     comparison = summary.get("comparison")
     if comparison and comparison["verdict"] == "regressed" and plan.params.fail_on_regression:
         lo, hi = comparison.get("ci") or (None, None)
@@ -140,5 +150,12 @@ def raise_for_outcome(plan: Any, summary: RunSummary) -> None:
             f"run {plan.run_id} regressed against {comparison['baseline_run_id']}: mean delta "
             f"{comparison['mean_delta']:+.4f} ({ci}), "
             f"{comparison['flips']['pass_to_fail']} rows pass->fail",
+            summary,
+        )
+    p = plan.params
+    if comparison and comparison["verdict"] == "incomparable" and p.fail_on_regression and not p.allow_incomparable:
+        raise IncomparableBaseline(
+            f"run {plan.run_id} is not comparable with its baseline {comparison['baseline_run_id']}: "
+            f"{comparison.get('reason')} (--fail-on-regression; --allow-incomparable lets such a run pass)",
             summary,
         )

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
-from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, GATE_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
@@ -155,10 +155,8 @@ class RunPlan:
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
-    payload = json.dumps(
-        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS)), dataset.fingerprint],
-        sort_keys=True,
-    )
+    control = BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS | GATE_CONTROL_FIELDS
+    payload = json.dumps([params.model_dump(mode="json", exclude=set(control)), dataset.fingerprint], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 

@@ -3,9 +3,9 @@
 A finished run is worth a message when it **failed** (error rate above ``--max-error-rate``, the circuit breaker,
 a worker process that died), was **stopped by its budget** (``--max-cost-usd`` / ``--max-requests``), **regressed**
 against its baseline, or could not be compared with the baseline it was given (**incomparable**: someone changed
-the judge, the prompt, the dataset...). Unchanged, improved and first runs stay quiet. At most one alert per dataset
-per run, the first that applies in that order (a failed run is never compared; a budget stop that also regressed
-is one budget message whose payload still holds the comparison).
+the judge, the prompt, the dataset...). Unchanged, improved, too_few_rows and first runs stay quiet. At most one
+alert per dataset per run, the first that applies in that order (a failed run is never compared; a budget stop
+that also regressed is one budget message whose payload still holds the comparison).
 
 Each kind is its own Prefect event (:data:`ALERT_EVENTS`), so an automation can listen to some of them only; the
 shipped one (``deployments/alerts.yaml``, ``recall-bench alerts install``) listens to all four. The payload holds
@@ -150,6 +150,7 @@ def alert_for_run(summary: Mapping[str, Any], comparison: Comparison | None, rep
             "scored": summary.get("scored"),
             "errors": summary.get("errors"),
             "skipped": summary.get("skipped"),
+            "not_judged": summary.get("not_judged"),
             "error_rate": summary.get("error_rate"),
             "top_error": _clip(summary.get("top_error")),
             "top_error_count": summary.get("top_error_count"),
@@ -234,7 +235,7 @@ def render(p: Mapping[str, Any]) -> tuple[str, str]:
     elif kind in ("failed", "budget_exhausted"):
         blocks.append(
             f"Rows {p.get('rows')}: {p.get('scored')} scored, {p.get('errors')} with an error, {p.get('skipped')} "
-            f"skipped or not judged (error rate {fmt_number(p.get('error_rate'), '.1%')}); "
+            f"skipped, {p.get('not_judged') or 0} not judged (error rate {fmt_number(p.get('error_rate'), '.1%')}); "
             f"{p.get('requests')} judge requests, cost ${fmt_number(p.get('cost_usd'), '.4f')}."
         )
     base = p.get("baseline")

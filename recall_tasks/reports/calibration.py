@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
-from recall_tasks.analysis.agreement import Agreement, Figure
+from recall_tasks.analysis.agreement import Agreement, Figure, interval_note
 from recall_tasks.analysis.calibration import Calibration, JudgeCalibration
 from recall_tasks.io.storage import join_uri, translate_storage_error
 from recall_tasks.reports.markdown import md_text
@@ -31,11 +31,12 @@ class Block:
 
 
 def fig(f: Figure) -> str:
-    """``0.812 [0.750, 0.869]``, or ``n/a`` when undefined."""
+    """``0.812 [0.750, 0.869]``, ``0.812 [no interval]`` below the rows an interval needs, ``n/a`` when
+    undefined."""
     if f.value is None:
         return "n/a"
     if f.low is None or f.high is None:
-        return f"{f.value:.3f}"
+        return f"{f.value:.3f} [no interval]"
     return f"{f.value:.3f} [{f.low:.3f}, {f.high:.3f}]"
 
 
@@ -94,6 +95,9 @@ def blocks(cal: Calibration, disagreements: int | None = None) -> list[Block]:
         undefined = [f"{_NAMES[f.name]}: {f.reason}" for f in j.overall.figures().values() if f.value is None]
         if undefined:
             out.append(Block("p", "Undefined: " + "; ".join(undefined) + "."))
+        no_interval = interval_note(j.overall)
+        if no_interval:
+            out.append(Block("p", f"No intervals: {no_interval}."))
         segments = [(f"task {t}", a) for t, a in j.by_task.items()] if len(j.by_task) > 1 else []
         segments += [(f"category {k}", a) for k, a in j.by_category.items()]
         if segments:

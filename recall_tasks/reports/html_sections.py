@@ -21,7 +21,7 @@ BINS = 10
 
 VERDICT_COLORS = {
     "regressed": "#c62828", "improved": "#2e7d32", "unchanged": "#546e7a", "no_overlap": "#8d6e00",
-    "incomparable": "#6a1b9a",
+    "incomparable": "#6a1b9a", "too_few_rows": "#8d6e00",
 }  # fmt: skip
 SERIES_COLORS = ("#5c8dd6", "#e65100", "#2e7d32", "#6a1b9a", "#00838f", "#8d6e00")
 

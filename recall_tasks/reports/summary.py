@@ -39,6 +39,7 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
         "scored",
         "errors",
         "skipped",
+        "not_judged",
         "cached",
         "mean_score",
         "ci_low",
@@ -60,17 +61,22 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
 
 
 def canary_text(summary: Mapping[str, Any]) -> str:
-    """``accuracy 0.950 (95 % CI 0.930..0.970), kappa 0.880 (0.840..0.920) over 40 rows, 180 units (0 cached)``."""
+    """``accuracy 0.950 (95 % CI 0.930..0.970), kappa 0.880 (0.840..0.920) over 40 rows, 180 units (0 cached)``;
+    ``not checked: none of its 40 rows got a verdict`` when there is nothing to measure (a budget stopped first)."""
+    errors = summary.get("canary_errors")
+    if not summary.get("canary_rows") and errors:
+        return f"not checked: none of its {errors} rows got a verdict"
 
     def fig(name: str) -> str:
         value, lo, hi = (summary.get(f"canary_{name}{s}") for s in ("", "_low", "_high"))
         if value is None:
             return f"{name} n/a"
+        if lo is None or hi is None:  # too few rows for an interval
+            return f"{name} {value:.3f} (no interval)"
         return f"{name} {value:.3f} ({'95 % CI ' if name == 'accuracy' else ''}{_num(lo)}..{_num(hi)})"
 
     text = f"{fig('accuracy')}, {fig('kappa')} over {summary.get('canary_rows')} rows, {summary.get('canary_units')} "
     text += f"units ({summary.get('canary_cached')} cached"
-    errors = summary.get("canary_errors")
     return text + (f", {errors} without a verdict)" if errors else ")")
 
 
@@ -118,7 +124,7 @@ def markdown_report(plan: Any, summary: RunSummary, limit: int = 10, results: pa
         f"- mean score **{_fmt(summary['mean_score'])}** (95 % CI {_fmt(summary['ci_low'])}–"
         f"{_fmt(summary['ci_high'])}), pass rate {_fmt(summary['pass_rate'])} at threshold {summary['threshold']}",
         f"- rows {summary['rows']}: scored {summary['scored']}, errors {summary['errors']}, "
-        f"skipped {summary['skipped']}, cached {summary['cached']}",
+        f"skipped {summary['skipped']}, not judged {summary.get('not_judged') or 0}, cached {summary['cached']}",
         f"- judge requests {summary['requests']}, tokens {summary['prompt_tokens']}+{summary['completion_tokens']}, "
         f"cost ${summary['cost_usd']:.4f}",
         "",
