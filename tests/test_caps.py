@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from recall_tasks.errors import BudgetExhausted
 from tests import judge_script
 from tests.test_caching import ROOT, cli_env, results_of, run, write
 from tests.test_pipeline import KEY, make_rows
@@ -30,10 +31,18 @@ def judge_env(fake_openai, monkeypatch):
     return fake_openai
 
 
+def _stopped(judge, data: str, out: Path, **kw: Any) -> dict[str, Any]:
+    """A run the budget stops: its flow run ends Failed (a partial run) with the summary on the exception."""
+    with pytest.raises(BudgetExhausted) as stopped:
+        run(judge, data, out, **kw)
+    return dict(stopped.value.summary)
+
+
 def _runs(out: Path) -> list[dict[str, Any]]:
     return [r for r in DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist() if r["segment_column"] is None]
 
 
+@pytest.mark.concurrency
 def test_max_cost_usd_is_never_exceeded_with_64_calls_in_flight(prefect_harness, judge_env, tmp_path):
     """A third of the dataset's cost as the cap, 64 calls in flight: before, every call in flight when the cap
     was reached was paid (2.1 x the cap); now each attempt reserves its worst case first."""
@@ -42,7 +51,7 @@ def test_max_cost_usd_is_never_exceeded_with_64_calls_in_flight(prefect_harness,
     cap = round(full["cost_usd"] / 3, 6)
     judge_env.reset()
     judge_env.set_responder(judge_script.responder)
-    summary = run(judge_env, data, tmp_path / "out", chunk_size=100, max_concurrency=64, max_cost_usd=cap)
+    summary = _stopped(judge_env, data, tmp_path / "out", chunk_size=100, max_concurrency=64, max_cost_usd=cap)
     ratio = summary["cost_usd"] / cap
     print(f"\n[cost cap] cap {cap:g} USD: cost_usd {summary['cost_usd']:.6f} ({ratio:.2f} x the cap), "
           f"{summary['requests']} requests ({len(judge_env.chat_requests)} sent)")  # fmt: skip
@@ -64,7 +73,7 @@ def test_max_requests_counts_repairs_before_they_are_sent(prefect_harness, judge
     """Before: repairs were charged after they were sent (45 requests under --max-requests 30)."""
     judge_env.set_responder(_needs_repair)
     data = write(tmp_path / "eval.parquet", make_rows(40, seed=6))
-    summary = run(judge_env, data, tmp_path / "out", max_requests=30, max_concurrency=8)
+    summary = _stopped(judge_env, data, tmp_path / "out", max_requests=30, max_concurrency=8)
     sent = len(judge_env.chat_requests)
     print(f"\n[repairs] --max-requests 30: {sent} requests sent, runs.requests {summary['requests']}")
     assert sent <= 30 and summary["requests"] == sent
@@ -80,6 +89,7 @@ def _cli(judge, data: str, out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, env=cli_env(judge), cwd=ROOT, stdout=pipe, stderr=pipe, text=True)
 
 
+@pytest.mark.concurrency
 def test_a_cap_below_one_request_is_refused_before_any_call(prefect_harness, judge_env, tmp_path):
     data = write(tmp_path / "eval.parquet", make_rows(10, seed=8))
     proc = _cli(judge_env, data, tmp_path / "out", "--max-cost-usd", "0.000001")
@@ -91,6 +101,7 @@ def test_a_cap_below_one_request_is_refused_before_any_call(prefect_harness, jud
     assert not judge_env.chat_requests
 
 
+@pytest.mark.concurrency
 def test_the_cap_holds_for_the_run_across_an_interrupt_and_its_resume(prefect_harness, judge_env, tmp_path):
     """--max-requests 40, Ctrl-C after ~24 requests, the same command again: before, each attempt had a fresh
     budget (76 requests paid); now the resumed attempt starts from what the first one reserved, and its budget
@@ -108,7 +119,7 @@ def test_the_cap_holds_for_the_run_across_an_interrupt_and_its_resume(prefect_ha
 
     rerun = _cli(judge_env, data, out, "--max-requests", "40")
     stdout, stderr = rerun.communicate(timeout=300)
-    assert rerun.returncode in (0, 5), stdout + stderr  # a budget stop: 5 where it has its own exit code
+    assert rerun.returncode == 5, stdout + stderr  # a budget stop
     sent = len(judge_env.chat_requests)
     (recorded,) = _runs(out)
     print(f"\n[resume] --max-requests 40: {before} requests before Ctrl-C, {sent} in all; "
@@ -123,7 +134,7 @@ def test_the_cap_holds_for_the_run_across_an_interrupt_and_its_resume(prefect_ha
 def test_a_budget_stopped_run_rerun_with_a_higher_cap_judges_only_what_is_left(prefect_harness, judge_env, tmp_path):
     data = write(tmp_path / "eval.parquet", make_rows(40, seed=10))
     out = tmp_path / "out"
-    stopped = run(judge_env, data, out, max_requests=12, max_concurrency=4)
+    stopped = _stopped(judge_env, data, out, max_requests=12, max_concurrency=4)
     assert stopped["status"] == "budget_exhausted" and stopped["requests"] == len(judge_env.chat_requests) <= 12
     first = len(judge_env.chat_requests)
     more = run(judge_env, data, out, max_requests=100, max_concurrency=4)
