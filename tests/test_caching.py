@@ -251,6 +251,7 @@ def cli_run(judge, data: str, out: Path, env: dict[str, str]) -> subprocess.Pope
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.concurrency
 def test_sigkill_during_judging_then_rerun_resumes(prefect_harness, judge_env, tmp_path):
     rows = make_rows(120, seed=8)
     data = write(tmp_path / "eval.parquet", rows)
@@ -281,6 +282,7 @@ def test_sigkill_during_judging_then_rerun_resumes(prefect_harness, judge_env, t
 
 
 @pytest.mark.parametrize("fmt", ["delta", "parquet", "iceberg"])
+@pytest.mark.concurrency
 def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp_path, fmt):
     rows = make_rows(30, seed=9)
     data = write(tmp_path / "eval.parquet", rows)
@@ -321,6 +323,7 @@ def test_sigkill_between_results_and_runs_commit(prefect_harness, judge_env, tmp
     assert {r["run_id"] for r in results} == {runs[0]["run_id"]}
 
 
+@pytest.mark.concurrency
 def test_two_runs_at_once_do_not_corrupt(prefect_harness, judge_env, tmp_path):
     rows = make_rows(80, seed=13)
     data = write(tmp_path / "eval.parquet", rows)
@@ -385,6 +388,7 @@ def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkey
     assert DeltaTable(str(tmp_path / "out" / "results")).to_pyarrow_table().num_rows == 3
 
 
+@pytest.mark.concurrency
 def test_object_store_outage_mid_run(prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)

@@ -274,6 +274,7 @@ def test_a_dry_run_names_the_canary_and_refuses_a_bad_one(nights: Nights, tmp_pa
     assert nights.fake.requests == [] and not (tmp_path / "dry").exists()
 
 
+@pytest.mark.concurrency
 def test_the_canary_draws_on_the_whole_runs_budget_with_worker_processes(prefect_harness, nights: Nights) -> None:
     """--max-requests holds for the run, canary included, when the chunks were judged in worker processes."""
     rows = nights.rows[:30]

@@ -424,6 +424,7 @@ def test_terminal_tables_fold_values_and_keep_run_ids_whole():
     assert max(len(line) for line in shown.splitlines()) <= 50
 
 
+@pytest.mark.concurrency
 def test_history_fits_an_80_column_terminal_and_shows_the_threshold(out):
     """A real terminal of 80 columns: columns dropped (not folded into 3-character pieces), the threshold shown."""
     first, second = out["run_ids"]

@@ -49,6 +49,7 @@ def quota_server(fake_openai):
 
 
 @pytest.mark.serial  # the share of the quota is a rate: a parallel test worker's load would cut it
+@pytest.mark.concurrency
 def test_three_runs_sharing_rpm_get_no_429_and_most_of_the_quota(prefect_harness, quota_server, tmp_path):
     procs = []
     for i in range(3):

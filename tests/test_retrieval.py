@@ -135,6 +135,7 @@ def _cli(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.concurrency
 def test_retrieval_file_matching_no_row_id_is_refused_before_judging(prefect_harness, tmp_path):
     """A dataset without row_id has hashed ids an index build cannot know: exit 2, both sides' ids named."""
     rows = make_rows(50, seed=47)
@@ -157,6 +158,7 @@ def test_retrieval_file_matching_no_row_id_is_refused_before_judging(prefect_har
     assert dry.returncode == 2 and "0 of 50 row ids found" in dry.stderr, dry.stdout + dry.stderr
 
 
+@pytest.mark.concurrency
 def test_retrieval_file_missing_some_row_ids_is_a_note_with_the_count(prefect_harness, tmp_path):
     rows = make_rows(10, seed=53)
     data = tmp_path / "q.parquet"

@@ -41,6 +41,7 @@ def data(tmp_path: Path) -> str:
     return write(tmp_path / "eval.parquet", make_rows(12, seed=3))
 
 
+@pytest.mark.concurrency
 def test_a_run_prints_no_prefect_internals(prefect_harness, fake_openai, data, tmp_path):
     done = run_cli(fake_openai, data, "--output", str(tmp_path / "out"))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -50,6 +51,7 @@ def test_a_run_prints_no_prefect_internals(prefect_harness, fake_openai, data, t
     assert "Finished in state" not in text and "Traceback" not in text
 
 
+@pytest.mark.concurrency
 def test_no_cache_prints_no_prefect_cache_warning_even_with_debug(prefect_harness, fake_openai, data, tmp_path):
     args = (data, "--output", str(tmp_path / "out"), "--no-cache", "--debug")
     done = run_cli(fake_openai, *args, PREFECT_LOGGING_LEVEL="INFO")
@@ -59,6 +61,7 @@ def test_no_cache_prints_no_prefect_cache_warning_even_with_debug(prefect_harnes
     assert "cache_policy" not in text and "cache_key_fn" not in text, text
 
 
+@pytest.mark.concurrency
 def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(prefect_harness, fake_openai, data, tmp_path):
     args = (data, "--output", str(tmp_path / "out"), "--retriever", "tests.sample_retriever:crashes")
     done = run_cli(fake_openai, *args)
@@ -73,6 +76,7 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(prefect_h
     assert lines(debug)[-1] == "error: RuntimeError: index service unavailable"
 
 
+@pytest.mark.concurrency
 def test_a_rejected_key_names_the_variable_to_set_not_a_missing_option(prefect_harness, fake_openai, data, tmp_path):
     fake_openai.enqueue(*[Status(401, code="invalid_api_key")] * 50)
     done = run_cli(fake_openai, data, "--output", str(tmp_path / "out"), "--judge", "openai", "--base-url",

@@ -165,6 +165,7 @@ def test_shared_chunk_cache_storage_for_distributed_runners():
     assert warning is not None and "local to each machine" in warning
 
 
+@pytest.mark.concurrency
 def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
     prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, record_pids, tmp_path
 ):
@@ -186,6 +187,7 @@ def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
     assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]
 
 
+@pytest.mark.concurrency
 def test_a_worker_process_tripped_breaker_fails_the_run_with_its_reason(prefect_harness, judge_env, tmp_path):
     from recall_tasks.errors import RunFailed
     from tests.fake_openai import Status
@@ -282,6 +284,7 @@ def test_run_refuses_an_option_the_runner_cannot_honour_in_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:") and "--batch runs with --task-runner threads" in lines[0]
 
 
+@pytest.mark.concurrency
 def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
     prefect_harness, judge_env, record_pids, tmp_path
 ):

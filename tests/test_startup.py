@@ -85,6 +85,7 @@ def test_the_head_start_judges_before_prefect_starts_and_a_prefect_failure_keeps
     assert all(by_id[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
 
 
+@pytest.mark.concurrency
 def test_head_start_responses_arriving_while_prefect_imports_are_parsed(prefect_harness, fake_openai, tmp_path):
     """Judge replies land while the main thread imports Prefect (100 ms latency, one 300-row chunk at concurrency
     32: ~300 replies a second for ~1 s, overlapping the import). Before httpx was imported ahead of the head

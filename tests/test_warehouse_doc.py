@@ -55,6 +55,7 @@ def offline_recipes() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+@pytest.mark.concurrency
 def test_the_offline_recipes_read_a_real_output_as_written(prefect_harness, tmp_path, fmt):
     """Each recipe, run as written next to a real run's ``recall-output``, prints that run's overall row."""
     import json
