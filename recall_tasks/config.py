@@ -141,9 +141,15 @@ class RunParams(BaseModel):
     )
     chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
     max_cost_usd: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="Stop judging once this much was spent (USD, finite, above 0)"
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Spend at most this much for the run (USD, finite, above 0): each attempt reserves its worst "
+        "case (prompt bytes + completion limit at the price) before it is sent, the unused part comes back",
     )
-    max_requests: int | None = Field(None, ge=1, description="Stop judging after this many judge requests")
+    max_requests: int | None = Field(
+        None, ge=1, description="Send at most this many judge requests for the run, retries and repairs included"
+    )
     prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
         description="USD per million input and output tokens of a model with no known price: MODEL=IN,OUT "

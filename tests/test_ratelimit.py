@@ -471,3 +471,19 @@ def test_a_fleet_cost_share_charged_while_it_takes_a_grant_takes_again_not_exhau
     assert asyncio.run(main())
     assert budget.exhausted_reason is None and share.allowance >= 0
     assert len(taken) == 3 and taken[2] == 1_000 + 500_000 - 40_000 + 1  # asked again: the new debt, one to spare
+
+
+def test_tpm_gets_back_what_a_reply_did_not_use():
+    """--tpm charges a request's prompt plus its completion limit before it goes; what the reply did not use goes
+    back to the bucket and the minute's window, so the next request does not wait for tokens never used."""
+
+    async def go() -> tuple[float, float]:
+        limiter = RateLimiter(6000)  # 100 tokens a second, a bucket of 100
+        sent = await limiter.acquire(100)
+        limiter.give_back(sent, 80)  # the reply used 20 of the 100 charged
+        start = time.monotonic()
+        await limiter.acquire(90)  # without the give-back: a 90-token deficit, 0.9 s
+        return time.monotonic() - start, limiter._in_window
+
+    waited, in_window = asyncio.run(go())
+    assert waited < 0.3 and in_window == pytest.approx(110)

@@ -77,6 +77,7 @@ def sent_long(judge) -> int:
 # -- one row rejected: that row's error --------------------------------------------------------------------------
 
 
+@pytest.mark.concurrency
 def test_a_row_over_the_endpoints_window_is_that_rows_error_and_the_run_commits(prefect_harness, judge_env, tmp_path):
     """Today's failure: the first 400 context_length_exceeded cancelled the run (exit 2, no runs row, the row not
     named) after the other rows were paid. Now the two rows are errors naming the rejection, the rest is scored and
@@ -120,6 +121,7 @@ def test_a_proxys_413_is_that_rows_error(prefect_harness, judge_env, tmp_path):
         )
 
 
+@pytest.mark.concurrency
 def test_rejections_of_every_request_stop_the_run_with_exit_4_and_commit(prefect_harness, judge_env, tmp_path):
     """A bad parameter (an endpoint that refuses temperature 0 for this model) meets every request: the breaker
     stops the run after 10 rejections in a row; the rows judged so far and the reason are committed, exit 4."""

@@ -34,6 +34,7 @@ def response(n: int) -> JudgeResponse:
     return JudgeResponse(verdicts=[JudgeVerdict(id=1, verdict="yes", chunk_ids=[1])], model="m", prompt_version=str(n))
 
 
+@pytest.mark.concurrency
 def test_a_cache_that_cannot_reach_its_store_spills_locally_and_the_next_one_uploads_it(s3_server, s3_bucket):
     uri = f"s3://{s3_bucket}/out/cache"
     storage = StorageConfig.from_options({**s3_server.storage_options(), "connect_timeout": "1", "max_attempts": "1"})
@@ -55,6 +56,7 @@ def test_a_cache_that_cannot_reach_its_store_spills_locally_and_the_next_one_upl
     assert not list(spill_dir(uri).glob("*.parquet"))
 
 
+@pytest.mark.concurrency
 def test_store_down_mid_run_exits_4_naming_the_store_and_the_rerun_does_not_pay_again(
     prefect_harness, judge_env, s3_server, s3_bucket, tmp_path
 ):

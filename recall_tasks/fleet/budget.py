@@ -1,42 +1,42 @@
 """``--max-requests`` and ``--max-cost-usd`` for the whole run when its chunks score in worker processes
 (``--task-runner processes|dask``).
 
-The flow creates one Prefect global concurrency limit per budget and run attempt, with no decay: a counter of what
-the run spent (:func:`create_counters`). ``recall-bench-requests-<run id>-<hex>`` has ``--max-requests`` slots, one
-per judge request; ``recall-bench-cost-<run id>-<hex>`` has ``--max-cost-usd`` in micro-dollars. Micro-dollars
-because a limit's slots are an integer that Prefect stores in a 32-bit column (``INTEGER`` on Postgres): a
-millionth of a dollar is finer than one call of the cheapest priced model (a few hundred tokens of gpt-4.1-nano,
-tens of micro-dollars) and still fits budgets up to 2147.48 USD (larger ones are refused, as is a request budget
-above 2**31 - 1). A call's cost is charged rounded up to a whole micro-dollar, so the counter never under-counts.
+The flow creates one Prefect global concurrency limit per budget and run, with no decay: a counter of what the run
+reserved (:func:`create_counters`). ``recall-bench-requests-<run id>`` has ``--max-requests`` slots, one per judge
+request; ``recall-bench-cost-<run id>`` has ``--max-cost-usd`` in micro-dollars. A resumed attempt of the run (same
+run id) finds them and takes from them: the budget holds per run, not per attempt (what a worker held unspent
+when its process was stopped counts as spent). Micro-dollars because a limit's slots are an integer that Prefect
+stores in a 32-bit column (``INTEGER`` on Postgres): a millionth of a dollar is finer than one call of the cheapest
+priced model (a few hundred tokens of gpt-4.1-nano, tens of micro-dollars) and still fits budgets up to 2147.48
+USD (larger ones are refused, as is a request budget above 2**31 - 1). Costs are rounded up to a whole
+micro-dollar, so the counter never under-counts.
 
 Each worker's :class:`FleetBudget` holds one :class:`Share` per counter: grants of a fiftieth of the budget (a
-request share at most 100 requests; at least one slot) taken by incrementing the counter, spent locally as the
-threads path spends :class:`~recall_tasks.fleet.guards.Budget`. A judge call starts only while the worker holds
-at least one request and at least one unspent micro-dollar; it reserves its first request, and when it returns
-the requests beyond the first (a repair) and its cost are charged against the shares. A share charged below zero
-owes: its next grant covers the debt first. An increment the counter cannot hold is refused (423): the worker
-reads what is left and takes it; once that does not cover the next call, its budget is exhausted (``request
-budget reached (--max-requests N, the whole run)`` / ``cost budget reached (--max-cost-usd X, the whole run)``),
-the reason travels back in the chunk report and the run ends ``budget_exhausted``. What a worker still holds
-unspent when its last chunk in flight ends goes back to the counter. The flow deletes the counters when the run
-is committed (an interrupted run's counters stay, harmless: a rerun creates its own).
+request share at most 100 requests; at least one slot, or what one attempt needs) taken by incrementing the
+counter, spent locally as :class:`~recall_tasks.fleet.guards.Budget` spends its own: a judge call reserves its
+first request; each HTTP attempt after the first reserves another before it is sent, and with a cost budget each
+attempt reserves its worst case (prompt bytes plus completion limit at the price) before it is sent and gives back
+what its reply did not use. A reservation the worker's shares cannot cover takes another grant; an increment the
+counter cannot hold is refused (423): the worker reads what is left and takes it; once that does not cover the
+attempt, it waits while its own attempts in flight hold reservations, and then its budget is exhausted (``request
+budget reached (--max-requests N, the whole run)`` / ``cost budget reached (--max-cost-usd X, the whole run)``):
+the attempt is not sent, the reason travels back in the chunk report and the run ends ``budget_exhausted``. What a
+worker still holds unspent when its last chunk in flight ends goes back to the counter. The flow deletes the
+counters when the run is committed.
 
-Bounds. As on the threads path the cost of a call is known only when it returns, so calls in flight finish: the
-run's cost is at most ``--max-cost-usd`` plus what the calls in flight when it was reached cost. With a cost
-budget a call reserves only once one of ``--max-concurrency`` turns of its process is free
-(:class:`~recall_tasks.fleet.guards.Budget`), so the calls in flight are at most ``--max-concurrency`` per
-process (claim extractions included). The run's requests are at most ``--max-requests`` plus the repairs of calls in
-flight. Under-use: at most one grant per worker is held when the others stop.
-A call without a price (``cost_usd`` None: a failed call) is charged nothing, as the threads path charges it; a
-model of no known price is refused with ``--max-cost-usd`` before the run (``checks.check_priced``, ``--price``).
+Bounds. The run's requests are at most ``--max-requests`` and its cost at most ``--max-cost-usd``, whatever is in
+flight. Under-use: what other workers hold (a grant each, and their reservations in flight) when one stops; a
+worker never waits for another's. A call without a price (``cost_usd`` None: a failed call) is charged nothing,
+as the threads path charges it; a model of no known price is refused with ``--max-cost-usd`` before the run
+(``checks.check_priced``, ``--price``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
-import secrets
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.fleet import rate as fleet
-from recall_tasks.fleet.guards import Budget
+from recall_tasks.fleet.guards import Budget, Call
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +102,21 @@ def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
         )
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     names: dict[str, str] = {}
     for kind, slots in sizes.items():
-        name = f"{fleet.PREFIX}-{kind}-{run_id}-{secrets.token_hex(3)}"
+        name = f"{fleet.PREFIX}-{kind}-{run_id}"  # a resumed attempt takes from its earlier attempts' counter
         try:
             with get_client(sync_client=True) as client:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
-                )
+                try:
+                    client.read_global_concurrency_limit_by_name(name)
+                    log.info("the run's %s counter %s holds its earlier attempts' spend", NOUNS[kind], name)
+                except ObjectNotFound:
+                    with contextlib.suppress(ObjectAlreadyExists):  # another attempt created it meanwhile
+                        client.create_global_concurrency_limit(
+                            GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
+                        )
         except Exception as exc:  # noqa: BLE001 - one line naming the counter and the API's host
             delete_counters(names.values())
             raise ConfigError(
@@ -189,32 +195,72 @@ class FleetBudget(Budget):
     def share(self, kind: str) -> Share | None:
         return next((s for s in self.shares if s.kind == kind), None)
 
-    def acquire(self) -> bool:
+    def acquire(self, call: Call | None = None) -> bool:
         raise RuntimeError("a FleetBudget is reserved with `await reserve()`")
 
-    async def _reserve(self) -> bool:
+    async def _reserve(self, call: Call | None = None) -> bool:
+        if call is not None and call.gated:  # its attempts reserve as they are sent
+            if self.exhausted_reason is not None:
+                return False
+            self.in_flight += 1
+            return True
         for share in self.shares:
-            if self.exhausted_reason is None and share.allowance < 1:
-                if self._lock is None:
-                    self._lock = asyncio.Lock()
-                async with self._lock:
-                    if self.exhausted_reason is None and share.allowance < 1:
-                        await self._take(share)
+            if self.exhausted_reason is None and share.allowance < 1 and not await self._take_locked(share, 1):
+                self.exhausted_reason = share.exhausted
         if self.exhausted_reason is not None or any(share.allowance < 1 for share in self.shares):
             return False
         for share in self.shares:
             if share.kind == REQUESTS:
-                share.allowance -= 1  # a call's first request is reserved; its cost is charged when it returns
+                share.allowance -= 1  # an ungated call's first request; the rest is charged when it returns
         self.in_flight += 1
+        self.requests += 1
         return True
 
-    def release(self, requests: int, cost_usd: float | None) -> None:
-        super().release(requests, cost_usd)
-        for share in self.shares:
-            share.allowance -= share.charge(requests, cost_usd)
+    async def _take_locked(self, share: Share, need: int) -> bool:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return share.allowance >= need or await self._take(share, need)
 
-    async def _take(self, share: Share) -> None:
-        """One grant for ``share`` (and its debt), or what is left of the counter; nothing left: exhausted."""
+    def _charge(self, requests: int, cost_usd: float) -> None:
+        super()._charge(requests, cost_usd)
+        for share in self.shares:
+            share.allowance -= share.charge(requests + 1, cost_usd)
+
+    async def _reserve_attempt(self, call: Call) -> None:
+        self._settle(call, 0.0)  # an earlier attempt of this completion failed: it bills nothing
+        requests, cost = self.share(REQUESTS), self.share(COST)
+        if requests is not None:
+            if requests.allowance < 1 and not await self._take_locked(requests, 1):
+                raise self._stop(requests.exhausted)
+            requests.allowance -= 1
+        if cost is None:
+            return
+        need = cost_units(call.worst)
+        while cost.allowance < need:
+            if await self._take_locked(cost, need):
+                continue
+            if not self.holding:  # no attempt of this process holds a reservation it could give back
+                if requests is not None:
+                    requests.allowance += 1  # not sent
+                raise self._stop(cost.exhausted)
+            await self._changes()
+        cost.allowance -= need
+        call.held_units += need
+        self._hold(call, call.worst)
+
+    def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
+        cost = self.share(COST)
+        if cost is not None and call.held_units:
+            cost.allowance += 0 if spent else call.held_units - cost_units(cost_usd)
+        elif cost is not None and cost_usd:
+            cost.allowance -= cost_units(cost_usd)  # reserved nothing (an attempt of no known worst case)
+        call.held_units = 0
+        super()._settle(call, cost_usd, spent=spent)
+
+    async def _take(self, share: Share, need: int = 1) -> bool:
+        """One grant for ``share`` (and its debt, and ``need``), or what is left of the counter; False when what
+        the counter had left does not cover ``need``."""
         import httpx
 
         client = await fleet._loop_client(self._clients, self.api)
@@ -222,7 +268,7 @@ class FleetBudget(Budget):
         try:
             while True:
                 # computed each round: calls returning during the awaits below charge more debt meanwhile
-                want = min(max(share.grant, 1 - share.allowance), share.slots)  # never more than the limit (422)
+                want = min(max(share.grant, need - share.allowance), share.slots)  # never more than the limit (422)
                 if rest is not None:
                     want = min(want, rest)
                 try:
@@ -233,16 +279,14 @@ class FleetBudget(Budget):
                     current = await client.read_global_concurrency_limit_by_name(share.name)
                     rest = current.limit - current.active_slots
                     if rest <= 0:
-                        self.exhausted_reason = share.exhausted
-                        return
+                        return False
                     continue
                 share.allowance += want
                 share.acquires += 1
-                if share.allowance >= 1:
-                    return
+                if share.allowance >= need:
+                    return True
                 if rest is not None:  # took the rest, and it does not cover the debt
-                    self.exhausted_reason = share.exhausted
-                    return
+                    return False
         except Exception as exc:  # noqa: BLE001 - one line naming the counter
             raise ConfigError(
                 f"{share.option.split()[0]}: the run's {NOUNS[share.kind]} counter {share.name} could not be read "

@@ -12,65 +12,179 @@ import contextlib
 import threading
 from typing import Any
 
+from recall_tasks.judges.base import BudgetReached
+
 
 class Budget:
-    """Stops new judge calls once ``max_requests`` or ``max_cost_usd`` is reached (calls in flight finish).
+    """The run's ``max_requests`` and ``max_cost_usd``: every HTTP attempt is paid for before it is sent.
 
     Shared by every chunk of a run; checked and updated on the one event loop the judge calls run on.
 
-    A request is counted when its call is reserved, so ``max_requests`` is exact (plus the repairs of calls in
-    flight). A call's cost is known only when it returns, so with ``max_cost_usd`` a call reserves its place only
-    once one of ``max_in_flight`` (the run's ``--max-concurrency``) turns is free: every row of the chunks in
-    flight starts its task at once, and without the turns each would have passed the check before the first
-    answer came back (a 500-row chunk judged whole against a one-cent budget). The spend is then at most
-    ``max_cost_usd`` plus the calls in flight when it was reached: ``max_in_flight`` calls.
+    A judge call first reserves a place (:meth:`reserve`: refused once the budget is spent), then each HTTP
+    attempt it sends (the first, SDK retries, the repair of an unusable reply, the retry of a truncated one) goes
+    through its :class:`Call` (the judge's :class:`~recall_tasks.judges.base.AttemptGate`) as it is about to be
+    sent: it reserves a request, and with ``max_cost_usd`` its worst
+    case (prompt bytes plus completion limit at the price, ``OpenAIJudge.worst_cost``) before it goes out; when
+    its reply is read the cost it did not use goes back. A reservation that does not fit waits while other
+    attempts in flight hold reservations (they may give some back), and is refused once none do: the attempt is
+    not sent (``BudgetReached``), the row is "not judged", the budget is spent. So ``requests <= max_requests``
+    and ``cost <= max_cost_usd`` whatever is in flight. A call cancelled in flight keeps its reservation as spent.
+
+    A judge that does not gate its attempts (no ``gates_attempts``: the lexical judge, a library judge) reserves
+    one request per call and is charged the rest when its call returns.
+    ``requests``/``cost_usd`` start from ``spent`` (what earlier attempts of a resumed run spent).
     """
 
     def __init__(
-        self, max_requests: int | None = None, max_cost_usd: float | None = None, *, max_in_flight: int | None = None
+        self,
+        max_requests: int | None = None,
+        max_cost_usd: float | None = None,
+        *,
+        max_in_flight: int | None = None,
+        spent: tuple[int, float] = (0, 0.0),
     ) -> None:
         self.max_requests = max_requests
         self.max_cost_usd = max_cost_usd
-        self.requests = 0
-        self.cost_usd = 0.0
+        self.requests, self.cost_usd = spent  # reserved requests; settled cost
+        self.held_usd = 0.0  # worst cases reserved by attempts in flight
+        self.holding = 0  # calls whose attempts hold a reservation (the count, free of float drift)
         self.in_flight = 0
         self.exhausted_reason: str | None = None
         self.max_in_flight = max_in_flight if max_cost_usd else None
         self._turns: asyncio.Semaphore | None = None
+        self._changed: asyncio.Event | None = None
 
-    def acquire(self) -> bool:
-        """Reserve one call; False (and the reason recorded) when the budget is spent."""
-        if self.max_requests is not None and self.requests + self.in_flight >= self.max_requests:
-            self.exhausted_reason = f"request budget reached (--max-requests {self.max_requests})"
+    @property
+    def requests_reason(self) -> str:
+        return f"request budget reached (--max-requests {self.max_requests})"
+
+    @property
+    def cost_reason(self) -> str:
+        return f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
+
+    def acquire(self, call: Call | None = None) -> bool:
+        """Reserve one call; False (and the reason recorded) when the budget is spent. An ungated call (``call``
+        None or not gated) reserves its first request now; a gated one reserves each attempt as it is sent."""
+        gated = call is not None and call.gated
+        if self.exhausted_reason is not None and (gated or self.max_cost_usd is not None):
+            return False
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            self.exhausted_reason = self.requests_reason
         elif self.max_cost_usd is not None and self.cost_usd >= self.max_cost_usd:
-            self.exhausted_reason = f"cost budget reached (--max-cost-usd {self.max_cost_usd:g})"
+            self.exhausted_reason = self.cost_reason
         else:
             self.in_flight += 1
+            self.requests += 0 if gated else 1
             return True
         return False
 
-    async def reserve(self) -> bool:
+    async def reserve(self, call: Call | None = None) -> bool:
         """Reserve one call as the scoring loop does: wait for a turn (cost budgets), then :meth:`_reserve`."""
         if self.max_in_flight is not None:
             if self._turns is None:
                 self._turns = asyncio.Semaphore(self.max_in_flight)
             await self._turns.acquire()
-        if await self._reserve():
+        if await self._reserve(call):
             return True
         if self._turns is not None:
             self._turns.release()
         return False
 
-    async def _reserve(self) -> bool:
+    async def _reserve(self, call: Call | None = None) -> bool:
         """:meth:`acquire`; a fleet-wide budget may ask a server for more first."""
-        return self.acquire()
+        return self.acquire(call)
 
-    def release(self, requests: int, cost_usd: float | None) -> None:
+    def call(self, gated: bool) -> Call:
+        """The gate of one call (``gated``: a judge that sends its attempts through it, ``OpenAIJudge``)."""
+        return Call(self, gated)
+
+    def release(self, requests: int, cost_usd: float | None, call: Call | None = None) -> None:
+        """A reserved call ended after ``requests`` attempts costing ``cost_usd``; ``call``: its gate, whose
+        attempts were paid for already (a reservation still held, a call cancelled in flight, counts as spent)."""
         self.in_flight -= 1
-        self.requests += requests
-        self.cost_usd += cost_usd or 0.0
+        if call is not None and call.gated:
+            self._settle(call, call.held, spent=True)
+        else:
+            self._charge(requests - 1, cost_usd or 0.0)
         if self._turns is not None:
             self._turns.release()
+
+    def _charge(self, requests: int, cost_usd: float) -> None:
+        """An ungated call's requests beyond its first and its cost, counted when it returned."""
+        self.requests += requests
+        self.cost_usd += cost_usd
+
+    def _stop(self, reason: str) -> BudgetReached:
+        self.exhausted_reason = self.exhausted_reason or reason
+        self._notify()
+        return BudgetReached(reason)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _changes(self) -> None:
+        """Until an attempt in flight settles (or the budget is spent)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+    async def _reserve_attempt(self, call: Call) -> None:
+        self._settle(call, 0.0)  # an earlier attempt of this completion failed: it bills nothing
+        if self.max_requests is not None and self.requests >= self.max_requests:
+            raise self._stop(self.requests_reason)
+        self.requests += 1
+        worst = call.worst if self.max_cost_usd is not None else 0.0
+        while self.max_cost_usd is not None and self.cost_usd + self.held_usd + worst > self.max_cost_usd:
+            if not self.holding:
+                self.requests -= 1  # not sent
+                raise self._stop(self.cost_reason)
+            await self._changes()
+        self._hold(call, worst)
+
+    def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
+        """``call``'s held reservation ends: ``cost_usd`` is what its attempts cost (``spent``: the held amount)."""
+        if not call.holds and not cost_usd:
+            return
+        if call.holds:
+            self.holding -= 1
+        self.held_usd = self.held_usd - call.held if self.holding else 0.0
+        self.cost_usd += call.held if spent else cost_usd
+        call.held, call.holds = 0.0, False
+        self._notify()
+
+    def _hold(self, call: Call, worst: float) -> None:
+        if not call.holds:
+            self.holding += 1
+        self.held_usd += worst
+        call.held += worst
+        call.holds = True
+
+
+class Call:
+    """One judge call's :class:`~recall_tasks.judges.base.AttemptGate` on a :class:`Budget`."""
+
+    def __init__(self, budget: Budget, gated: bool) -> None:
+        self.budget = budget
+        self.gated = gated  # its attempts reserve through it (else the call is charged when it returns)
+        self.worst = 0.0  # the worst case of an attempt of the completion being posted
+        self.held = 0.0  # reserved by its attempts in flight
+        self.held_units = 0  # the same in a fleet cost counter's micro-dollars
+        self.holds = False  # counted in the budget's ``holding``
+        self.armed = False
+
+    def arm(self, worst_usd: float) -> None:
+        self.worst, self.armed = worst_usd, True
+
+    async def reserve_attempt(self) -> None:
+        if self.armed and self.gated:
+            await self.budget._reserve_attempt(self)
+
+    def settle(self, cost_usd: float) -> None:
+        self.armed = False
+        if self.gated:  # an ungated call is charged when it returns
+            self.budget._settle(self, cost_usd)
 
 
 #: How the reason of a row kept from the judge (budget spent, breaker tripped) starts.

@@ -40,7 +40,7 @@ import httpx2
 import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeRejectedError, JudgeTransientError
-from recall_tasks.judges.base import attempt_observer
+from recall_tasks.judges.base import attempt_gate, attempt_observer
 from recall_tasks.judges.ratelimit import RateLimiter
 from recall_tasks.secrets import redact
 
@@ -226,9 +226,19 @@ async def _close_with_loop(
 
 
 async def _count_attempt(request: httpx2.Request) -> None:
+    if is_chat(request.url):
+        await reserve_attempt()
     counter = _attempts.get()
     if counter is not None:
         counter[0] += 1
+
+
+async def reserve_attempt() -> None:
+    """Before a chat-completion attempt goes out (either path): the run's budget pays for its worst case first
+    (:class:`~recall_tasks.judges.base.AttemptGate`; raises ``BudgetReached``, the attempt is not sent)."""
+    gate = attempt_gate.get()
+    if gate is not None:
+        await gate.reserve_attempt()
 
 
 async def _quota_is_final(response: httpx2.Response) -> None:

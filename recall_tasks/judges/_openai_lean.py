@@ -39,6 +39,7 @@ from recall_tasks.judges._openai_http import (
     describe_failure,
     map_reply_errors,
     read_reply,
+    reserve_attempt,
 )
 from recall_tasks.judges.base import attempt_observer
 
@@ -138,6 +139,7 @@ class LeanChat:
         max_retries = self._client.max_retries
         for retries in range(max_retries + 1):
             remaining = max_retries - retries
+            await reserve_attempt()
             counter = _attempts.get()
             if counter is not None:
                 counter[0] += 1

@@ -117,6 +117,38 @@ attempt_observer: contextvars.ContextVar[AttemptObserver | None] = contextvars.C
 )
 
 
+class BudgetReached(BaseException):
+    """The run's ``--max-requests`` / ``--max-cost-usd`` cannot pay for the next HTTP attempt: it is not sent.
+
+    A ``BaseException`` so that nothing between the gate and ``score_rows`` (the SDK's retries, a judge's
+    ``except Exception``) takes it for a failed attempt; ``score_rows`` records the row "not judged".
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AttemptGate(Protocol):
+    """The run's budget for one judge call: every HTTP attempt it sends (retries, repairs, truncation retries
+    included) is reserved before it goes out, at its worst case, and settled at what its reply cost.
+
+    The judge :meth:`arm` s it with the worst case of the completion it is about to post; each attempt of that
+    completion then awaits :meth:`reserve_attempt` (raises :class:`BudgetReached`); the judge :meth:`settle` s it
+    once the completion returned (its replies' cost) or failed (0.0: a failed attempt bills nothing).
+    """
+
+    def arm(self, worst_usd: float) -> None: ...
+
+    async def reserve_attempt(self) -> None: ...
+
+    def settle(self, cost_usd: float) -> None: ...
+
+
+#: The budget gate of the judge call running in this context (set by ``score_rows`` around each call).
+attempt_gate: contextvars.ContextVar[AttemptGate | None] = contextvars.ContextVar("attempt_gate", default=None)
+
+
 @dataclass(frozen=True)
 class Spend:
     """What calls to the judge endpoint cost: HTTP attempts (retries included), tokens billed, USD (None: a model

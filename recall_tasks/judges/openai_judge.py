@@ -43,7 +43,15 @@ from recall_tasks.judges._openai_http import (
     translate_error,
 )
 from recall_tasks.judges._openai_lean import dumps, lean_chat
-from recall_tasks.judges.base import SUBSTITUTED_FLAG, JudgeRequest, JudgeResponse, Spend, charge, other_model
+from recall_tasks.judges.base import (
+    SUBSTITUTED_FLAG,
+    JudgeRequest,
+    JudgeResponse,
+    Spend,
+    attempt_gate,
+    charge,
+    other_model,
+)
 from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
@@ -74,6 +82,9 @@ def _check_key(key: str, model: str, azure: bool) -> None:
 
 class OpenAIJudge:
     """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
+
+    #: every HTTP attempt reserves the run's budget before it is sent (``judges.base.AttemptGate``)
+    gates_attempts = True
 
     def __init__(
         self,
@@ -307,6 +318,20 @@ class OpenAIJudge:
             charge(exc, Spend(0, usage[0], usage[1], self._cost(usage) if any(usage) else 0.0))
             raise
 
+    def worst_cost(self, body_bytes: int, completion_limit: int) -> float:
+        """The most one attempt can cost: a prompt of ``body_bytes`` tokens (the request body's UTF-8 bytes, counted
+        before sending: a token is at least one byte, and the body holds every message and the schema) plus the
+        completion limit, at the model's price; 0.0 for a model of no known price."""
+        return self._cost([body_bytes, completion_limit]) or 0.0
+
+    def least_worst_cost(self) -> tuple[float, int, int]:
+        """The worst case of the smallest request this judge sends (one empty statement, no context, no reasons):
+        (USD, prompt bytes, completion limit). A cost cap below it could pay for no request at all."""
+        request = JudgeRequest(task="contextual_recall", question="", statements=[""], evidence=[])
+        request.include_reason = False
+        size, limit = len(dumps(self.batch_body(request))), wire.verdict_budget(request)
+        return self.worst_cost(size, limit), size, limit
+
     def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
         price = price_for(self._model, self.prices)
         return None if price is None else factor * (usage[0] * price[0] + usage[1] * price[1]) / 1e6
@@ -410,23 +435,36 @@ class OpenAIJudge:
         while True:
             if state.rpm:
                 await state.rpm.acquire(1)
-            if state.tpm:
-                await state.tpm.acquire(sum(len(m["content"]) for m in msgs) / 4 + budget)
+            charged = sum(len(m["content"]) for m in msgs) / 4 + budget
+            sent = await state.tpm.acquire(charged) if state.tpm else None
             body = self._request_kwargs(msgs, budget, schema)
+            data = dumps(body)
+            gate = attempt_gate.get()
+            if gate is not None:  # each attempt of this completion reserves its worst case before it is sent
+                gate.arm(self.worst_cost(len(data), budget))
+            before = list(usage)
             try:
-                reply = await state.lean.post(dumps(body)) if state.lean is not None else None
-                if reply is None:  # the SDK: client.post skips its recursive params transform; same retries, errors
-                    reply = (await state.client.post("/chat/completions", body=body, cast_to=httpx2.Response)).content
-            except openai.BadRequestError as exc:
-                if self._format != "none" and "response_format" in _error_text(exc):
-                    fallback = wire.FORMATS[wire.FORMATS.index(self._format) + 1]
-                    log.warning("endpoint rejected response_format=%s; falling back to %s", self._format, fallback)
-                    self._format = fallback
-                    continue
-                raise self._translate(exc) from None
-            except openai.OpenAIError as exc:
-                raise self._translate(exc) from None
-            content, finish_reason = wire.read_completion(reply, self._model, usage, models)
+                try:
+                    reply = await state.lean.post(data) if state.lean is not None else None
+                    if reply is None:  # the SDK: client.post skips its recursive params transform; same retries
+                        reply = (
+                            await state.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
+                        ).content
+                except openai.BadRequestError as exc:
+                    if self._format != "none" and "response_format" in _error_text(exc):
+                        fallback = wire.FORMATS[wire.FORMATS.index(self._format) + 1]
+                        log.warning("endpoint rejected response_format=%s; falling back to %s", self._format, fallback)
+                        self._format = fallback
+                        continue
+                    raise self._translate(exc) from None
+                except openai.OpenAIError as exc:
+                    raise self._translate(exc) from None
+                content, finish_reason = wire.read_completion(reply, self._model, usage, models)
+            finally:
+                if gate is not None:  # what the replies did not use goes back (a failed attempt: all of it)
+                    gate.settle(self._cost([usage[0] - before[0], usage[1] - before[1]]) or 0.0)
+                if state.tpm is not None and sent is not None:  # --tpm: likewise
+                    state.tpm.give_back(sent, charged - (usage[0] - before[0]) - (usage[1] - before[1]))
             if finish_reason == "length":
                 if truncated_once:
                     raise JudgeResponseError(

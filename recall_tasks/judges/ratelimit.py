@@ -3,7 +3,8 @@
 Both limits charge every amount in full, under two rules (:class:`RateLimiter`): a continuous leaky bucket of
 one second's worth, which an amount larger than the bucket leaves in deficit (its caller waits until the rate has
 paid it back), and a sliding minute (what went out in the last :data:`MINUTE_S` plus the amount stays within the
-quota). It lives on one event loop (the judge keeps one per loop).
+quota). What a request's reply did not use of its charge comes back (:meth:`RateLimiter.give_back`). It lives on
+one event loop (the judge keeps one per loop).
 
 Fleet-wide limits (``--rpm``/``--tpm`` shared by every process using the same limit key): the limiter also
 spends a *grant balance* that a :class:`GrantSource` refills, a few hundred milliseconds' worth of the fleet's
@@ -113,7 +114,7 @@ class RateLimiter:
         self._level = self.capacity  # below zero: a deficit the rate pays back before anyone else goes
         self._stamp = time.monotonic()
         self._lock = asyncio.Lock()
-        self._sent: deque[tuple[float, float]] = deque()  # (when, amount) of the last MINUTE_S
+        self._sent: deque[list[float]] = deque()  # [when, amount] of the last MINUTE_S
         self._in_window = 0.0
         self.source = source
         self.grant = max(1, grant)
@@ -124,8 +125,9 @@ class RateLimiter:
         self.granted = 0
         self.expired = 0.0
 
-    async def acquire(self, amount: float = 1.0) -> None:
-        """Wait until ``amount`` units are paid for (bucket, minute, fleet grants), then count them as sent."""
+    async def acquire(self, amount: float = 1.0) -> list[float]:
+        """Wait until ``amount`` units are paid for (bucket, minute, fleet grants), then count them as sent; returns
+        the send's record for :meth:`give_back`."""
         async with self._lock:
             now = time.monotonic()
             self._level = min(self.capacity, self._level + (now - self._stamp) * self.rate)
@@ -136,8 +138,21 @@ class RateLimiter:
             await self._fit_minute(amount)
             if self.source is not None:
                 await self._spend(amount)
-            self._sent.append((time.monotonic(), amount))
+            sent = [time.monotonic(), amount]
+            self._sent.append(sent)
             self._in_window += amount
+            return sent
+
+    def give_back(self, sent: list[float], unused: float) -> None:
+        """``unused`` of a send's amount was not used (a reply shorter than the completion limit): the bucket and
+        the minute's window get it back, so the next requests go sooner. Fleet grants spent stay spent."""
+        unused = min(max(unused, 0.0), sent[1])
+        if not unused:
+            return
+        sent[1] -= unused
+        if sent[0] > time.monotonic() - MINUTE_S and self._sent and sent[0] >= self._sent[0][0]:
+            self._in_window = max(self._in_window - unused, 0.0)
+        self._level = min(self.capacity, self._level + unused)
 
     async def _fit_minute(self, amount: float) -> None:
         """Wait until the last :data:`MINUTE_S` of sends plus ``amount`` fit in ``per_minute``."""

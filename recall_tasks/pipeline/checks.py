@@ -156,6 +156,15 @@ def check_priced(params: RunParams, judge: object) -> None:
             f"price for it; give one with --price {unpriced[0]}=IN,OUT (USD per million input and output tokens; "
             "0,0 for a free model), or bound the run with --max-requests instead"
         )
+    least = getattr(judge, "least_worst_cost", None)
+    if least is not None:
+        worst, size, limit = least()
+        if params.max_cost_usd < worst:
+            raise ConfigError(
+                f"--max-cost-usd {params.max_cost_usd:g} is below the worst case of one judge request ({worst:.6g} "
+                f"USD for {params.model}: a prompt of up to {size} tokens plus {limit} completion tokens), so no "
+                "request could be sent: raise it"
+            )
 
 
 def check_context_source(params: RunParams, dataset: Dataset) -> TraceContext | None:

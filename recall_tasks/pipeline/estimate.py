@@ -224,6 +224,25 @@ def report(params: RunParams, est: Estimate) -> list[str]:
     if params.requests_per_minute and total:
         paced.append(f"--rpm {params.requests_per_minute:g}: ~{total / params.requests_per_minute:.1f} minutes")
     lines.append("limits: " + ("; ".join(stops) if stops else "none would stop the run"))
+    lines.extend(_caps(params, est))
     if paced:
         lines.append("pace: " + "; ".join(paced))
     return lines
+
+
+def _caps(params: RunParams, est: Estimate) -> list[str]:
+    """How ``--max-requests`` / ``--max-cost-usd`` hold (docs/usage.md, "Spending caps")."""
+    held = []
+    if params.max_requests is not None:
+        held.append(f"--max-requests {params.max_requests} counts every attempt (retries, repairs) before it is sent")
+    if params.max_cost_usd is not None:
+        text = f"--max-cost-usd {params.max_cost_usd:g} reserves each attempt's worst case before it is sent"
+        if est.price is not None and est.requests:
+            # the message bytes (4 x the prompt estimate) and the completion limit; the body's schema adds a little
+            limit = est.charged_tokens - est.prompt_tokens
+            worst = (4 * est.prompt_tokens * est.price[0] + limit * est.price[1]) / 1e6 / est.requests
+            text += f" (about ${worst:.6f} a request, against ~${(est.cost() or 0.0) / est.requests:.6f} spent)"
+        held.append(text + " and gets back what the reply did not use")
+    if not held:
+        return []
+    return ["caps: " + "; ".join(held) + "; never exceeded, and counted for the run across a resume"]

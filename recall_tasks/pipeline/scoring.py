@@ -36,9 +36,11 @@ from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import (
+    BudgetReached,
     JudgeRequest,
     JudgeResponse,
     Spend,
+    attempt_gate,
     attempt_observer,
     charge,
     spend_of,
@@ -146,7 +148,8 @@ async def score_rows(
     contexts = [await metric.resolve_context(case) for case in cases]
     token = attempt_observer.set(breaker)  # claim extractions (if any) report their attempts too
     try:
-        units = await metric.resolve_units(cases, contexts, _guard(budget, breaker))
+        extractor = getattr(getattr(metric, "claim_units", None), "extractor", None)
+        units = await metric.resolve_units(cases, contexts, _guard(budget, breaker, extractor))
     finally:
         attempt_observer.reset(token)
     for i, case in enumerate(cases):
@@ -193,13 +196,15 @@ async def score_rows(
         return RowOutcome(result, None, spent=extracted(prepared) + (spent or Spend()))
 
     prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
+    gated = bool(getattr(metric.judge, "gates_attempts", False))  # its attempts reserve as they are sent
 
     async def judge_one(i: int, prepared: Prepared, key: str) -> None:
         if breaker is not None and breaker.tripped_reason is not None:
             outcomes[i] = not_judged(prepared, breaker.tripped_reason)
             return
         gate = None if budget is None or (prepaid is not None and prepaid(prepared.request)) else budget
-        if gate is not None and not await gate.reserve():
+        call = gate.call(gated) if gate is not None else None
+        if gate is not None and not await gate.reserve(call):
             outcomes[i] = not_judged(prepared, gate.exhausted_reason or "budget")
             return
         started = time.perf_counter()
@@ -208,10 +213,15 @@ async def score_rows(
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
+        token = attempt_gate.set(call)
         try:
             response = await metric.judge.judge(prepared.request)
         except JudgeConfigError:
             raise
+        except BudgetReached as exc:  # an attempt the budget could not pay for was not sent
+            failed = spend_of(exc)
+            outcomes[i] = not_judged(prepared, exc.reason, failed)
+            return
         except JudgeError as exc:
             spent = spend_of(exc)
             sent = spent.requests if isinstance(exc, ContextOverflowError) else max(spent.requests, 1)
@@ -228,13 +238,14 @@ async def score_rows(
             outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", failed)
             return
         finally:
+            attempt_gate.reset(token)
             if breaker is not None and task is not None:
                 breaker.leave(task)
             if gate is not None:
                 if response is not None:
-                    gate.release(response.requests, response.cost_usd)
+                    gate.release(response.requests, response.cost_usd, call)
                 else:
-                    gate.release(failed.requests, failed.cost_usd)
+                    gate.release(failed.requests, failed.cost_usd, call)
         if breaker is not None:
             breaker.request_answered()
         outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
@@ -261,18 +272,20 @@ def _rejected(breaker: CircuitBreaker | None, exc: JudgeError) -> None:
         breaker.request_rejected(str(exc))
 
 
-def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
+def _guard(budget: Budget | None, breaker: CircuitBreaker | None, extractor: Any = None) -> Guard:
     """One extra call (a claim extraction) under the run's budget and circuit breaker, as a judge call is."""
 
     async def guarded(call: Callable[[], Awaitable[ClaimsReply]]) -> ClaimsReply:
         if breaker is not None and breaker.tripped_reason is not None:
             raise NotJudged(breaker.tripped_reason)
-        if budget is not None and not await budget.reserve():
+        gate = budget.call(bool(getattr(extractor, "gates_attempts", False))) if budget is not None else None
+        if budget is not None and not await budget.reserve(gate):
             raise NotJudged(budget.exhausted_reason or "budget")
         task = asyncio.current_task()
         if breaker is not None and task is not None:
             breaker.enter(task)
         requests, cost = 1, None
+        token = attempt_gate.set(gate)
         try:
             reply = await call()
             requests, cost = reply.requests, reply.cost_usd
@@ -283,6 +296,11 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
             requests, cost = max(exc.requests, 1), spend_of(exc).cost_usd
             _rejected(breaker, exc)
             raise
+        except BudgetReached as exc:  # an attempt the budget could not pay for was not sent
+            stopped = NotJudged(exc.reason)
+            charge(stopped, spend_of(exc))
+            requests, cost = spend_of(exc).requests, spend_of(exc).cost_usd
+            raise stopped from None
         except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
@@ -293,10 +311,11 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None) -> Guard:
             requests, cost = made, spend_of(stopped).cost_usd
             raise stopped from None
         finally:
+            attempt_gate.reset(token)
             if breaker is not None and task is not None:
                 breaker.leave(task)
             if budget is not None:
-                budget.release(requests, cost)
+                budget.release(requests, cost, gate)
 
     return guarded
 

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import BATCH_CONTROL_FIELDS, GATE_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
+from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.cache import RowVerdictCache
@@ -250,6 +251,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
+    spent = ledger.spent(store, run_key) if resumed else (0, 0.0)  # the budget holds per run, not per attempt
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
@@ -258,7 +260,8 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     plan = RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
         store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
-        cache=cache, budget=Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency),
+        cache=cache,
+        budget=Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent),
         breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
         retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
@@ -355,6 +358,7 @@ def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRep
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
         plan.cache.flush()
+    _record_spend(plan)
     path = plan.store.chunk_path(key, plan.run_id)
     plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
@@ -395,6 +399,7 @@ def keep_judged(plan: RunPlan) -> int:
         except Exception as exc:  # noqa: BLE001 - the abort's own error matters more than a lost flush
             log.warning("could not save the row cache after the interrupt: %s", exc)
         cached = plan.cache.stored
+    _record_spend(plan)
     for fn in list(_abort_listeners):
         fn(cached)
     return cached
@@ -417,6 +422,12 @@ def store_outage(plan: RunPlan, exc: StorageError) -> StoreUnreachable:
     )
 
 
+def _record_spend(plan: RunPlan) -> None:
+    """What the run reserved so far, for a resumed attempt (threads; worker processes count in Prefect)."""
+    if plan.budget is not None and plan.params.task_runner == "threads":
+        ledger.record(plan.store, plan.run_key, plan.attempt, plan.budget)
+
+
 def release(plan: RunPlan) -> None:
     """Close the run's judge."""
     release_judge(plan.metric.judge)
@@ -425,6 +436,7 @@ def release(plan: RunPlan) -> None:
 def finish_run(plan: RunPlan) -> None:
     """The run is committed and compared: a rerun of the same command now starts a new run."""
     plan.store.end_run(plan.run_key)
+    ledger.clear(plan.store, plan.run_key)
     if plan.budget_counters:
         from recall_tasks.fleet import budget as fleet_budget
 
