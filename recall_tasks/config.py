@@ -24,6 +24,9 @@ BATCH_CONTROL_FIELDS = frozenset(
 #: Parameters that only say which fleet-wide limit a run shares: not part of the run key either.
 RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
 
+#: Whether to wait for a live attempt of the same run: not part of the run key (the same run, waited for or not).
+LOCK_CONTROL_FIELDS = frozenset({"wait_for_lock"})
+
 
 #: One level of an Iceberg namespace (``--namespace team.recall`` has two): pyiceberg refuses an empty or blank
 #: level; recall-bench also keeps to the characters every catalog (REST, SQL, Glue, Hive) accepts.
@@ -206,6 +209,11 @@ class RunParams(BaseModel):
         False,
         description="With --batch: only carry on with the batches already recorded for these parameters (check, "
         "resubmit their unanswered lines once, collect and finish the run); never a new record, nor a run without one",
+    )
+    wait_for_lock: bool = Field(
+        False,
+        description="When another attempt of the same run (the same command on the same data) is judging: wait "
+        "until it ends or its lease expires, then resume its run if it did not commit (default: refused, exit 2)",
     )
 
     @field_validator("storage_options")

@@ -310,6 +310,14 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
     plan = steps.plan_run(params)
+    try:
+        return _run_planned(params, plan, logger)
+    finally:  # however the attempt ends, its lease goes (a no-op once the run is committed)
+        steps.let_go(plan)
+
+
+def _run_planned(params: RunParams, plan: RunPlan, logger: Any) -> FlowSummary:
+    """The flow's steps once the run is planned and this attempt holds its lease."""
     announce(plan, logger)
     if params.batch:  # the Batch API first: a pending run returns here, nothing committed
         settled = batch.settle(plan)
@@ -328,6 +336,7 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
         raise
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
+    steps.check_lease(plan)
     committed = commit.commit_run(plan, tally.parts, flow_run_id())
     summary, publication = publish.publish_run(plan, committed, logger)
     send(publication)

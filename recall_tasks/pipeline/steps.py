@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
-from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
+from recall_tasks.config import BATCH_CONTROL_FIELDS, LOCK_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
@@ -154,8 +154,9 @@ class RunPlan:
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
+    control = BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS | LOCK_CONTROL_FIELDS
     payload = json.dumps(
-        [params.model_dump(mode="json", exclude=set(BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS)), dataset.fingerprint],
+        [params.model_dump(mode="json", exclude=set(control)), dataset.fingerprint],
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
@@ -250,7 +251,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
             metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
-    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
+    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
@@ -399,6 +400,20 @@ def keep_judged(plan: RunPlan) -> int:
 def release(plan: RunPlan) -> None:
     """Close the run's judge."""
     release_judge(plan.metric.judge)
+
+
+def let_go(plan: RunPlan) -> None:
+    """The attempt ends without a commit (interrupt, error, pending batch): its lease goes, its marker stays."""
+    plan.store.release_run()
+
+
+def check_lease(plan: RunPlan) -> None:
+    """Before the commit: an attempt whose lease another attempt took over commits nothing (exit 4)."""
+    lease = plan.store.lease
+    if lease is not None and lease.lost is not None:
+        from recall_tasks.io.lease import LeaseLost
+
+        raise LeaseLost(f"{lease.lost}: nothing committed by this attempt")
 
 
 def finish_run(plan: RunPlan) -> None:
