@@ -57,6 +57,10 @@ WAIT_POLL_S = 2.0
 
 Clock = Callable[[], dt.datetime]
 
+#: Told once when an attempt starts waiting for a live lease (``--wait-for-lock``); the CLI prints it. Without
+#: one, the wait is logged.
+wait_listeners: list[Callable[[str], None]] = []
+
 
 class RunInProgress(ConfigError):
     """Another attempt of the same run holds a live lease: refused before any judge call (exit 2)."""
@@ -389,9 +393,11 @@ class RunLease:
                 if other is not None and other.expires() > now and not other.holder.gone(self.holder):
                     message = self._in_progress(record, other, now)
                     if not wait:
-                        raise RunInProgress(message)
+                        hint = "nothing judged: rerun with --wait-for-lock to wait for it, or once it has ended"
+                        raise RunInProgress(f"{message}; {hint}")
                     if not said:
-                        log.warning("%s; waiting for it (--wait-for-lock)", message)
+                        for listener in wait_listeners or [lambda m: log.warning("%s", m)]:
+                            listener(f"{message}; waiting until it ends or its lease expires")
                         said = True
                     time.sleep(WAIT_POLL_S)
                     continue
@@ -419,7 +425,7 @@ class RunLease:
         return (
             f"run in progress: run {record.get('run_id')} of this command is being judged since {since} by host "
             f"{other.holder.host}, process {other.holder.pid} (lease renewed {ago} s ago, expires in {left} s "
-            f"unless renewed); nothing judged: rerun with --wait-for-lock to wait for it, or once it has ended"
+            "unless renewed)"
         )
 
     def renew(self) -> None:

@@ -243,15 +243,16 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     if log_notes:
         for note in checked.notes:
             log.warning("%s", note)
+    run_key = _run_key(params, dataset)
+    started = dt.datetime.now(dt.UTC)
+    # the lease first: an attempt that waited for another opens the row cache as that one left it
+    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
         cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
-    run_key = _run_key(params, dataset)
-    started = dt.datetime.now(dt.UTC)
-    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
