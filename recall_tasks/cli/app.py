@@ -210,6 +210,9 @@ def run(
                 "batch_fallback": batch_fallback, "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
             }
         )  # fmt: skip
+        from recall_tasks.pipeline.dask_paths import absolute
+
+        params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
         if dry_run:
             from recall_tasks.pipeline.estimate import estimate, report
 

@@ -45,7 +45,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import commit, publish, steps, workers
+from recall_tasks.pipeline import commit, dask_paths, publish, steps, workers
 from recall_tasks.pipeline.batch import finish as batch_finish
 from recall_tasks.pipeline.batch import settle as batch
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
@@ -309,6 +309,7 @@ def _flow_run_name() -> str:
 def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
+    params = dask_paths.absolute(params)  # a deployment's relative paths: this process's folder, not the workers'
     plan = steps.plan_run(params)
     try:
         return _run_planned(params, plan, logger)

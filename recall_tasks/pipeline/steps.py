@@ -38,6 +38,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
+from recall_tasks.pipeline import dask_paths
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import Canary, open_canary
 from recall_tasks.pipeline.checks import (
@@ -175,6 +176,8 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     report_link_seconds()  # RECALL_BENCH_REPORT_LINK_S: a bad value refused now, not after the commit
     storage = StorageConfig.from_options(params.storage_options)
     dataset = open_run_dataset(params, storage, bool(params.retriever or params.retrieval_uri))
+    if contact:
+        dask_paths.check_workers_see(params, dataset)  # --dask-address: the workers see these local paths
     check_format(params.output_uri, storage, params.format, writes=True)
     trace = check_context_source(params, dataset)
     if params.dataset_name:
