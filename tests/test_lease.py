@@ -166,3 +166,27 @@ def test_two_processes_racing_for_one_run_one_wins_the_other_is_refused(where):
         (_, refused, message, _), (_, won, run_id, resumed) = sorted(g for g in got if g[0] == round_uri)
         assert (won, refused, resumed) == ("won", "refused", False), got
         assert f"run {run_id} " in message, got
+
+
+def test_an_attempt_whose_lease_was_taken_over_commits_nothing(where):
+    """A stalled attempt (no renewal for longer than its lease) finds at its commit that another took the run."""
+    from types import SimpleNamespace
+
+    from recall_tasks.pipeline import steps
+
+    uri, options = where
+    store = ResultStore(uri, StorageConfig.from_options(options))
+    run_id, _, _ = store.begin_run("key", "run-1", T0)
+    store.lease._stop_renewing()  # the attempt stalls: no renewal from here
+    late = Clock()
+    late.now = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    fs, root = filesystem(uri, StorageConfig.from_options(options))
+    taker = RunLease(fs, f"{root}/_pending/key.json", uri, ttl_s=60, clock=late, holder=OTHER_HOST)
+    assert taker.acquire("run-2", late.now)[0] == run_id  # its lease expired, by the taker's clock
+    with pytest.raises(LeaseLost):
+        store.lease.renew()
+    with pytest.raises(LeaseLost, match=f"run {run_id}: .* other-host, process 4242 took it over: nothing committed"):
+        steps.check_lease(SimpleNamespace(store=store))  # type: ignore[arg-type]
+    store.end_run("key")  # the run is not this attempt's any more: its marker stays for the taker
+    held = marker(where)
+    assert held is not None and held["lease"]["host"] == "other-host"
