@@ -11,6 +11,7 @@ once, with the run's status decided by :func:`~recall_tasks.pipeline.outcome.run
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -413,10 +414,14 @@ def let_go(plan: RunPlan) -> None:
 
 def check_lease(plan: RunPlan) -> None:
     """Before the commit: an attempt whose lease another attempt took over commits nothing (exit 4)."""
-    lease = plan.store.lease
-    if lease is not None and lease.lost is not None:
-        from recall_tasks.io.lease import LeaseLost
+    from recall_tasks.io.lease import LeaseLost
 
+    lease = plan.store.lease
+    if lease is None:
+        return
+    with contextlib.suppress(LeaseLost):  # sets lease.lost
+        lease.renew()  # a conditional write now: a takeover since the last renewal is found here
+    if lease.lost is not None:
         raise LeaseLost(f"{lease.lost}: nothing committed by this attempt")
 
 
