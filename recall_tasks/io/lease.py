@@ -180,14 +180,20 @@ class _Local:
         self.lock_path = os.path.join(os.path.dirname(path), ".lock")
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, create: bool = False) -> Iterator[bool]:
+        """Holds the lock; yields False (and holds nothing) when the folder is gone and ``create`` is not set."""
         import fcntl
 
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        folder = os.path.dirname(self.path)
+        if create:
+            os.makedirs(folder, exist_ok=True)
+        elif not os.path.isdir(folder):  # e.g. the output was deleted under a lingering renewal
+            yield False
+            return
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield True
         finally:
             os.close(fd)  # closing releases the lock
 
@@ -200,8 +206,8 @@ class _Local:
         return data, hashlib.sha256(data).hexdigest()
 
     def read(self) -> tuple[bytes, str] | None:
-        with self._locked():
-            return self._current()
+        with self._locked() as there:
+            return self._current() if there else None
 
     def _write(self, data: bytes) -> str:
         tmp = f"{self.path}.{os.getpid()}.tmp"
@@ -214,15 +220,15 @@ class _Local:
 
     def write(self, data: bytes, version: str | None) -> str:
         """Create (``version`` None) or replace the version read; :class:`_Conflict` if it changed."""
-        with self._locked():
-            now = self._current()
-            if (now is None) != (version is None) or (now is not None and now[1] != version):
+        with self._locked(create=version is None) as there:
+            now = self._current() if there else None
+            if not there or (now is None) != (version is None) or (now is not None and now[1] != version):
                 raise _Conflict
             return self._write(data)
 
     def delete(self, version: str) -> None:
-        with self._locked():
-            now = self._current()
+        with self._locked() as there:
+            now = self._current() if there else None
             if now is None or now[1] != version:
                 raise _Conflict
             os.remove(self.path)
