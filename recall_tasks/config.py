@@ -26,6 +26,8 @@ RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
 
 #: Parameters that only decide a committed run's exit code: not part of the run key (the same run, resumed or not).
 GATE_CONTROL_FIELDS = frozenset({"allow_incomparable"})
+#: Whether to wait for a live attempt of the same run: not part of the run key (the same run, waited for or not).
+LOCK_CONTROL_FIELDS = frozenset({"wait_for_lock"})
 
 
 #: One level of an Iceberg namespace (``--namespace team.recall`` has two): pyiceberg refuses an empty or blank
@@ -233,6 +235,11 @@ class RunParams(BaseModel):
         False,
         description="With --batch: only carry on with the batches already recorded for these parameters (check, "
         "resubmit their unanswered lines once, collect and finish the run); never a new record, nor a run without one",
+    )
+    wait_for_lock: bool = Field(
+        False,
+        description="When another attempt of the same run (the same command on the same data) is judging: wait "
+        "until it ends or its lease expires, then resume its run if it did not commit (default: refused, exit 2)",
     )
 
     @field_validator("storage_options")

@@ -29,13 +29,16 @@ The tree, and what the pipeline does with each branch::
     ├── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
     │                                 nothing committed, judged rows kept in the row cache
     └── WorkerDied                    a worker process of --task-runner processes died (SIGKILL, out of memory):
-                                      the pool is gone, nothing committed, finished chunks cached for the rerun
+        │                             the pool is gone, nothing committed, finished chunks cached for the rerun
+        └── LeaseLost                 this attempt's lease was not renewed in time and another attempt of the
+                                      same run took it over: nothing committed by this attempt (io/lease.py)
 
 Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the flow run's state):
 
     0    the run completed (whatever its verdict, unless --fail-on-regression); a --batch run pending, or with
          --collect-only nothing to collect
-    2    usage, configuration or dataset error: nothing was judged or written, no run recorded
+    2    usage, configuration or dataset error: nothing was judged or written, no run recorded; or another
+         attempt of the same run is judging (RunInProgress, io/lease.py)
     3    the run regressed against its baseline and --fail-on-regression is set (flow run Failed)
     4    the run failed: its rows are committed with status failed (flow run Failed); or a worker process
          died (WorkerDied) or object storage failed mid-run (StoreUnreachable): nothing committed, the rerun

@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         description="Seconds a presigned HTTPS link to a run's HTML report on object storage stays valid, in the "
         "Prefect artifacts (1 to 604800); unset: no presigned link, the artifacts hold the storage URI",
     )
+    lease_s: str | None = Field(
+        None,
+        validation_alias="RECALL_BENCH_LEASE_S",
+        description="Seconds a run attempt's lease holds without renewal (renewed every third of it while the "
+        "attempt runs): a crashed attempt on another host blocks the same command that long; default 60",
+    )
     crash_at: str | None = Field(
         None,
         validation_alias="RECALL_BENCH_CRASH_AT",

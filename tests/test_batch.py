@@ -162,7 +162,7 @@ def test_submit_is_pending_then_the_same_command_collects_with_live_scores_and_n
     (live_run,) = runs(live_out)
     assert run["status"] == "completed" and run["requests"] == 30
     assert run["cost_usd"] == pytest.approx(live_run["cost_usd"] / 2)  # gpt-4o-mini's price table, halved
-    assert record(out)["status"] == "collected" and not any((out / "_pending").iterdir())
+    assert record(out)["status"] == "collected" and not any((out / "_pending").glob("*.json"))
     listed = CliRunner().invoke(app, ["batch", "status", "-o", str(out)], env={"COLUMNS": "300"})
     assert ": collected, submitted " in listed.output and "(0 failed line(s))" in listed.output
 

@@ -61,6 +61,7 @@ def test_a_resumed_run_starts_with_a_fresh_breaker_on_a_long_lived_worker(cluste
         report = cluster.submit(workers.score_spec, _spec(first), pure=False).result()
         assert report.stopped and "failed 10 attempts in a row" in report.stopped  # tripped in the worker
         server.reset()  # the endpoint is back (the outage's unused faults dropped)
+        steps.let_go(first)  # what the dying flow does on its way out: its lease goes, its marker stays
         again = steps.plan_run(params)  # the same command after the flow died: the run is resumed
         assert again.resumed and again.run_id == first.run_id and again.attempt != first.attempt
         report = cluster.submit(workers.score_spec, _spec(again), pure=False).result()

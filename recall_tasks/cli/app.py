@@ -46,7 +46,8 @@ EXIT_CODES = """\b
 Exit codes of run and batch collect:
   0    completed; or a --batch run is pending, or had nothing to collect
   2    a usage, configuration or dataset error (nothing written, no run
-       recorded)
+       recorded); or the same run is in progress elsewhere (see
+       --wait-for-lock)
   3    regressed against the baseline with --fail-on-regression
   4    the run failed: rows committed with status failed (errors above
        --max-error-rate, or an outage stopped judging); or a worker process
@@ -176,6 +177,7 @@ def run(
     batch_timeout: Annotated[float | None, _opt("batch_timeout_s", "--batch-timeout")] = _field("batch_timeout_s"),
     batch_fallback: Annotated[str, _opt("batch_fallback")] = _field("batch_fallback"),
     collect_only: Annotated[bool, _opt("batch_collect_only", "--collect-only")] = _field("batch_collect_only"),
+    wait_for_lock: Annotated[bool, _opt("wait_for_lock", "--wait-for-lock")] = _field("wait_for_lock"),
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -219,9 +221,12 @@ def run(
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
                 "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval, "batch_timeout_s": batch_timeout,
-                "batch_fallback": batch_fallback, "batch_collect_only": collect_only,
+                "batch_fallback": batch_fallback, "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
             }
         )  # fmt: skip
+        from recall_tasks.pipeline.dask_paths import absolute
+
+        params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
         if dry_run:
             from recall_tasks.pipeline.estimate import estimate, report
 

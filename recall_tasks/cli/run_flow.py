@@ -86,6 +86,11 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
         try:
             steps.add_abort_listener(cached.append)
             stack.callback(steps.remove_abort_listener, cached.append)
+            if params.wait_for_lock:
+                from recall_tasks.io import lease
+
+                lease.wait_listeners.append(_print_wait)
+                stack.callback(lease.wait_listeners.remove, _print_wait)
             if preflight:
                 for note in _preflight(params):
                     _printed_notes.add(note)
@@ -130,6 +135,10 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             )
             INTERRUPTED.append(int(sig))
             raise typer.Exit(code=128 + int(sig)) from None
+
+
+def _print_wait(message: str) -> None:
+    err.print(f"waiting: {plain(message)}", highlight=False, soft_wrap=True)
 
 
 def execute(params: RunParams, output: str, debug: bool = False, batch_key: str | None = None) -> None:

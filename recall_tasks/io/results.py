@@ -8,7 +8,8 @@ Layout under ``<output>``:
   configuration (so Prefect's chunk cache can hand them to a later run) — invisible to readers (a leading
   underscore: Spark, Hive, Trino and pyarrow dataset discovery skip it);
 - ``_pending/<run key>.json`` the run id of an attempt that has not committed yet: rerunning the same command
-  on the same data resumes it (same run id, finished chunks reused, nothing committed twice).
+  on the same data resumes it (same run id, finished chunks reused, nothing committed twice); while an attempt
+  runs, its lease (:mod:`~recall_tasks.io.lease`: one live attempt per run).
 
 Formats:
 - ``delta`` (default): a run's rows are appended to ``results`` in ONE Delta commit (readers see all of them
@@ -22,12 +23,11 @@ Formats:
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -45,6 +45,9 @@ from recall_tasks.io.schemas import (
 )
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
 from recall_tasks.settings import settings
+
+if TYPE_CHECKING:
+    from recall_tasks.io.lease import RunLease
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,7 @@ class ResultStore:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         self.fs, self.root = filesystem(self.output_uri, self.storage)
         self._iceberg: Any = None
+        self.lease: RunLease | None = None  # this attempt's hold on its run's marker (begin_run)
 
     @property
     def iceberg(self) -> Any:
@@ -167,23 +171,29 @@ class ResultStore:
     def _marker(self, run_key: str) -> str:
         return self._path("_pending", f"{run_key}.json")
 
-    def begin_run(self, run_key: str, new_run_id: str, started_at: dt.datetime) -> tuple[str, dt.datetime, bool]:
-        """The run id for ``run_key``: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded)."""
-        marker = self._marker(run_key)
-        try:
-            if self.fs.exists(marker):
-                with self.fs.open(marker, "r") as fh:
-                    data = json.load(fh)
-                return str(data["run_id"]), dt.datetime.fromisoformat(data["started_at"]), True
-            self.fs.makedirs(marker.rsplit("/", 1)[0], exist_ok=True)
-            with self.fs.open(marker, "w") as fh:
-                json.dump({"run_id": new_run_id, "started_at": started_at.isoformat()}, fh)
-        except Exception as exc:  # noqa: BLE001
-            raise translate_storage_error(exc, self.output_uri) from None
-        return new_run_id, started_at, False
+    def begin_run(
+        self, run_key: str, new_run_id: str, started_at: dt.datetime, *, wait: bool = False
+    ) -> tuple[str, dt.datetime, bool]:
+        """The run id for ``run_key``: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded), with
+        this attempt's lease on the marker, renewed until :meth:`end_run` or :meth:`release_run`
+        (:mod:`~recall_tasks.io.lease`: a live attempt of the same run refuses this one, or ``wait`` for it)."""
+        from recall_tasks.io.lease import RunLease
+
+        self.lease = RunLease(self.fs, self._marker(run_key), self.output_uri)
+        run_id, started, resumed = self.lease.acquire(new_run_id, started_at, wait=wait)
+        self.lease.start_renewing()
+        return run_id, started, resumed
+
+    def release_run(self) -> None:
+        """This attempt ends without a commit: let go of its lease, keep the marker (the rerun resumes)."""
+        if self.lease is not None:
+            self.lease.release()
 
     def end_run(self, run_key: str) -> None:
         """Forget the unfinished-attempt marker once the run is committed."""
+        if self.lease is not None:
+            self.lease.end()
+            return
         try:
             if self.fs.exists(self._marker(run_key)):
                 self.fs.rm(self._marker(run_key))

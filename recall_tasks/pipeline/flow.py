@@ -45,7 +45,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import commit, publish, steps, workers
+from recall_tasks.pipeline import commit, dask_paths, publish, steps, workers
 from recall_tasks.pipeline.batch import finish as batch_finish
 from recall_tasks.pipeline.batch import settle as batch
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
@@ -318,7 +318,16 @@ def _flow_run_name() -> str:
 def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
     logger = get_run_logger()
+    params = dask_paths.absolute(params)  # a deployment's relative paths: this process's folder, not the workers'
     plan = steps.plan_run(params)
+    try:
+        return _run_planned(params, plan, logger)
+    finally:  # however the attempt ends, its lease goes (a no-op once the run is committed)
+        steps.let_go(plan)
+
+
+def _run_planned(params: RunParams, plan: RunPlan, logger: Any) -> FlowSummary:
+    """The flow's steps once the run is planned and this attempt holds its lease."""
     announce(plan, logger)
     if params.batch:  # the Batch API first: a pending run returns here, nothing committed
         settled = batch.settle(plan)
@@ -339,6 +348,7 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
         raise steps.store_outage(plan, exc) from None
     if tally.served_from_cache:
         logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
+    steps.check_lease(plan)
     try:
         committed = commit.commit_run(plan, tally.parts, flow_run_id())
     except StorageError as exc:  # the rows are judged and cached (or spilled): the rerun commits them unpaid

@@ -111,6 +111,7 @@ def abandon(params: RunParams) -> int:
         return steps.keep_judged(plan)
     finally:
         steps.release(plan)
+        steps.let_go(plan)
 
 
 def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:

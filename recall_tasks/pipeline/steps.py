@@ -11,6 +11,7 @@ once, with the run's status decided by :func:`~recall_tasks.pipeline.outcome.run
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -26,7 +27,13 @@ from typing import Any
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled, CancelScope
-from recall_tasks.config import BATCH_CONTROL_FIELDS, GATE_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
+from recall_tasks.config import (
+    BATCH_CONTROL_FIELDS,
+    GATE_CONTROL_FIELDS,
+    LOCK_CONTROL_FIELDS,
+    RATE_CONTROL_FIELDS,
+    RunParams,
+)
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
@@ -40,6 +47,7 @@ from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
+from recall_tasks.pipeline import dask_paths
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import Canary, open_canary
 from recall_tasks.pipeline.checks import (
@@ -156,7 +164,7 @@ class RunPlan:
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
     """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
-    control = BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS | GATE_CONTROL_FIELDS
+    control = BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS | GATE_CONTROL_FIELDS | LOCK_CONTROL_FIELDS
     payload = json.dumps([params.model_dump(mode="json", exclude=set(control)), dataset.fingerprint], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
@@ -174,6 +182,8 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     report_link_seconds()  # RECALL_BENCH_REPORT_LINK_S: a bad value refused now, not after the commit
     storage = StorageConfig.from_options(params.storage_options)
     dataset = open_run_dataset(params, storage, bool(params.retriever or params.retrieval_uri))
+    if contact:
+        dask_paths.check_workers_see(params, dataset)  # --dask-address: the workers see these local paths
     check_format(params.output_uri, storage, params.format, writes=True)
     trace = check_context_source(params, dataset)
     if params.dataset_name:
@@ -242,15 +252,16 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     if log_notes:
         for note in checked.notes:
             log.warning("%s", note)
+    run_key = _run_key(params, dataset)
+    started = dt.datetime.now(dt.UTC)
+    # the lease first: an attempt that waited for another opens the row cache as that one left it
+    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
         cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
-    run_key = _run_key(params, dataset)
-    started = dt.datetime.now(dt.UTC)
-    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started)
     spent = ledger.spent(store, run_key) if resumed else (0, 0.0)  # the budget holds per run, not per attempt
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
@@ -431,6 +442,24 @@ def _record_spend(plan: RunPlan) -> None:
 def release(plan: RunPlan) -> None:
     """Close the run's judge."""
     release_judge(plan.metric.judge)
+
+
+def let_go(plan: RunPlan) -> None:
+    """The attempt ends without a commit (interrupt, error, pending batch): its lease goes, its marker stays."""
+    plan.store.release_run()
+
+
+def check_lease(plan: RunPlan) -> None:
+    """Before the commit: an attempt whose lease another attempt took over commits nothing (exit 4)."""
+    from recall_tasks.io.lease import LeaseLost
+
+    lease = plan.store.lease
+    if lease is None:
+        return
+    with contextlib.suppress(LeaseLost):  # sets lease.lost
+        lease.renew()  # a conditional write now: a takeover since the last renewal is found here
+    if lease.lost is not None:
+        raise LeaseLost(f"{lease.lost}: nothing committed by this attempt")
 
 
 def finish_run(plan: RunPlan) -> None:
