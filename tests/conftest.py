@@ -25,16 +25,12 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 _STATE_DIR = tempfile.mkdtemp(prefix="recall-state-")
 os.environ["RECALL_BENCH_STATE_DIR"] = _STATE_DIR
 
-from tests.concurrency_guard import (  # noqa: E402,F401
-    mark_from_fixtures,
-    pytest_fixture_setup,
-    pytest_runtest_call,
-)
+from tests import concurrency_guard, scheduling  # noqa: E402
+from tests.concurrency_guard import mark_from_fixtures  # noqa: E402
 from tests.fake_openai import fake_openai, fake_openai_server  # noqa: E402,F401
 from tests.s3_server import s3_bucket, s3_server  # noqa: E402,F401
 from tests.scheduling import (  # noqa: E402,F401
     order_and_group,
-    pytest_configure,
     pytest_unconfigure,
     pytest_xdist_make_scheduler,
 )
@@ -79,6 +75,14 @@ def _no_local_server_left_behind():
 
     server.stop()
     shutil.rmtree(_STATE_DIR, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.pytest_configure(config)
+    # a plugin, not this conftest's hooks: a conftest's hooks never see the session fixtures' set-up (their node is
+    # the session, outside tests/), which the guard must tell apart from a test's own servers
+    if not config.pluginmanager.has_plugin("recall-concurrency-guard"):
+        config.pluginmanager.register(concurrency_guard, "recall-concurrency-guard")
 
 
 #: Tests that need a real server process (Prefect, SeaweedFS) or run the CLI in subprocesses: ``integration``.

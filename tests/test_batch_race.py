@@ -61,6 +61,7 @@ def race(n: int, fn: Callable[[int], Any]) -> list[Any]:
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.concurrency
 def test_one_writer_wins_each_race_on_the_record(where, tmp_path, request) -> None:
     output = str(tmp_path / "out") if where == "local" else request.getfixturevalue("s3_output")
     fs, root = filesystem(output, StorageConfig.from_options())

@@ -99,6 +99,7 @@ def test_a_live_lease_refuses_a_second_attempt_in_one_line_and_an_expired_one_is
     assert lease(where, clock).acquire("run-4", clock.now) == ("run-4", clock.now, False)
 
 
+@pytest.mark.concurrency
 def test_a_lease_of_a_process_of_this_machine_that_is_gone_is_taken_over_at_once(where):
     clock = Clock()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -149,6 +150,7 @@ def _race(uris: list[str], options: dict[str, str], barrier: Any, results: Any) 
         store.release_run()
 
 
+@pytest.mark.concurrency
 def test_two_processes_racing_for_one_run_one_wins_the_other_is_refused(where):
     """Started together on a barrier, each round on a fresh marker: exactly one process begins the run."""
     uri, options = where

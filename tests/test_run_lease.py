@@ -115,6 +115,7 @@ def pending_run_id(out: str, env: dict[str, str]) -> str:
     return str(json.loads(fs.cat_file(path))["run_id"])
 
 
+@pytest.mark.concurrency
 def test_the_same_command_twice_the_second_is_refused_in_one_line_and_nothing_is_paid_twice(
     prefect_harness, fake_openai, gate, tmp_path, output
 ):
@@ -144,6 +145,7 @@ def test_the_same_command_twice_the_second_is_refused_in_one_line_and_nothing_is
     assert run["requests"] == ROWS and run["rows"] == ROWS
 
 
+@pytest.mark.concurrency
 def test_wait_for_lock_waits_for_the_live_attempt_then_runs_from_the_caches(
     prefect_harness, fake_openai, gate, tmp_path
 ):
@@ -171,6 +173,7 @@ def test_wait_for_lock_waits_for_the_live_attempt_then_runs_from_the_caches(
     assert len(fake_openai.chat_requests) == ROWS
 
 
+@pytest.mark.concurrency
 def test_a_killed_attempt_is_taken_over_at_once_by_the_same_command(prefect_harness, fake_openai, gate, tmp_path):
     out = str(tmp_path / "out")
     data = write(tmp_path / "eval.parquet", make_rows(ROWS, seed=7))
