@@ -59,7 +59,7 @@ from recall_tasks.pipeline.components import (
     share_limits,
 )
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
-from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
+from recall_tasks.pipeline.scoring import SharedRequests, metric_fingerprint, score_block
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class RunPlan:
     retrieval: RetrievalResults | None = None
     pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
+    shared: SharedRequests = field(default_factory=SharedRequests)  # requests in flight by row-cache key
     #: the first chunks (the flow's window) by sequence number, judged while Prefect starts (see plan_ahead)
     head_starts: dict[int, HeadStart] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
@@ -349,7 +350,7 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
-        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
+        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
