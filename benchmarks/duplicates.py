@@ -1,10 +1,14 @@
 """Duplicate rows: 8,000 rows that are 156 distinct rows repeated (distinct row ids, shuffled), judged live.
 
     PYTHONPATH=. python -m benchmarks.duplicates [--rows 8000] [--distinct 156] [--latency 0.1] [--runner threads]
+    PYTHONPATH=. python -m benchmarks.duplicates --layout [--rows 100000] [--distinct 1000]
 
 Against the scripted fake OpenAI server (tests/fake_openai.py, one answer per request after ``--latency`` s) in a
 temporary Prefect test harness: the dry run's request and cost estimate, then the run's requests as the fake server
-counted them, ``runs.requests`` and ``runs.cost_usd``. Figures are printed, never asserted.
+counted them, ``runs.requests`` and ``runs.cost_usd``. ``--layout``: what grouping identical rows into chunks costs
+the flow's process (no judge): reading the blocks as before, planning the layout, reading the grouped chunks, for
+a dataset of distinct rows and one of ``--distinct`` rows repeated and shuffled (row groups of 10,000 rows).
+Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -31,13 +35,38 @@ def duplicated_rows(rows: int, distinct: int, seed: int = 38) -> list[dict]:
     return out
 
 
+def layout_cost(rows: int, distinct: int) -> None:
+    from recall_tasks.io.blocks import iter_blocks, iter_layout, plan_layout
+    from recall_tasks.io.datasets import open_dataset
+    from recall_tasks.io.storage import StorageConfig
+    from tests.test_pipeline import make_rows, write_parquet
+
+    tmp = Path(tempfile.mkdtemp(prefix="dup-layout-"))
+    cases = {"distinct": make_rows(rows, seed=1), "repeated": duplicated_rows(rows, distinct)}
+    for name, data_rows in cases.items():
+        ds = open_dataset(write_parquet(tmp / f"{name}.parquet", data_rows, 10_000), StorageConfig.from_options())
+        t0 = time.perf_counter()
+        sum(1 for _ in iter_blocks(ds, 500))
+        t1 = time.perf_counter()
+        layout = plan_layout(ds, 500)
+        t2 = time.perf_counter()
+        sum(1 for _ in iter_layout(ds, layout, 500))
+        t3 = time.perf_counter()
+        print(f"{name} ({rows:,} rows, {layout.repeats:,} repeats): contiguous blocks {t1 - t0:.2f} s, "
+              f"planning {t2 - t1:.2f} s, the run's blocks {t3 - t2:.2f} s")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=8000)
     parser.add_argument("--distinct", type=int, default=156)
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--runner", default="threads", choices=["threads", "processes"])
+    parser.add_argument("--layout", action="store_true", help="only the cost of grouping rows into chunks")
     args = parser.parse_args()
+    if args.layout:
+        layout_cost(args.rows if args.rows != 8000 else 100_000, args.distinct if args.distinct != 156 else 1000)
+        return
 
     from deltalake import DeltaTable
     from prefect.testing.utilities import prefect_test_harness

@@ -403,8 +403,9 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         md = r.metadata if r else None
         cols["row_id"].append(block.row_ids[i])
         cols["content_hash"].append(block.content_hashes[i])
-        cols["source_file"].append(block.source)
-        cols["source_row"].append(block.first_row + i)
+        source, source_row = block.where(i)
+        cols["source_file"].append(source)
+        cols["source_row"].append(source_row)
         cols["metric"].append(metric.task)
         cols["score"].append(r.score if r else None)
         cols["success"].append(r.success if r else None)

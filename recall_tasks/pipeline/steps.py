@@ -18,7 +18,7 @@ import logging
 import os
 import secrets as pysecrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RATE_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
-from recall_tasks.io.blocks import RowBlock
+from recall_tasks.io.blocks import Layout, RowBlock, iter_layout, plan_layout
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore, check_format
@@ -138,6 +138,7 @@ class RunPlan:
     canary: Canary | None = None  # --canary: judged at the commit (pipeline/canary.py)
     #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
     budget_counters: dict[str, str] = field(default_factory=dict)
+    layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see blocks()
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
     attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
 
@@ -151,6 +152,17 @@ class RunPlan:
             questions = [q or "" for q in block.table.column("input").to_pylist()]
             return with_contexts(block, retrieve(self.retriever, questions))
         return block
+
+
+def blocks(plan: RunPlan) -> Iterator[RowBlock]:
+    """The run's chunks in order (before ``prepare_block``): identical rows land in one chunk, so they share one
+    judge request whatever process scores it (``io/blocks.plan_layout``, planned on first use)."""
+    if plan.layout is None:
+        plan.layout = plan_layout(plan.dataset, plan.params.chunk_size)
+        if plan.layout.repeats:
+            log.info("%d row(s) repeat an earlier row: each set of identical rows is judged once, in one chunk",
+                     plan.layout.repeats)  # fmt: skip
+    return iter_layout(plan.dataset, plan.layout, plan.params.chunk_size)
 
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
