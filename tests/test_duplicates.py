@@ -165,3 +165,21 @@ def test_a_dataset_without_row_ids_keeps_its_ids_and_pass_through_values(prefect
     for r in got.values():
         assert rows[r["source_row"]]["seq"] == r["seq"]
     assert sorted(rid.partition("~")[2] for rid in got) == sorted(["", "", ""] + ["2", "3", "4"] * 3)
+
+
+def test_the_cli_with_its_head_start_judges_each_distinct_row_once(prefect_harness, judge_env, tmp_path) -> None:
+    """The CLI judges its first chunks before Prefect starts (the head start): the same grouped chunks as the flow,
+    so no row is judged twice; the dry run before it says as many requests as the run then sends."""
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    data = write_parquet(tmp_path / "eval.parquet", repeated(5, 8, seed=17), row_group_size=7)
+    argv = ["run", data, "-o", str(tmp_path / "out"), "--judge", "openai", "--base-url", judge_env.base_url,
+            "--chunk-size", "6", "--max-workers", "3"]  # fmt: skip
+    dry = CliRunner().invoke(app, [*argv, "--dry-run"], env={"COLUMNS": "300"})
+    assert "40 rows, 0 served by the row cache, 5 judge requests" in dry.output, dry.output
+    ran = CliRunner().invoke(app, argv, env={"COLUMNS": "300"})
+    assert ran.exit_code == 0, ran.output
+    assert len(judge_env.chat_requests) == 5 and the_run(tmp_path / "out")["requests"] == 5
+    assert len(results(tmp_path / "out")) == 40
