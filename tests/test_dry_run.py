@@ -36,14 +36,14 @@ def test_dry_run_judges_nothing_writes_nothing_and_estimates_the_real_run(prefec
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     fake_openai.set_responder(judge_script.responder)
     rows = [{k: v for k, v in r.items() if k != "row_id"} for r in make_rows(40, seed=77)]
-    rows[30:] = rows[:10]  # ten duplicates: a live run judges each of them (one chunk)
+    rows[30:] = rows[:10]  # ten duplicates (own row ids): each shares its first copy's request, in the run too
     data = write_parquet(tmp_path / "data" / "eval.parquet", rows)
     out = tmp_path / "out"
 
     text = _dry(data, out, fake_openai.base_url, "--max-requests", "12", "--max-cost-usd", "0.0005",
                 "--tpm", "2000")  # fmt: skip
     assert fake_openai.requests == [] and not out.exists()  # no call (no pre-flight either), nothing written
-    assert "40 rows, 0 served by the row cache, 40 judge requests" in text
+    assert "40 rows, 0 served by the row cache, 30 judge requests (one per distinct row)" in text
     assert "--max-requests 12 stops after ~12 rows" in text
     assert re.search(r"--max-cost-usd 0.0005 stops after ~\d+ rows", text), text  # above one request's worst case
     assert re.search(r"--tpm 2000: ~\d+\.\d minutes", text), text
@@ -56,7 +56,7 @@ def test_dry_run_judges_nothing_writes_nothing_and_estimates_the_real_run(prefec
         RunParams(dataset_uri=data, output_uri=str(out), judge="openai", base_url=fake_openai.base_url, chunk_size=40)
     )
     runs = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
-    assert len(runs) == 1 and runs[0]["requests"] == 40
+    assert len(runs) == 1 and runs[0]["requests"] == 30 and len(fake_openai.chat_requests) == 30
     assert abs(prompt - runs[0]["prompt_tokens"]) <= 0.15 * runs[0]["prompt_tokens"], (prompt, runs[0])
     assert abs(cost - runs[0]["cost_usd"]) <= 0.15 * runs[0]["cost_usd"], (cost, runs[0])
 

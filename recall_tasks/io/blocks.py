@@ -39,6 +39,13 @@ class RowBlock:
     row_ids: list[str]
     content_hashes: list[str]
     table: pa.Table  # role columns under role names + pass-through columns
+    #: each row's (file URI, 0-based row in the file) when the rows are not one run of a file (a grouped chunk)
+    positions: list[tuple[str, int]] | None = None
+    same_as: list[int] | None = None  # a grouped chunk: each row's index of its group's first row (read_rows)
+
+    def where(self, i: int) -> tuple[str, int]:
+        """Row ``i``'s file URI and 0-based row within that file."""
+        return self.positions[i] if self.positions is not None else (self.source, self.first_row + i)
 
 
 def content_hash(values: tuple[Any, ...]) -> str:
@@ -229,6 +236,180 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
             raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
     part = group.slice(first_row - starts[g], rows)
     return _block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
+
+
+@dataclass
+class Layout:
+    """How a run cuts its dataset into chunks: contiguous blocks, or, when rows repeat, chunks that keep identical
+    rows together (:func:`plan_layout`)."""
+
+    #: each chunk's rows as indices in dataset order (all files in order); None: contiguous blocks (no repeats)
+    chunks: list[list[int]] | None = None
+    #: per chunk, each row's chunk-local index of the first row of its group (whose role values it has)
+    same_as: list[list[int]] | None = None
+    row_ids: list[str] | None = None  # every row's id in dataset order (grouped chunks of a dataset without row_id)
+    repeats: int = 0  # rows identical to an earlier row (same content hash)
+
+
+def plan_layout(ds: Dataset, block_rows: int) -> Layout:
+    """The chunks of a run: every row with the same content (:func:`content_hash` of its role columns) in one chunk.
+
+    Rows with the same content send the same judge request; in one chunk they share it whatever process scores the
+    chunk (``pipeline/scoring.SharedRequests``). One pass over the role columns (not the pass-through ones) first;
+    a dataset without repeats keeps the contiguous blocks of :func:`iter_blocks` (the same chunks as before). With
+    repeats, each row not seen before starts a group with all its later copies; groups fill chunks of at most
+    ``block_rows`` rows in dataset order, a group never split (a chunk holding one group larger than that is
+    larger). The plan keeps a few dozen bytes per row.
+    """
+    if block_rows < 1:
+        raise DatasetError(f"chunk size must be at least 1, got {block_rows}")
+    roles_only = replace(ds, passthrough=[])
+    first: dict[str, int] = {}
+    later: dict[int, list[int]] = {}
+    row_ids: list[str] = []
+    n = 0
+    for block in iter_blocks(roles_only, max(block_rows, 8192)):
+        for digest in block.content_hashes:
+            lead = first.setdefault(digest, n)
+            if lead != n:
+                later.setdefault(lead, []).append(n)
+            n += 1
+        if not ds.has_row_id:
+            row_ids += block.row_ids
+    if not later:
+        return Layout()
+    copied = bytearray(n)
+    for copies in later.values():
+        for i in copies:
+            copied[i] = 1
+    chunks: list[list[int]] = []
+    same_as: list[list[int]] = []
+    chunk: list[int] = []
+    same: list[int] = []
+    for i in range(n):
+        if copied[i]:
+            continue
+        group = [i, *later.get(i, ())]
+        if chunk and len(chunk) + len(group) > block_rows:
+            chunks.append(chunk)
+            same_as.append(same)
+            chunk, same = [], []
+        same += [len(chunk)] * len(group)
+        chunk += group
+    if chunk:
+        chunks.append(chunk)
+        same_as.append(same)
+    return Layout(chunks, same_as, None if ds.has_row_id else row_ids, n - len(first))
+
+
+def iter_layout(ds: Dataset, layout: Layout, block_rows: int) -> Iterator[RowBlock]:
+    """The blocks of ``layout`` in order: :func:`iter_blocks`, or the grouped chunks (each row where it is)."""
+    if layout.chunks is None:
+        yield from iter_blocks(ds, block_rows)
+        return
+    assert layout.same_as is not None
+    reader = _RowReader(ds)
+    for chunk, same in zip(layout.chunks, layout.same_as, strict=True):
+        positions = [reader.position(i) for i in chunk]
+        ids = [layout.row_ids[i] for i in chunk] if layout.row_ids is not None else None
+        yield reader.block(positions, same, ids)
+
+
+def read_rows(ds: Dataset, positions: list[tuple[str, int]], same_as: list[int], row_ids: list[str] | None) -> RowBlock:
+    """Re-read a grouped chunk of :func:`iter_layout` from its rows' positions, groups and ids (worker processes)."""
+    return _RowReader(ds).block(positions, same_as, row_ids)
+
+
+class _RowReader:
+    """Rows at any (file, row) of a dataset, the last few row groups read kept decoded (a grouped chunk's rows are
+    mostly in the row group at hand and in a few later ones)."""
+
+    KEEP_GROUPS = 8
+
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+        self.files = {f.uri: f for f in ds.files}
+        self.file_starts = [0]
+        for f in ds.files:
+            self.file_starts.append(self.file_starts[-1] + f.num_rows)
+        self.group_starts: dict[str, list[int]] = {}
+        self.groups: dict[tuple[str, int, int], pa.Table] = {}  # (file, row group, columns): oldest first
+
+    def position(self, index: int) -> tuple[str, int]:
+        """The (file URI, row in the file) of row ``index`` in dataset order."""
+        k = bisect.bisect_right(self.file_starts, index) - 1
+        return self.ds.files[k].uri, index - self.file_starts[k]
+
+    def _locate(self, uri: str, row: int) -> tuple[int, int]:
+        """The row group holding ``row`` of file ``uri`` and the row's offset in it."""
+        f = self.files.get(uri)
+        if f is None:
+            raise DatasetError(f"no file {uri} in the dataset any more: it changed during the run", uri=self.ds.uri)
+        starts = self.group_starts.get(uri)
+        if starts is None:
+            with _parquet(self.ds, f) as pf:
+                starts = self.group_starts[uri] = _group_starts(pf)
+        if not 0 <= row < starts[-1]:
+            raise DatasetError(f"row {row} is past the file's {starts[-1]} rows: it changed", uri=uri)
+        g = bisect.bisect_right(starts, row) - 1
+        return g, row - starts[g]
+
+    def _group(self, uri: str, g: int, columns: list[str]) -> pa.Table:
+        key = (uri, g, len(columns))
+        table = self.groups.pop(key, None)
+        if table is None:
+            with _parquet(self.ds, self.files[uri]) as pf:
+                try:
+                    table = pf.read_row_group(g, columns=columns)
+                except (pa.ArrowInvalid, OSError) as exc:
+                    if isinstance(exc, FileNotFoundError | PermissionError):
+                        raise translate_storage_error(exc, uri, fs=self.ds.fs) from None
+                    raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=uri) from None
+            while len(self.groups) >= self.KEEP_GROUPS:
+                del self.groups[next(iter(self.groups))]
+        self.groups[key] = table
+        return table
+
+    def _rows(self, positions: list[tuple[str, int]], columns: list[str]) -> pa.Table:
+        """The rows at ``positions`` in that order, with ``columns``: each row group read once."""
+        parts: dict[tuple[str, int], list[tuple[int, int]]] = {}  # row group -> (offset in it, place)
+        for place, (uri, row) in enumerate(positions):
+            g, offset = self._locate(uri, row)
+            parts.setdefault((uri, g), []).append((offset, place))
+        pieces, order = [], []
+        for (uri, g), members in parts.items():
+            offsets = pa.array([offset for offset, _ in members], pa.int64())
+            pieces.append(self._group(uri, g, columns).take(offsets))
+            order += [place for _, place in members]
+        at = [0] * len(order)
+        for taken, place in enumerate(order):
+            at[place] = taken
+        return pa.concat_tables(pieces).take(pa.array(at, pa.int64()))
+
+    def block(self, positions: list[tuple[str, int]], same_as: list[int], row_ids: list[str] | None) -> RowBlock:
+        """The chunk's rows. A copy's judged columns are its group's first row's (same content hash): only its own
+        other columns (row id, pass-through, messages) are read, so copies spread over the files cost narrow reads."""
+        full = _read_columns(self.ds)
+        judged = {self.ds.columns[r] for r in ("input", "expected_output", "retrieval_context", "actual_output")
+                  if r in self.ds.columns}  # fmt: skip
+        own = [c for c in full if c not in judged]
+        leads = sorted(set(same_as))
+        lead_rows = self._rows([positions[i] for i in leads], full)
+        where = {i: k for k, i in enumerate(leads)}
+        copies = [i for i in range(len(positions)) if same_as[i] != i]
+        part = lead_rows.take(pa.array([where[same_as[i]] for i in range(len(positions))], pa.int64()))
+        if copies and own:
+            copy_rows = self._rows([positions[i] for i in copies], own)
+            at = {i: len(leads) + k for k, i in enumerate(copies)}
+            pick = pa.array([at[i] if i in at else where[i] for i in range(len(positions))], pa.int64())
+            for name in own:
+                merged = pa.chunked_array([*lead_rows.column(name).chunks, *copy_rows.column(name).chunks])
+                part = part.set_column(part.column_names.index(name), name, merged.take(pick))
+        block = _block(self.ds, positions[0][0], positions[0][1], part, dict(self.ds.columns), {})
+        block.positions, block.same_as = list(positions), list(same_as)
+        if row_ids is not None:
+            block.row_ids = list(row_ids)
+        return block
 
 
 def iter_row_ids(ds: Dataset) -> Iterator[str]:

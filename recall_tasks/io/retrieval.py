@@ -106,5 +106,6 @@ def with_contexts(block: RowBlock, contexts: pa.Array | list[list[str]]) -> RowB
     columns = [table.column(c).to_pylist() for c in ("input", "expected_output", "retrieval_context", "actual_output")]
     hashes = [content_hash(row) for row in zip(*columns, strict=True)]
     return RowBlock(
-        source=block.source, first_row=block.first_row, row_ids=block.row_ids, content_hashes=hashes, table=table
-    )
+        source=block.source, first_row=block.first_row, row_ids=block.row_ids, content_hashes=hashes, table=table,
+        positions=block.positions, same_as=block.same_as,
+    )  # fmt: skip

@@ -162,7 +162,8 @@ class TraceContext:
         static = block.table.column("retrieval_context").to_pylist()
         contexts: list[list[str] | None] = []
         for i, raw in enumerate(block.table.column("messages").to_pylist()):
-            where: dict[str, Any] = {"uri": block.source, "row": block.first_row + i, "column": self.column}
+            uri, row = block.where(i)
+            where: dict[str, Any] = {"uri": uri, "row": row, "column": self.column}
             try:
                 messages = parse_messages(raw)
             except ValueError as exc:
@@ -170,7 +171,7 @@ class TraceContext:
             contexts.append(static[i] if messages is None else self.context_of(questions[i], messages, where))
         out = with_contexts(block, pa.array(contexts, pa.list_(pa.string())))
         table = out.table.drop_columns(["messages"])
-        return RowBlock(out.source, out.first_row, out.row_ids, out.content_hashes, table)
+        return RowBlock(out.source, out.first_row, out.row_ids, out.content_hashes, table, out.positions, out.same_as)
 
 
 async def _await(awaitable: Any) -> Any:

@@ -1,7 +1,7 @@
 """``run --dry-run``: the bill before paying. Reads the dataset and the row cache, calls no judge, writes nothing.
 
-The rows a run would send to the judge are the row cache's misses (a duplicate row counts as a live run sends it:
-once per row, unless an earlier chunk cached it; the batch price is then an upper bound).
+The requests a run would send to the judge are the row cache's misses, one per distinct row-cache key: rows with the
+same key (same question, reference, contexts and judge settings) share one request in a run, as they do here.
 Per request: its prompt tokens estimated as the body's message characters / 4 (what ``--tpm`` charges too), its
 completion tokens as :data:`COMPLETION_BASE` plus :data:`COMPLETION_PER_STATEMENT` per statement (half that
 without reasons); cost at the model's price (``judges/pricing.py``, ``--price``), live and at the Batch API's
@@ -62,7 +62,7 @@ class Extractions:
 class Estimate:
     rows: int  # rows in the dataset
     cached: int  # rows the row cache serves
-    requests: int  # judge requests the run would send (the rows the row cache cannot serve)
+    requests: int  # judge requests the run would send (the distinct rows the row cache cannot serve)
     prompt_tokens: int
     completion_tokens: int
     charged_tokens: int  # what --tpm charges: prompt estimate plus each request's completion budget
@@ -112,7 +112,7 @@ def estimate(params: RunParams) -> Estimate:
         claims_cache = ClaimCache(claims_uri, storage, read=True) if fs.exists(root) else None
     to_extract: dict[str, None] = {}  # distinct references without cached claims, in order
 
-    requests: list[JudgeRequest] = []
+    requests: dict[str, JudgeRequest] = {}  # the misses by row-cache key: identical rows share one request
     cached = 0
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
     for block in iter_blocks(dataset, params.chunk_size):
@@ -125,10 +125,10 @@ def estimate(params: RunParams) -> Estimate:
         pairs = run_sync(keyed_requests(metric, fingerprint, rows, units))
         hits = cache.get_many([k for k, _ in pairs]) if cache is not None else {}
         cached += sum(1 for k, _ in pairs if k in hits)
-        requests += [r for k, r in pairs if k not in hits]
+        requests.update((k, r) for k, r in pairs if k not in hits)
     prompt = completion = charged = 0
     body_of = getattr(judge, "batch_body", None)  # the lexical judge sends nothing and costs nothing
-    for request in requests:
+    for request in requests.values():
         if body_of is None:
             break
         body = body_of(request)
@@ -189,7 +189,7 @@ def report(params: RunParams, est: Estimate) -> list[str]:
     ex = est.extractions
     lines = [
         f"dry run: {est.rows} rows, {est.cached} served by the row cache, {est.requests} judge requests "
-        f"(one per row); nothing judged, nothing written",
+        f"(one per distinct row); nothing judged, nothing written",
         f"model {est.model}: ~{est.prompt_tokens:,} prompt + ~{est.completion_tokens:,} completion tokens",
     ]
     if params.units == "claims":

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future
 
 from recall_tasks.config import RunParams
-from recall_tasks.io.blocks import RowBlock, iter_blocks
+from recall_tasks.io.blocks import RowBlock
 from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.steps import PLANNED, PREFLIGHTED, ChunkReport, HeadStart, RunPlan
 
@@ -52,7 +52,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
         plan.retriever is None and params.task_runner == "threads" and not params.batch and not fleet_limited
     ):  # others: not judged here, or not live
         futures: list[Future[ChunkReport]] = []
-        for seq, block in enumerate(itertools.islice(iter_blocks(plan.dataset, params.chunk_size), params.max_workers)):
+        for seq, block in enumerate(itertools.islice(steps.blocks(plan), params.max_workers)):
             block = plan.prepare_block(block)
             key = steps.chunk_key(plan, block)
             future: Future[ChunkReport] = Future()

@@ -89,6 +89,73 @@ def request_key(fingerprint: str, r: JudgeRequest) -> str:
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
+#: The flag of a row that took the verdict of an identical row's request (same row-cache key) in this run.
+SHARED_FLAG = "verdict shared with an identical row of this run (no request of its own)"
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What a row's judge request ended with, for the identical rows waiting on it: the response and its latency,
+    or the error, or why it was not judged."""
+
+    response: JudgeResponse | None = None
+    latency_ms: float = 0.0
+    error: str | None = None
+    not_judged: str | None = None
+    cached: bool = False  # the response came from the row cache
+
+
+class SharedRequests:
+    """The judge requests in flight in this process by row-cache key: one request per key, however many rows.
+
+    A run's chunks share one (``RunPlan.shared``) and one event loop, so a row whose key is already being judged by
+    another chunk waits for that request instead of sending its own. An entry goes when its request ends: later
+    rows find the verdict in the row cache (errors are never shared past the request: a rerun judges them again).
+    """
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, asyncio.Future[Shared]] = {}
+
+    def lead(self, key: str) -> asyncio.Future[Shared] | None:
+        """None: the caller judges ``key`` (and says by which task: :meth:`led_by`); else the request to wait for."""
+        found = self._inflight.get(key)
+        if found is not None:
+            return found
+        self._inflight[key] = asyncio.get_running_loop().create_future()
+        return None
+
+    def served(self, key: str, response: JudgeResponse) -> None:
+        """The leader of ``key`` found it in the row cache: its waiters take that."""
+        self._resolve(key, Shared(response=response, cached=True))
+
+    def drop(self, key: str) -> None:
+        """The leader of ``key`` stopped before judging it: its waiters are cancelled."""
+        future = self._inflight.pop(key, None)
+        if future is not None and not future.done():
+            future.cancel()
+
+    def _resolve(self, key: str, result: Shared) -> None:
+        future = self._inflight.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def led_by(self, key: str, task: asyncio.Task[Shared]) -> None:
+        """``task`` judges ``key``: when it ends (also cancelled before it started), its waiters get its end."""
+        task.add_done_callback(lambda done: self._settle(key, done))
+
+    def _settle(self, key: str, task: asyncio.Task[Shared]) -> None:
+        future = self._inflight.pop(key, None)
+        if future is None or future.done():
+            return
+        if task.cancelled():
+            future.cancel()
+        elif task.exception() is not None:
+            future.set_exception(task.exception())  # type: ignore[arg-type]
+            future.exception()  # retrieved: a key nobody waited for logs no "exception was never retrieved"
+        else:
+            future.set_result(task.result())
+
+
 @dataclass
 class RowOutcome:
     """The result of one row, or its error; ``spent``: what the row cost beyond its result's metadata (the
@@ -134,13 +201,17 @@ async def score_rows(
     cache: RowCache | None = None,
     budget: Budget | None = None,
     breaker: CircuitBreaker | None = None,
+    shared: SharedRequests | None = None,
 ) -> list[RowOutcome]:
     """Score rows concurrently; the judge bounds concurrency. A JudgeConfigError cancels the rest.
 
     Cache hits are finalised without a judge call; each fresh response is handed to the cache as soon as it
     arrives (so a crash loses little); rows past the budget, or after the breaker tripped, are marked not
-    assessed with the reason.
+    assessed with the reason. Rows with the same row-cache key send one request (``shared``: also with the
+    other chunks of the run in this process): the others take its verdict at no cost (:data:`SHARED_FLAG`), its
+    error, or its "not judged".
     """
+    shared = shared if shared is not None else SharedRequests()
     outcomes: list[RowOutcome | None] = [None] * len(rows)
     pending: list[tuple[int, Prepared, str]] = []
     fingerprint = metric_fingerprint(metric)
@@ -175,15 +246,31 @@ async def score_rows(
             continue
         pending.append((i, prepared, row_cache_key(fingerprint, prepared)))
 
-    hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in pending]) if cache and pending else {}
-    owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
-    to_judge = []
+    # the first row of a key not in flight leads it, registered before the cache lookup: a request of another chunk
+    # that ends meanwhile is then in the cache (put before it leaves the registry) or still in flight, never missed
+    leaders: list[tuple[int, Prepared, str]] = []
+    waiting: list[tuple[int, Prepared, asyncio.Future[Shared]]] = []
     for i, prepared, key in pending:
-        if key in hits:
-            paid_earlier = owed is not None and owed(key, hits[key])
-            outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=not paid_earlier)
+        request = shared.lead(key)
+        if request is None:
+            leaders.append((i, prepared, key))
         else:
-            to_judge.append((i, prepared, key))
+            waiting.append((i, prepared, request))
+    to_judge = []
+    try:
+        hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in leaders]) if cache and leaders else {}
+        owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
+        for i, prepared, key in leaders:
+            if key in hits:
+                paid_earlier = owed is not None and owed(key, hits[key])
+                outcomes[i] = RowOutcome(metric.finalize(prepared, hits[key], 0.0), None, cached=not paid_earlier)
+                shared.served(key, hits[key])
+            else:
+                to_judge.append((i, prepared, key))
+    except BaseException:
+        for _, _, key in leaders:
+            shared.drop(key)
+        raise
 
     def extracted(prepared: Prepared) -> Spend:
         """The claim extraction a row paid for: recorded whether or not the row is then judged."""
@@ -198,15 +285,15 @@ async def score_rows(
     prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
     gated = bool(getattr(metric.judge, "gates_attempts", False))  # its attempts reserve as they are sent
 
-    async def judge_one(i: int, prepared: Prepared, key: str) -> None:
+    async def judge_one(i: int, prepared: Prepared, key: str) -> Shared:
         if breaker is not None and breaker.tripped_reason is not None:
             outcomes[i] = not_judged(prepared, breaker.tripped_reason)
-            return
+            return Shared(not_judged=breaker.tripped_reason)
         gate = None if budget is None or (prepaid is not None and prepaid(prepared.request)) else budget
         call = gate.call(gated) if gate is not None else None
         if gate is not None and not await gate.reserve(call):
             outcomes[i] = not_judged(prepared, gate.exhausted_reason or "budget")
-            return
+            return Shared(not_judged=gate.exhausted_reason or "budget")
         started = time.perf_counter()
         response: JudgeResponse | None = None
         failed = Spend(requests=1)
@@ -221,22 +308,24 @@ async def score_rows(
         except BudgetReached as exc:  # an attempt the budget could not pay for was not sent
             failed = spend_of(exc)
             outcomes[i] = not_judged(prepared, exc.reason, failed)
-            return
+            return Shared(not_judged=exc.reason)
         except JudgeError as exc:
             spent = spend_of(exc)
             sent = spent.requests if isinstance(exc, ContextOverflowError) else max(spent.requests, 1)
             failed = Spend(sent, spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
-            outcomes[i] = RowOutcome(None, f"{type(exc).__name__}: {exc}", spent=extracted(prepared) + failed)
+            error = f"{type(exc).__name__}: {exc}"
+            outcomes[i] = RowOutcome(None, error, spent=extracted(prepared) + failed)
             _rejected(breaker, exc)
-            return
+            return Shared(error=error)
         except asyncio.CancelledError as exc:
             made = breaker.attempts_of(task) if breaker is not None and task is not None else 0
             if breaker is None or task is None or not breaker.leave(task):
                 raise
             task.uncancel()  # cancelled by the breaker, not by the caller: the row is "not judged"
             failed = replace(spend_of(exc), requests=made)
-            outcomes[i] = not_judged(prepared, breaker.tripped_reason or "circuit breaker", failed)
-            return
+            reason = breaker.tripped_reason or "circuit breaker"
+            outcomes[i] = not_judged(prepared, reason, failed)
+            return Shared(not_judged=reason)
         finally:
             attempt_gate.reset(token)
             if breaker is not None and task is not None:
@@ -248,16 +337,44 @@ async def score_rows(
                     gate.release(failed.requests, failed.cost_usd, call)
         if breaker is not None:
             breaker.request_answered()
-        outcomes[i] = RowOutcome(metric.finalize(prepared, response, (time.perf_counter() - started) * 1000), None)
+        latency_ms = (time.perf_counter() - started) * 1000
+        outcomes[i] = RowOutcome(metric.finalize(prepared, response, latency_ms), None)
         if cache is not None and not response.substituted and cache.put_many({key: response}, flush=False):
             await asyncio.to_thread(cache.flush)
+        return Shared(response=response, latency_ms=latency_ms)
 
-    if to_judge:
+    def follow(prepared: Prepared, result: Shared) -> RowOutcome:
+        """A row whose identical row's request ``result`` came from: its verdict (unpaid), error or "not judged"."""
+        if result.response is not None and result.cached:
+            return RowOutcome(metric.finalize(prepared, result.response, 0.0), None, cached=True)
+        if result.response is not None:
+            r = result.response
+            free = r.model_copy(update={"requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                                        "cost_usd": None if r.cost_usd is None else 0.0,
+                                        "flags": [*r.flags, SHARED_FLAG]})  # fmt: skip
+            return RowOutcome(metric.finalize(prepared, free, result.latency_ms), None)
+        if result.error is not None:
+            return RowOutcome(None, result.error, spent=extracted(prepared))
+        return not_judged(prepared, result.not_judged or "not judged")
+
+    async def wait_for(i: int, prepared: Prepared, request: asyncio.Future[Shared]) -> None:
+        try:
+            result = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            result = Shared(not_judged="the request of an identical row was cancelled")
+        outcomes[i] = follow(prepared, result)
+
+    if to_judge or waiting:
         token = attempt_observer.set(breaker)  # the judge tasks started below report their attempts to it
         try:
             async with asyncio.TaskGroup() as group:
                 for i, prepared, key in to_judge:
-                    group.create_task(judge_one(i, prepared, key))
+                    shared.led_by(key, group.create_task(judge_one(i, prepared, key)))
+                for i, prepared, request in waiting:
+                    group.create_task(wait_for(i, prepared, request))
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
         finally:
@@ -328,8 +445,9 @@ def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -
         md = r.metadata if r else None
         cols["row_id"].append(block.row_ids[i])
         cols["content_hash"].append(block.content_hashes[i])
-        cols["source_file"].append(block.source)
-        cols["source_row"].append(block.first_row + i)
+        source, source_row = block.where(i)
+        cols["source_file"].append(source)
+        cols["source_row"].append(source_row)
         cols["metric"].append(metric.task)
         cols["score"].append(r.score if r else None)
         cols["success"].append(r.success if r else None)
@@ -380,6 +498,7 @@ async def score_block(
     cache: RowCache | None = None,
     budget: Budget | None = None,
     breaker: CircuitBreaker | None = None,
+    shared: SharedRequests | None = None,
 ) -> pa.Table:
     """Score every row of ``block``; its result table has no run columns (added at commit, see results.py).
 
@@ -388,5 +507,5 @@ async def score_block(
     """
     columns = ["input", "expected_output", "retrieval_context", "actual_output"]
     rows = await asyncio.to_thread(lambda: block.table.select(columns).to_pylist())
-    outcomes = await score_rows(metric, rows, cache, budget, breaker)
+    outcomes = await score_rows(metric, rows, cache, budget, breaker, shared)
     return await asyncio.to_thread(results_table, block, outcomes, metric)

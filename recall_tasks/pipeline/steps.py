@@ -19,7 +19,7 @@ import logging
 import os
 import secrets as pysecrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,7 @@ from recall_tasks.config import (
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
-from recall_tasks.io.blocks import RowBlock
+from recall_tasks.io.blocks import Layout, RowBlock, iter_layout, plan_layout
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore, check_format
@@ -69,7 +69,7 @@ from recall_tasks.pipeline.components import (
     share_limits,
 )
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
-from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
+from recall_tasks.pipeline.scoring import SharedRequests, metric_fingerprint, score_block
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class RunPlan:
     retrieval: RetrievalResults | None = None
     pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
     scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
+    shared: SharedRequests = field(default_factory=SharedRequests)  # requests in flight by row-cache key
     #: the first chunks (the flow's window) by sequence number, judged while Prefect starts (see plan_ahead)
     head_starts: dict[int, HeadStart] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
@@ -147,6 +148,7 @@ class RunPlan:
     canary: Canary | None = None  # --canary: judged at the commit (pipeline/canary.py)
     #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
     budget_counters: dict[str, str] = field(default_factory=dict)
+    layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see blocks()
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
     attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
 
@@ -160,6 +162,17 @@ class RunPlan:
             questions = [q or "" for q in block.table.column("input").to_pylist()]
             return with_contexts(block, retrieve(self.retriever, questions))
         return block
+
+
+def blocks(plan: RunPlan) -> Iterator[RowBlock]:
+    """The run's chunks in order (before ``prepare_block``): identical rows land in one chunk, so they share one
+    judge request whatever process scores it (``io/blocks.plan_layout``, planned on first use)."""
+    if plan.layout is None:
+        plan.layout = plan_layout(plan.dataset, plan.params.chunk_size)
+        if plan.layout.repeats:
+            log.info("%d row(s) repeat an earlier row: each set of identical rows is judged once, in one chunk",
+                     plan.layout.repeats)  # fmt: skip
+    return iter_layout(plan.dataset, plan.layout, plan.params.chunk_size)
 
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
@@ -364,7 +377,7 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
-        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker))
+        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from recall_tasks.io.blocks import RowBlock, iter_blocks
+from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import head_start, steps
 from recall_tasks.pipeline.steps import ABORT_WAIT_S, ChunkReport, RunPlan
@@ -116,7 +116,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
         record(seq, report, reused)
 
     try:
-        for seq, raw in enumerate(iter_blocks(plan.dataset, params.chunk_size)):
+        for seq, raw in enumerate(steps.blocks(plan)):
             block = plan.prepare_block(raw)
             key = steps.chunk_key(plan, block)
             cached = None if not params.cache or params.refresh_cache else executor.cached(key)

@@ -42,7 +42,7 @@ from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.fleet import rate as fleet
 from recall_tasks.fleet.budget import FleetBudget, budget_options
 from recall_tasks.fleet.guards import Budget, CircuitBreaker
-from recall_tasks.io.blocks import RowBlock, read_block
+from recall_tasks.io.blocks import RowBlock, read_block, read_rows
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults
@@ -80,10 +80,23 @@ class ChunkSpec:
     #: the run's budget counters by kind (--max-requests, --max-cost-usd), see fleet/budget.py
     budget_counters: tuple[tuple[str, str], ...] = ()
     attempt: str = ""  # the flow's RunPlan.attempt: worker state is per attempt, a resumed run's is fresh
+    #: a grouped chunk (identical rows together, ``io/blocks.plan_layout``): each row's (file, row) and row id
+    positions: tuple[tuple[str, int], ...] = ()
+    same_as: tuple[int, ...] = ()
+    row_ids: tuple[str, ...] = ()
 
 
 def chunk_spec(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkSpec:
     """The spec of a block the flow has read (and parked): its coordinates, not its rows."""
+    if block.positions is not None:
+        return ChunkSpec(
+            params=plan.params, run_id=plan.run_id, run_key=plan.run_key, config_hash=plan.config_hash,
+            dataset_fingerprint=plan.dataset.fingerprint, seq=seq, key=key, source=block.source,
+            first_row=block.first_row, rows=len(block.row_ids), positions=tuple(block.positions),
+            same_as=tuple(block.same_as or range(len(block.row_ids))),
+            row_ids=() if plan.dataset.has_row_id else tuple(block.row_ids),
+            budget_counters=tuple(sorted(plan.budget_counters.items())), attempt=plan.attempt,
+        )  # fmt: skip
     seen: dict[str, int] = {}
     if not plan.dataset.has_row_id:  # ids are identity hashes; a duplicate's id is ``<hash>~<n>``
         for row_id in block.row_ids:
@@ -201,11 +214,18 @@ def _budget(spec: ChunkSpec) -> Budget:
 def score_spec(spec: ChunkSpec) -> ChunkReport:
     """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file."""
     with checked_out(spec) as plan:
-        block = plan.prepare_block(read_block(plan.dataset, spec.source, spec.first_row, spec.rows, dict(spec.seen)))
+        if spec.positions:
+            ids = list(spec.row_ids) if spec.row_ids else None
+            raw = read_rows(plan.dataset, list(spec.positions), list(spec.same_as), ids)
+        else:
+            raw = read_block(plan.dataset, spec.source, spec.first_row, spec.rows, dict(spec.seen))
+        block = plan.prepare_block(raw)
         key = steps.chunk_key(plan, block)
         if key != spec.key:
+            rows = f"the {spec.rows} rows of chunk {spec.seq}" if spec.positions else (
+                f"rows {spec.first_row}-{spec.first_row + spec.rows - 1}")  # fmt: skip
             raise DatasetError(
-                f"rows {spec.first_row}-{spec.first_row + spec.rows - 1} read differently in a worker than when run "
+                f"{rows} read differently in a worker than when run "
                 f"{spec.run_id} planned them: the dataset changed under the run; rerun",
                 uri=spec.source,
             )
