@@ -602,6 +602,7 @@ class Handled:
     bad_rows: dict[str, str]  # row_id -> the field named in its error/flag/reason
     on_missing: str = "error"
     scores: dict[str, float | None] = field(default_factory=dict)  # row_id -> expected score
+    params: dict[str, Any] = field(default_factory=dict)  # more run options
 
     def param(self) -> Any:
         return pytest.param(self, id=self.id)
@@ -706,6 +707,7 @@ HANDLED = [
         {"rows": 4, "scored": 4, "errors": 0},
         {},
         scores={"r0": 1.0, "r1": 1.0},
+        params={"on_overlong": "send"},  # over gpt-4o-mini's window: refused unsent by default (test below)
     ),
 ]
 
@@ -714,7 +716,7 @@ HANDLED = [
 def test_handled_per_row_and_counted(ctx: Ctx, case: Handled) -> None:
     data = write(ctx.data, case.data())
     try:
-        summary = run_flow(ctx, dataset_uri=data, on_missing=case.on_missing)
+        summary = run_flow(ctx, dataset_uri=data, on_missing=case.on_missing, **case.params)
     except RunFailed as exc:  # committed with status failed: any error in 4 rows is above --max-error-rate
         summary = exc.summary
     assert summary["status"] == ("failed" if summary["errors"] else "completed")
@@ -735,6 +737,20 @@ def test_handled_per_row_and_counted(ctx: Ctx, case: Handled) -> None:
             assert r["score"] == 0.0 and r["error"] is None
     for row_id, score in case.scores.items():
         assert results[row_id]["score"] == (pytest.approx(score) if score is not None else None)
+
+
+def test_a_one_megabyte_chunk_over_the_models_window_is_that_rows_error_unsent(ctx: Ctx) -> None:
+    """By default (``--on-overlong refuse``) a context over the model's window costs no request: the row's error
+    names the window and the way out; the other rows are judged."""
+    data = write(ctx.data, _with("contexts", {0: [BIG_CHUNK, "unrelated"]})())
+    with pytest.raises(RunFailed) as failed:  # 1 of 4 rows errored: above --max-error-rate
+        run_flow(ctx, dataset_uri=data)
+    assert {k: failed.value.summary[k] for k in ("rows", "scored", "errors")} == {"rows": 4, "scored": 3, "errors": 1}
+    assert len(ctx.fake.chat_requests) == 3
+    results = {r["row_id"]: r for r in DeltaTable(str(Path(ctx.out) / "results")).to_pyarrow_table().to_pylist()}
+    error = results["r0"]["error"]
+    assert error.startswith("ContextOverflowError") and "--on-overlong" in error, error
+    assert results["r0"]["requests"] == 0
 
 
 def test_corrupted_data_page_stops_the_run_without_commit(ctx: Ctx) -> None:

@@ -86,6 +86,7 @@ def test_identical_rows_land_in_one_chunk_with_their_own_ids_and_positions(tmp_p
 
 
 @pytest.mark.parametrize("runner", ["threads", "processes"])
+@pytest.mark.concurrency
 def test_each_distinct_row_is_judged_once_with_a_results_row_per_row(prefect_harness, judge_env, tmp_path, runner):
     """48 rows that are 8 distinct rows, shuffled, in chunks of 4 rows: 8 requests (before: a request per chunk
     holding a copy, per process), 48 results rows, each copy with its original's verdicts at no cost."""

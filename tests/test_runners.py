@@ -349,6 +349,7 @@ def _alert_event(name: str, run_id: str, timeout: float = 30.0) -> dict:
         time.sleep(0.5)
 
 
+@pytest.mark.concurrency
 def test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once(prefect_harness, judge_env, tmp_path):
     """``kill -9`` of one pool worker mid-run: one ``error:`` line, exit 4, nothing committed, no worker left;
     the same command then resumes the run: every row once, the threads run's scores, fewer judge calls."""
