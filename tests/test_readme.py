@@ -154,3 +154,10 @@ def test_the_readme_is_a_front_door_whose_links_and_figures_hold():
     for row in rows:
         script, commit = re.search(r"`(benchmarks/[\w/]+\.py)`, `([0-9a-f]{7,40})`", row).groups()
         assert (ROOT / script).is_file(), row
+
+
+def test_docs_index_lists_each_page_once():
+    index = (ROOT / "docs" / "index.md").read_text()
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        listed = index.count(f"]({doc.name})")
+        assert doc.name == "index.md" or listed == 1, f"docs/index.md lists {doc.name} {listed} times, not once"

@@ -178,3 +178,27 @@ def test_a_taken_port_is_a_clear_error(local: Local) -> None:
         assert run.returncode == 2 and f"port {local.port} on 127.0.0.1 is in use" in run.stderr, run.stderr
         assert "Traceback" not in run.stderr
     assert local.record() is None
+
+
+@pytest.mark.concurrency
+def test_the_ui_of_the_local_server_talks_to_its_own_api(local: Local) -> None:
+    """The printed UI address works in a browser: its ``/ui-settings`` names this server's API (not Prefect's
+    default port 4200), and the API at that URL lists the run's flow run."""
+    seed_database(local.state / "prefect" / "prefect.db")
+    # a UI API URL in the caller's environment (a client-side setting) must not reach our server either
+    done = local.cli("server", "start", PREFECT_UI_API_URL="http://127.0.0.1:4200/api")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ui = f"http://127.0.0.1:{local.port}"
+    assert f"UI {ui}" in done.stdout, done.stdout
+    with urllib.request.urlopen(f"{ui}/ui-settings", timeout=10) as resp:
+        api_url = json.loads(resp.read())["api_url"]
+    assert api_url == local.api_url
+
+    run = local.cli("demo", "--output", str(local.root / "out"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    request = urllib.request.Request(
+        f"{api_url}/flow_runs/filter", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        runs = json.loads(resp.read())
+    assert len(runs) == 1 and runs[0]["state_type"] == "COMPLETED", runs

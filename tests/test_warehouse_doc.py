@@ -84,3 +84,48 @@ def test_the_offline_recipes_read_a_real_output_as_written(prefect_harness, tmp_
     assert done.returncode == 0, done.stderr
     assert "offline-doc" in done.stdout and summary["run_id"] in done.stdout and "0.5" in done.stdout
     assert done.stdout.count(summary["run_id"]) == 1  # the overall row only: segments filtered out
+
+
+def any_catalog_recipe() -> tuple[str, str]:
+    """The "Iceberg from Python, any catalog" recipe: its shell block (the catalog's variables), its Python block."""
+    text = DOC.read_text().split("\nIceberg from Python, any catalog", 1)[1].split("\n## ", 1)[0]
+    shell = re.findall(r"```bash\n(.*?)```", text, re.S)
+    python = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(shell) == 1 and len(python) == 1
+    return shell[0], python[0]
+
+
+@pytest.mark.concurrency
+def test_the_any_catalog_recipe_reads_a_rest_catalog_on_an_s3_compatible_store(
+    prefect_harness, s3_server, tmp_path, monkeypatch
+):
+    """Run as written (its shell block, then its Python) in a shell holding what the doc says a user has: the
+    ``AWS_*`` variables of the store and the ``PYICEBERG_CATALOG__LAKE__*`` ones of the catalog (a SeaweedFS REST
+    catalog): it prints the run's row count."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+    from importlib import resources
+
+    import pyarrow.parquet as pq
+
+    from recall_tasks.config import RunParams
+    from recall_tasks.pipeline.flow import recall_benchmark
+
+    lines = resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
+    data = tmp_path / "sample.parquet"
+    pq.write_table(pa.Table.from_pylist([json.loads(line) for line in lines if line]), data)
+    user = {**s3_server.env(), **s3_server.iceberg_catalog_env("lake")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYICEBERG_"))} | user
+    for k, v in user.items():
+        monkeypatch.setenv(k, v)
+    summary = recall_benchmark(
+        RunParams(dataset_uri=str(data), output_uri=f"s3://{s3_server.make_bucket()}/out", judge="lexical",
+                  format="iceberg", catalog="lake", on_missing="skip")
+    )  # fmt: skip
+    shell, python = any_catalog_recipe()
+    code = f"set -e\n{shell}\n{shlex.quote(sys.executable)} -c {shlex.quote(python)}\n"
+    done = subprocess.run(["bash", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary["run_id"] in done.stdout, done.stdout

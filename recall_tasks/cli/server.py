@@ -16,6 +16,8 @@ Decisions:
   ``PREFECT_HOME``: its SQLite database), ``server.lock``. The user's own Prefect home and profiles are untouched.
 - Port ``$RECALL_BENCH_SERVER_PORT``, else 4250 (not Prefect's 4200, so a server the user runs there is never
   mistaken for ours). A port held by another process is a clear error naming the way out.
+- The UI talks to this server's own API (``PREFECT_SERVER_UI_API_URL``, its ``/ui-settings``), not Prefect's
+  default port 4200; the caller's UI API URL settings are not passed on.
 - Analytics/telemetry off on the server (``PREFECT_SERVER_ANALYTICS_ENABLED=false``, ``DO_NOT_TRACK=1``): no
   ``Failed to send telemetry`` lines, nothing leaves the machine. Server logging at WARNING (no access log).
 - Health is ``GET /api/health`` answering ``true``. A ``server.json`` whose pid is gone (or now another
@@ -194,12 +196,16 @@ def status() -> Status:
     return Status("running" if healthy(info.api_url) else "starting", info)
 
 
-def _server_env() -> dict[str, str]:
-    """The caller's environment minus its Prefect client settings, with the server's home and analytics off."""
+def _server_env(port: int) -> dict[str, str]:
+    """The caller's environment minus its Prefect client and UI API settings, with the server's home, its UI's API
+    (this server's own, on ``port``) and analytics off."""
     # the live environment (not settings): the server process inherits all of it, minus the client settings
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_PROFILE"))}
+    dropped = ("PREFECT_API_", "PREFECT_PROFILE", "PREFECT_UI_API_URL", "PREFECT_SERVER_UI_API_URL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
     env.update(
         PREFECT_HOME=str(state_dir() / "prefect"),
+        # the UI's API: else Prefect's default port (4200), where nothing or another server answers
+        PREFECT_SERVER_UI_API_URL=f"http://{HOST}:{port}/api",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         DO_NOT_TRACK="1",
         PREFECT_SERVER_LOGGING_LEVEL="WARNING",
@@ -253,7 +259,7 @@ def start(
             log.write(f"\n--- {dt.datetime.now(dt.UTC).isoformat()} {' '.join(cmd)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_server_env(),
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_server_env(port),
                 cwd=directory, start_new_session=True,
             )  # fmt: skip
         info = ServerInfo(pid=proc.pid, port=port, started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
