@@ -1,4 +1,4 @@
-"""Hints printed by the CLI name its flags (``--on-missing skip``), not the Python parameters (``on_missing='skip'``)."""
+"""Hints printed by the CLI name its flags (``--on-missing skip``), not Python parameters (``on_missing=...``)."""
 
 from __future__ import annotations
 
