@@ -147,7 +147,7 @@ def submit(plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest]) 
     record["status"] = "pending"
     write_record(plan, record)
     for part in todo:
-        log.warning("submitted batch %s (%d requests)", part["batch_id"], len(part["custom_ids"]))
+        log.info("submitted batch %s (%d requests)", part["batch_id"], len(part["custom_ids"]))
 
 
 def _seen(batch: dict[str, Any]) -> dict[str, Any]:

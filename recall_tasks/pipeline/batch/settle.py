@@ -106,7 +106,7 @@ def _settle(plan: RunPlan) -> Settled:
     record = remote.read_record(plan)
     status = record.get("status") if record is not None else None
     if record is not None and status == "collected" and record.get("run_id") == plan.run_id:
-        log.warning("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
+        log.info("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
         return _finished(record)
     if params.batch_collect_only and status not in OPEN:
         return Settled(pending=idle_summary(plan, record))
@@ -161,18 +161,20 @@ def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str,
     for key, request in requests.items():
         if params.max_requests is not None and len(kept) >= params.max_requests:
             break
-        if params.max_cost_usd is not None and price is not None:
+        if price is not None:  # the bound is reported under --max-requests too
             body = judge.batch_body(request)
             out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
             prompt = len(json.dumps(body.get("messages"), ensure_ascii=False).encode()) // 4 + 1
             line = (prompt * price[0] + out * price[1]) / 1e6 * BATCH_PRICE_FACTOR
-            if cost + line > params.max_cost_usd:
+            if params.max_cost_usd is not None and cost + line > params.max_cost_usd:
                 break
             cost += line
         kept[key] = request
     if len(kept) < len(requests):
-        log.warning("the budget (--max-requests / --max-cost-usd) lets %d of %d row(s) into the batch (at most "
-                    "$%.4f at the batch price); the rest are not judged", len(kept), len(requests), cost)  # fmt: skip
+        bound = f"at most ${cost:.4f}" if cost >= 0.01 else f"at most ${cost:.2g}"  # never $0.0000 for some rows
+        bound = "cost unknown: no price for this model" if price is None else f"{bound} at the batch price"
+        log.warning("the budget (--max-requests / --max-cost-usd) lets %d of %d row(s) into the batch (%s); the "
+                    "rest are not judged", len(kept), len(requests), bound)  # fmt: skip
     return kept
 
 
@@ -208,7 +210,7 @@ def _resubmit(
         return False
     remote.submit(plan, record, requests)
     ids = ", ".join(p["batch_id"] for p in record["parts"] if p.get("round") == 2)
-    log.warning("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
+    log.info("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
     return True
 
 
@@ -275,7 +277,7 @@ def _collect(
     remote.write_record(plan, record)
     done = _finished(record)
     done.served = collected
-    log.warning(
+    log.info(
         "collected %d row(s) from %d batch(es) (%s); %d failed line(s)%s", len(collected), len(record["parts"]),
         ", ".join(p["batch_id"] for p in record["parts"]), len(failures),
         " judged live (--batch-fallback live)" if failures and plan.params.batch_fallback == "live" else "",
