@@ -92,6 +92,16 @@ def text(value: Any, mask: Mask = redact) -> str:
     return mask(str(value))
 
 
+def shown(value: Any, mask: Mask = redact) -> str:
+    """:func:`text` for people: floats rounded (4 decimals, 3 significant digits below 0.001); JSON and CSV keep all."""
+    if type(value) is float and math.isfinite(value) and value != 0:
+        if abs(value) < 0.001:
+            return f"{value:.3g}"
+        rounded = f"{value:.4f}".rstrip("0")
+        return rounded + "0" if rounded.endswith(".") else rounded
+    return text(value, mask)
+
+
 def _markdown_cell(value: str) -> str:
     value = value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
@@ -164,7 +174,8 @@ def print_rows(
             count += 1
         _say_masked(mask.masked)
         return count
-    cells = ([text(v, mask) for v in row] for row in rows)
+    as_text = text if fmt == "csv" else shown
+    cells = ([as_text(v, mask) for v in row] for row in rows)
     if tty and fmt != "table":  # the table is made inert in print_table
         cells = ([inert(c) for c in row] for row in cells)
         names = [inert(n) for n in names]
