@@ -9,8 +9,13 @@ import pytest
 
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline.flow import recall_benchmark
+from tests import s3_server as _s3
 from tests.test_batch import judge_env  # noqa: F401 - a fixture
+from tests.test_batch_race import s3_output  # noqa: F401 - a fixture
 from tests.test_pipeline import make_rows, write_parquet
+
+s3_server = _s3.s3_server
+s3_bucket = _s3.s3_bucket
 
 
 @pytest.mark.concurrency
@@ -27,3 +32,14 @@ def test_batch_progress_is_info_and_the_budget_line_names_a_cost(prefect_harness
     assert "lets 4 of 10 row(s)" in budget, budget
     cost = re.search(r"at most \$([0-9.e-]+) at the batch price", budget)
     assert cost and float(cost.group(1)) > 0, budget
+
+
+@pytest.mark.concurrency
+def test_the_batch_record_is_named_with_its_s3_uri(prefect_harness, judge_env, s3_output, tmp_path) -> None:  # noqa: F811
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(4, seed=59))
+    params = RunParams(dataset_uri=data, output_uri=s3_output, judge="openai", base_url=judge_env.base_url,
+                       batch=True)  # fmt: skip
+    judge_env.batch_hold = True
+    summary = recall_benchmark(params)
+    assert summary["status"] == "batch_pending"
+    assert summary["record"].startswith(f"{s3_output}/_batches/") and summary["record"].endswith(".json"), summary

@@ -94,11 +94,11 @@ def _superseded(plan: RunPlan) -> PendingSummary | IdleSummary:
     fresh = remote.read_record(plan)
     status = None if fresh is None else fresh.get("status")
     log.warning("the batch record %s was written by another process (now %s); this run stops here, nothing "
-                "committed", remote.record_path(plan), status)  # fmt: skip
+                "committed", remote.record_uri(plan), status)  # fmt: skip
     if fresh is not None and status in OPEN:
         return pending_summary(plan, fresh, sum(len(p["custom_ids"]) for p in fresh["parts"] if p.get("round") == 1))
     why = f"another process left the batches of run {plan.run_id} {status or 'without a record'}"
-    return idle_summary(plan, fresh, f"stopped: {why} (record {remote.record_path(plan)})")
+    return idle_summary(plan, fresh, f"stopped: {why} (record {remote.record_uri(plan)})")
 
 
 def _settle(plan: RunPlan) -> Settled:
@@ -218,7 +218,7 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> Pending
     """What the flow returns for a pending run: its batches, nothing committed."""
     return {
         "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
-        "batched_rows": rows, "record": remote.record_path(plan), "output": plan.params.output_uri,
+        "batched_rows": rows, "record": remote.record_uri(plan), "output": plan.params.output_uri,
         "base_url": plan.params.base_url, "submitted_at": record.get("submitted_at"),
         "batches": [{"id": p["batch_id"], "status": p.get("status"), "requests": len(p["custom_ids"]),
                      "round": p.get("round", 1), "counts": p.get("request_counts")} for p in record["parts"]],
@@ -228,13 +228,13 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> Pending
 def idle_summary(plan: RunPlan, record: dict[str, Any] | None, reason: str | None = None) -> IdleSummary:
     """What a ``batch_collect_only`` run returns when these parameters have no pending batches: nothing done."""
     if reason is not None:
-        return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
+        return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_uri(plan),
                 "reason": reason}  # fmt: skip
     if record is None:
         why = "no batches were submitted for these parameters and this data"
     else:
         why = f"the batches of run {record.get('run_id')} are {record.get('status')}"
-    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
+    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_uri(plan),
             "reason": f"nothing to collect: {why}"}  # fmt: skip
 
 
