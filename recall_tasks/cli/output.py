@@ -339,13 +339,28 @@ def history_cells(rec: Mapping[str, Any]) -> list[str]:
     else:
         verdict = f"{rec['verdict']} vs {rec['baseline_run_id']}"
         if rec["verdict"] == "incomparable" and rec.get("reason"):
-            verdict += f": {rec['reason']}"
+            verdict += f": {_short_reason(rec['reason'])}"
     started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
     return [
         started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec.get("status")), text(rec["judge"]),
         text(rec["rows"]),
         num(rec["mean_score"], ".3f"), ci, pass_rate_text(rec["pass_rate"], rec.get("threshold")), verdict,
     ]  # fmt: skip
+
+
+_REASON_CHARS = 60
+
+
+def _short_reason(reason: str) -> str:
+    """Whole reasons up to ~60 characters, then how many more (the table stays readable; json has them all)."""
+    parts = reason.split("; ")
+    kept: list[str] = []
+    for part in parts:
+        if kept and len("; ".join([*kept, part])) > _REASON_CHARS:
+            break
+        kept.append(part if len(part) <= _REASON_CHARS else part[: _REASON_CHARS - 1] + "…")
+    more = len(parts) - len(kept)
+    return "; ".join(kept) + (f"; +{more} more (--output-format json)" if more else "")
 
 
 def pass_rate_text(rate: float | None, threshold: float | None) -> str:
