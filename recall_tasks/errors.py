@@ -94,12 +94,18 @@ class DatasetError(ConfigError):
 class MissingInputError(RecallBenchError):
     """A required field of a case is missing or empty and the policy is ``on_missing="error"``."""
 
-    def __init__(self, field: str, metric: str) -> None:
+    def __init__(self, field: str, metric: str, *, flags: bool = False) -> None:
+        skip, zero = ("--on-missing skip", "--on-missing zero") if flags else ("on_missing='skip'", "on_missing='zero'")
         super().__init__(
             f"{metric}: required field {field!r} is missing or empty; provide it, or set "
-            f"on_missing='skip' (not assessed) or on_missing='zero' (score 0)"
+            f"{skip} (not assessed) or {zero} (score 0)"
         )
         self.field = field
+        self.metric = metric
+
+    def with_flags(self) -> str:
+        """The message naming the CLI's flags, as the pipeline (run by the CLI or a deployment) records it."""
+        return str(MissingInputError(self.field, self.metric, flags=True))
 
 
 class JudgeError(RecallBenchError):

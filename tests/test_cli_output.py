@@ -448,3 +448,31 @@ def test_history_fits_an_80_column_terminal_and_shows_the_threshold(out):
     assert all(re.fullmatch(r"0\.\d{3}", r["mean"]) for r in rows), rows
     # the long label may continue on a second line; every other cell of a row is on the run id's line
     assert len(lines) <= 4 + 2 * 2, lines
+
+
+def test_query_tables_round_floats_for_display_only(out):
+    sql = "SELECT 2 / 3.0::DOUBLE AS share, 1 / 7000.0::DOUBLE AS tiny, 5.0::DOUBLE AS whole"
+    table = invoke("query", sql, "--output", out["output"])
+    assert table.exit_code == 0, table.output
+    assert "0.6667" in table.stdout and "0.000143" in table.stdout and "0.6666666" not in table.stdout, table.stdout
+    md = invoke("query", sql, "--output", out["output"], "--output-format", "markdown")
+    assert "| 0.6667 | 0.000143 | 5.0 |" in md.stdout, md.stdout
+    as_csv = invoke("query", sql, "--output", out["output"], "--output-format", "csv")
+    assert str(2 / 3) in as_csv.stdout and str(1 / 7000) in as_csv.stdout, as_csv.stdout
+    as_json = invoke("query", sql, "--output", out["output"], "--output-format", "json")
+    assert json.loads(as_json.stdout)["share"] == 2 / 3
+
+
+def test_history_shortens_a_long_incomparable_reason_and_json_keeps_it(out):
+    from recall_tasks.cli.output import history_cells
+
+    fields = ("judge", "prompt_version", "units")
+    reasons = [f"{f} differs (current '{'x' * 30}', baseline '{'y' * 30}')" for f in fields]
+    rec = {"verdict": "incomparable", "baseline_run_id": "20261204T000000Z-abcdef", "reason": "; ".join(reasons),
+           "ci_low": None, "started_at": None, "dataset": "d", "label": None, "run_id": "r", "status": "completed",
+           "judge": "j", "rows": 1, "mean_score": 0.5, "pass_rate": 0.5, "threshold": 0.5}  # fmt: skip
+    cell = history_cells(rec)[-1]
+    assert len(cell) <= 140 and cell.startswith("incomparable vs 20261204T000000Z-abcdef: judge differs"), cell
+    assert "--output-format json" in cell, cell
+    full = invoke("history", "--output", out["output"], "--output-format", "json")
+    assert full.exit_code == 0 and all("reason" in json.loads(line) for line in full.stdout.splitlines())

@@ -408,6 +408,16 @@ def test_a_different_dataset_uri_is_a_warning() -> None:
     assert any("dataset URI differs" in w and "s3://b/eval.parquet" in w for w in cmp.warnings)
 
 
+def test_a_different_dataset_uri_is_no_warning_in_a_named_series() -> None:
+    """``--dataset-name`` says the location moves (dated folders): the URI differing is expected, not a warning."""
+    cur, base, _ = planted_drop()
+    cmp = compare_runs(
+        cur, base, current_run=run_row("cur", dataset_uri="s3://a/2026-11-30/", dataset_id="name:golden"),
+        baseline_run=run_row("base", dataset_uri="s3://a/2026-11-29/", dataset_id="name:golden"),
+    )  # fmt: skip
+    assert not any("dataset URI differs" in w for w in cmp.warnings), cmp.warnings
+
+
 # -- lost statements --------------------------------------------------------------------------------
 
 

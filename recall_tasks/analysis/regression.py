@@ -319,7 +319,13 @@ def compare_runs(
     if note is not None:
         warnings.append(note)
     uri_a, uri_b = current_run.get("dataset_uri"), baseline_run.get("dataset_uri")
-    if uri_a and uri_b and uri_a != uri_b:
+    named = str(current_run.get("dataset_id") or "").startswith("name:")  # --dataset-name: the location may move
+    if (
+        uri_a
+        and uri_b
+        and uri_a != uri_b
+        and not (named and current_run.get("dataset_id") == baseline_run.get("dataset_id"))
+    ):
         warnings.append(f"the baseline's dataset URI differs (current {uri_a!r}, baseline {uri_b!r})")
 
     pairs = pair_rows(current, baseline, warnings)

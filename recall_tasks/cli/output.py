@@ -92,6 +92,16 @@ def text(value: Any, mask: Mask = redact) -> str:
     return mask(str(value))
 
 
+def shown(value: Any, mask: Mask = redact) -> str:
+    """:func:`text` for people: floats rounded (4 decimals, 3 significant digits below 0.001); JSON and CSV keep all."""
+    if type(value) is float and math.isfinite(value) and value != 0:
+        if abs(value) < 0.001:
+            return f"{value:.3g}"
+        rounded = f"{value:.4f}".rstrip("0")
+        return rounded + "0" if rounded.endswith(".") else rounded
+    return text(value, mask)
+
+
 def _markdown_cell(value: str) -> str:
     value = value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
@@ -164,7 +174,8 @@ def print_rows(
             count += 1
         _say_masked(mask.masked)
         return count
-    cells = ([text(v, mask) for v in row] for row in rows)
+    as_text = text if fmt == "csv" else shown
+    cells = ([as_text(v, mask) for v in row] for row in rows)
     if tty and fmt != "table":  # the table is made inert in print_table
         cells = ([inert(c) for c in row] for row in cells)
         names = [inert(n) for n in names]
@@ -328,13 +339,28 @@ def history_cells(rec: Mapping[str, Any]) -> list[str]:
     else:
         verdict = f"{rec['verdict']} vs {rec['baseline_run_id']}"
         if rec["verdict"] == "incomparable" and rec.get("reason"):
-            verdict += f": {rec['reason']}"
+            verdict += f": {_short_reason(rec['reason'])}"
     started = rec["started_at"].strftime("%Y-%m-%d %H:%M") if rec["started_at"] else ""
     return [
         started, text(rec["dataset"]), text(rec["label"]), rec["run_id"], text(rec.get("status")), text(rec["judge"]),
         text(rec["rows"]),
         num(rec["mean_score"], ".3f"), ci, pass_rate_text(rec["pass_rate"], rec.get("threshold")), verdict,
     ]  # fmt: skip
+
+
+_REASON_CHARS = 60
+
+
+def _short_reason(reason: str) -> str:
+    """Whole reasons up to ~60 characters, then how many more (the table stays readable; json has them all)."""
+    parts = reason.split("; ")
+    kept: list[str] = []
+    for part in parts:
+        if kept and len("; ".join([*kept, part])) > _REASON_CHARS:
+            break
+        kept.append(part if len(part) <= _REASON_CHARS else part[: _REASON_CHARS - 1] + "…")
+    more = len(parts) - len(kept)
+    return "; ".join(kept) + (f"; +{more} more (--output-format json)" if more else "")
 
 
 def pass_rate_text(rate: float | None, threshold: float | None) -> str:

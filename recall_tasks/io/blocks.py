@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from recall_tasks.errors import DatasetError
 from recall_tasks.io.datasets import Dataset, DatasetFile, one_line
 from recall_tasks.io.storage import translate_storage_error
+from recall_tasks.io.textfiles import open_parquet
 
 
 @dataclass
@@ -460,7 +461,7 @@ def _parquet(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
     except Exception as exc:  # noqa: BLE001 - any fsspec backend's error, translated
         raise translate_storage_error(exc, f.uri) from None
     with fh:
-        yield pq.ParquetFile(fh)
+        yield open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns)
 
 
 def _group_starts(pf: pq.ParquetFile) -> list[int]:

@@ -1,5 +1,8 @@
 """Reading evaluation datasets: Parquet from any fsspec URI, validated before any judge call, streamed.
 
+JSON lines and CSV files are read too, converted to Parquet in memory first (``io/textfiles.py``), and go through
+the same checks.
+
 Decisions:
 - Files are read one row group at a time (``ParquetFile.read_row_group`` with only the needed columns);
   the whole dataset is never in memory. Write datasets with row groups of ~10-100k rows.
@@ -48,10 +51,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError, StorageError
 from recall_tasks.io.columns import (
+    DEFAULT_NAMES,
     REQUIRED,
     check_same_schema,
     check_unique_names,
@@ -59,6 +62,7 @@ from recall_tasks.io.columns import (
     resolve_columns,
 )
 from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
+from recall_tasks.io.textfiles import EXPECTED, TEXT_SUFFIXES, open_parquet
 
 #: Recorded per run (``runs.row_identity``): how its rows got their ids, so comparisons pair like with like.
 ROW_IDENTITY = "input+expected_output/v2"
@@ -91,6 +95,7 @@ class Dataset:
     has_row_id: bool = False
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
     identity: str = ""  # what makes runs one series: the normalised URI, or "name:<--dataset-name>"
+    json_columns: tuple[str, ...] = ()  # CSV columns decoded from JSON text (io/textfiles.py)
 
     @property
     def row_identity(self) -> str:
@@ -101,7 +106,7 @@ class Dataset:
 def dataset_name(uri: str) -> str:
     """A short name for partitioning: the file or folder name without extension."""
     tail = uri.rstrip("/").split("/")[-1] or "dataset"
-    for ext in (".parquet", ".pq"):
+    for ext in (".parquet", ".pq", *TEXT_SUFFIXES):
         if tail.endswith(ext):
             tail = tail[: -len(ext)]
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in tail.replace("*", "all")) or "dataset"
@@ -154,7 +159,7 @@ def _list_files(fs: Any, path: str, uri: str) -> list[str]:
         elif matched:
             what = (
                 f"the folder has no .parquet/.pq files ({len(matched)} other file(s); names starting "
-                "with _ or . are ignored)"
+                "with _ or . are ignored; give a JSON lines or CSV file by its path or a glob)"
             )
         else:
             what = "the folder is empty"
@@ -196,6 +201,8 @@ def open_dataset(
     fs, path = _open_filesystem(uri, storage)
     paths = _list_files(fs, path, uri)
     proto = uri.split("://", 1)[0] + "://" if "://" in uri else ""
+    json_columns = (overrides or {}).get("retrieval_context")
+    json_cols = (json_columns,) if json_columns else DEFAULT_NAMES["retrieval_context"]
     files: list[DatasetFile] = []
     columns: dict[str, str] | None = None
     schema0: pa.Schema | None = None
@@ -203,13 +210,15 @@ def open_dataset(
         file_uri = proto + p if proto and proto != "file://" else p
         try:
             with fs.open(p, "rb") as fh:
-                meta = pq.ParquetFile(fh).metadata
+                meta = open_parquet(fs, p, file_uri, fh, json_cols).metadata
                 schema = meta.schema.to_arrow_schema()
             info = fs.info(p)
+        except DatasetError:
+            raise
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError | PermissionError):
                 raise translate_storage_error(exc, file_uri, fs=fs) from None
-            raise DatasetError(f"not a readable Parquet file: {one_line(exc)}", uri=file_uri) from None
+            raise DatasetError(f"not a readable Parquet file: {one_line(exc)}; {EXPECTED}", uri=file_uri) from None
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, file_uri, fs=fs) from None
         check_unique_names(schema, file_uri)
@@ -250,6 +259,7 @@ def open_dataset(
         fingerprint=hashlib.sha256("".join(f.fingerprint for f in files).encode()).hexdigest()[:16],
         has_row_id="row_id" in columns,
         passthrough_types=types,
+        json_columns=json_cols,
     )
     if ds.has_row_id:
         _check_unique_ids(ds)
@@ -269,7 +279,7 @@ def _check_unique_ids(ds: Dataset) -> None:
     for f in ds.files:
         try:
             with ds.fs.open(f.path, "rb") as fh:
-                pf = pq.ParquetFile(fh)
+                pf = open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns)
                 offset = 0
                 for g in range(pf.num_row_groups):
                     values = pf.read_row_group(g, columns=[col]).column(0).to_pylist()

@@ -242,7 +242,7 @@ async def score_rows(
             try:
                 outcomes[i] = RowOutcome(metric.missing_result(prepared, len(context or [])), None)
             except MissingInputError as exc:
-                outcomes[i] = RowOutcome(None, str(exc))
+                outcomes[i] = RowOutcome(None, exc.with_flags())
             continue
         pending.append((i, prepared, row_cache_key(fingerprint, prepared)))
 

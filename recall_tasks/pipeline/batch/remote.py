@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from recall_tasks.errors import ConfigError
+from recall_tasks.io.storage import join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.batch import ACTIVE, request_line, split
 from recall_tasks.pipeline.batch import cas
@@ -44,6 +45,11 @@ def record_path(plan: RunPlan) -> str:
     return record_file(plan.store, plan.run_key)
 
 
+def record_uri(plan: RunPlan) -> str:
+    """The record as people name it: with the output's protocol (``s3://…``), unlike the fsspec path."""
+    return join_uri(plan.store.output_uri, "_batches", f"{plan.run_key}.json")
+
+
 def read_record(plan: RunPlan) -> Record | None:
     return read_at(plan.store.fs, record_path(plan))
 
@@ -58,7 +64,7 @@ def unchanged(plan: RunPlan, record: Record) -> None:
     """Re-read before writing again (a waiting run): RecordChanged if another process wrote the record since."""
     fresh = read_record(plan)
     if fresh is None or fresh.token != record.token:
-        raise RecordChanged(f"the batch record {record_path(plan)} was written by another process")
+        raise RecordChanged(f"the batch record {record_uri(plan)} was written by another process")
 
 
 def _input(plan: RunPlan, requests: Mapping[str, JudgeRequest], keys: list[str]) -> bytes:
@@ -117,7 +123,7 @@ def submit(plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest]) 
                 claim = part.get("creating") or {}
                 if claim and time.time() - float(claim.get("at", 0)) < CLAIM_S:
                     raise Busy(
-                        f"another process is creating batch part {part['part']} of {record_path(plan)} (or one "
+                        f"another process is creating batch part {part['part']} of {record_uri(plan)} (or one "
                         f"stopped less than {CLAIM_S:.0f} s ago): rerun later"
                     )
             part["creating"] = {"by": me, "at": time.time()}
@@ -140,14 +146,14 @@ def submit(plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest]) 
     missing = [k for p in todo if not p.get("file_id") for k in p["custom_ids"] if k not in requests]
     if missing:
         raise ConfigError(
-            f"the batch record {record_path(plan)} names {len(missing)} row(s) the dataset no longer has; "
+            f"the batch record {record_uri(plan)} names {len(missing)} row(s) the dataset no longer has; "
             "delete the record to submit afresh"
         )
     plan.scope.run(run())
     record["status"] = "pending"
     write_record(plan, record)
     for part in todo:
-        log.warning("submitted batch %s (%d requests)", part["batch_id"], len(part["custom_ids"]))
+        log.info("submitted batch %s (%d requests)", part["batch_id"], len(part["custom_ids"]))
 
 
 def _seen(batch: dict[str, Any]) -> dict[str, Any]:

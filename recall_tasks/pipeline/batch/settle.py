@@ -94,11 +94,11 @@ def _superseded(plan: RunPlan) -> PendingSummary | IdleSummary:
     fresh = remote.read_record(plan)
     status = None if fresh is None else fresh.get("status")
     log.warning("the batch record %s was written by another process (now %s); this run stops here, nothing "
-                "committed", remote.record_path(plan), status)  # fmt: skip
+                "committed", remote.record_uri(plan), status)  # fmt: skip
     if fresh is not None and status in OPEN:
         return pending_summary(plan, fresh, sum(len(p["custom_ids"]) for p in fresh["parts"] if p.get("round") == 1))
     why = f"another process left the batches of run {plan.run_id} {status or 'without a record'}"
-    return idle_summary(plan, fresh, f"stopped: {why} (record {remote.record_path(plan)})")
+    return idle_summary(plan, fresh, f"stopped: {why} (record {remote.record_uri(plan)})")
 
 
 def _settle(plan: RunPlan) -> Settled:
@@ -106,7 +106,7 @@ def _settle(plan: RunPlan) -> Settled:
     record = remote.read_record(plan)
     status = record.get("status") if record is not None else None
     if record is not None and status == "collected" and record.get("run_id") == plan.run_id:
-        log.warning("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
+        log.info("batches of run %s already collected; finishing the run", plan.run_id)  # a resumed finish
         return _finished(record)
     if params.batch_collect_only and status not in OPEN:
         return Settled(pending=idle_summary(plan, record))
@@ -161,18 +161,20 @@ def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str,
     for key, request in requests.items():
         if params.max_requests is not None and len(kept) >= params.max_requests:
             break
-        if params.max_cost_usd is not None and price is not None:
+        if price is not None:  # the bound is reported under --max-requests too
             body = judge.batch_body(request)
             out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
             prompt = len(json.dumps(body.get("messages"), ensure_ascii=False).encode()) // 4 + 1
             line = (prompt * price[0] + out * price[1]) / 1e6 * BATCH_PRICE_FACTOR
-            if cost + line > params.max_cost_usd:
+            if params.max_cost_usd is not None and cost + line > params.max_cost_usd:
                 break
             cost += line
         kept[key] = request
     if len(kept) < len(requests):
-        log.warning("the budget (--max-requests / --max-cost-usd) lets %d of %d row(s) into the batch (at most "
-                    "$%.4f at the batch price); the rest are not judged", len(kept), len(requests), cost)  # fmt: skip
+        bound = f"at most ${cost:.4f}" if cost >= 0.01 else f"at most ${cost:.2g}"  # never $0.0000 for some rows
+        bound = "cost unknown: no price for this model" if price is None else f"{bound} at the batch price"
+        log.warning("the budget (--max-requests / --max-cost-usd) lets %d of %d row(s) into the batch (%s); the "
+                    "rest are not judged", len(kept), len(requests), bound)  # fmt: skip
     return kept
 
 
@@ -208,7 +210,7 @@ def _resubmit(
         return False
     remote.submit(plan, record, requests)
     ids = ", ".join(p["batch_id"] for p in record["parts"] if p.get("round") == 2)
-    log.warning("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
+    log.info("resubmitted %d unanswered line(s) once, in batch(es) %s", len(retry), ids)
     return True
 
 
@@ -216,7 +218,7 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> Pending
     """What the flow returns for a pending run: its batches, nothing committed."""
     return {
         "status": PENDING, "run_id": plan.run_id, "run_key": plan.run_key, "rows": plan.dataset.num_rows,
-        "batched_rows": rows, "record": remote.record_path(plan), "output": plan.params.output_uri,
+        "batched_rows": rows, "record": remote.record_uri(plan), "output": plan.params.output_uri,
         "base_url": plan.params.base_url, "submitted_at": record.get("submitted_at"),
         "batches": [{"id": p["batch_id"], "status": p.get("status"), "requests": len(p["custom_ids"]),
                      "round": p.get("round", 1), "counts": p.get("request_counts")} for p in record["parts"]],
@@ -226,13 +228,13 @@ def pending_summary(plan: RunPlan, record: dict[str, Any], rows: int) -> Pending
 def idle_summary(plan: RunPlan, record: dict[str, Any] | None, reason: str | None = None) -> IdleSummary:
     """What a ``batch_collect_only`` run returns when these parameters have no pending batches: nothing done."""
     if reason is not None:
-        return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
+        return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_uri(plan),
                 "reason": reason}  # fmt: skip
     if record is None:
         why = "no batches were submitted for these parameters and this data"
     else:
         why = f"the batches of run {record.get('run_id')} are {record.get('status')}"
-    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_path(plan),
+    return {"status": IDLE, "run_id": plan.run_id, "run_key": plan.run_key, "record": remote.record_uri(plan),
             "reason": f"nothing to collect: {why}"}  # fmt: skip
 
 
@@ -275,7 +277,7 @@ def _collect(
     remote.write_record(plan, record)
     done = _finished(record)
     done.served = collected
-    log.warning(
+    log.info(
         "collected %d row(s) from %d batch(es) (%s); %d failed line(s)%s", len(collected), len(record["parts"]),
         ", ".join(p["batch_id"] for p in record["parts"]), len(failures),
         " judged live (--batch-fallback live)" if failures and plan.params.batch_fallback == "live" else "",
