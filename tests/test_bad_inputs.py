@@ -730,7 +730,7 @@ def test_handled_per_row_and_counted(ctx: Ctx, case: Handled) -> None:
         said = " ".join(str(x) for x in (r["error"], r["reason"], *(r["flags"] or [])) if x)
         assert missing in said, (row_id, said)
         if case.on_missing == "error":
-            assert r["error"] and "on_missing" in r["error"] and r["score"] is None
+            assert r["error"] and "--on-missing" in r["error"] and r["score"] is None
         elif case.on_missing == "skip":
             assert r["skipped"] and r["score"] is None and r["error"] is None
         else:
