@@ -333,12 +333,17 @@ _SHORT = st.one_of(
 #: The same examples on every run (a property test is no coin toss in CI) and no health check on generation speed,
 #: which a loaded machine fails while the property holds
 PROPERTY = {"deadline": None, "database": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow]}
+#: Hypothesis warns when the global ``random`` state moves during a draw. These strategies draw nothing from it, but
+#: in a pytest-xdist worker another thread (a client an earlier test's flow run left) can move it mid-draw: the
+#: warning, an error in the suite, failed a property that held (1 loaded clean-clone run in 5)
+OTHER_THREADS_RANDOM = pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 
 
 def _non_space(s: str) -> str:
     return "".join(ch for ch in s if not ch.isspace())
 
 
+@OTHER_THREADS_RANDOM
 @settings(max_examples=600, **PROPERTY)
 @given(_SHORT)
 def test_non_empty_text_has_at_least_one_unit(text: str) -> None:
@@ -349,6 +354,7 @@ def test_non_empty_text_has_at_least_one_unit(text: str) -> None:
         assert "\n" not in unit or unit.startswith(("```", "~~~")), (text, units)  # only a code block keeps lines
 
 
+@OTHER_THREADS_RANDOM
 @settings(max_examples=600, **PROPERTY)
 @given(_SHORT)
 def test_units_only_drop_markers_and_whitespace(text: str) -> None:
@@ -357,6 +363,7 @@ def test_units_only_drop_markers_and_whitespace(text: str) -> None:
     assert all(ch in rest for ch in _non_space("".join(split_sentences(text)))), (text, split_sentences(text))
 
 
+@OTHER_THREADS_RANDOM
 @settings(max_examples=300, **PROPERTY)
 @given(st.lists(_SHORT, min_size=1, max_size=4))
 def test_units_of_sentences_are_kept(parts: list[str]) -> None:
