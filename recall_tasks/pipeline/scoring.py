@@ -20,6 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -195,6 +196,11 @@ async def keyed_requests(
     return found
 
 
+#: Told ``n`` as rows of the block being scored settle (``pipeline/progress.py``): set by the chunk's thread, read
+#: by :func:`score_rows` on the loop (the coroutine runs in a copy of that thread's context).
+rows_settled: ContextVar[Callable[[int], None] | None] = ContextVar("rows_settled", default=None)
+
+
 async def score_rows(
     metric: Metric,
     rows: list[dict[str, Any]],
@@ -257,6 +263,7 @@ async def score_rows(
         else:
             waiting.append((i, prepared, request))
     to_judge = []
+    tell = rows_settled.get()
     try:
         hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in leaders]) if cache and leaders else {}
         owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
@@ -271,6 +278,9 @@ async def score_rows(
         for _, _, key in leaders:
             shared.drop(key)
         raise
+
+    if tell is not None:
+        tell(len(rows) - len(to_judge) - len(waiting))  # settled without a judge call
 
     def extracted(prepared: Prepared) -> Spend:
         """The claim extraction a row paid for: recorded whether or not the row is then judged."""
@@ -371,10 +381,20 @@ async def score_rows(
         token = attempt_observer.set(breaker)  # the judge tasks started below report their attempts to it
         try:
             async with asyncio.TaskGroup() as group:
+                tasks: list[asyncio.Task[Any]] = []
                 for i, prepared, key in to_judge:
-                    shared.led_by(key, group.create_task(judge_one(i, prepared, key)))
+                    tasks.append(group.create_task(judge_one(i, prepared, key)))
+                    shared.led_by(key, tasks[-1])
                 for i, prepared, request in waiting:
-                    group.create_task(wait_for(i, prepared, request))
+                    tasks.append(group.create_task(wait_for(i, prepared, request)))
+                if tell is not None:
+                    settled = tell
+
+                    def one_settled(_: asyncio.Task[Any]) -> None:
+                        settled(1)
+
+                    for t in tasks:
+                        t.add_done_callback(one_settled)
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
         finally:
