@@ -140,3 +140,33 @@ def test_the_prefect_flow_and_the_in_process_run_write_the_same_results(
     assert flow.results.schema == local.results.schema
     same = [n for n in flow.results.schema.names if n not in drop]
     assert flow.results.select(same).sort_by("row_id").equals(local.results.select(same).sort_by("row_id"))
+
+
+def test_cancelling_the_awaiting_task_stops_the_judge_calls(fake_openai: Any, monkeypatch: Any, tmp_path: Path) -> None:
+    """A notebook's interrupt (the cell's task cancelled): the judge calls in flight are cancelled at once, the
+    run's thread ends, nothing is committed."""
+    import time
+
+    from tests import judge_script
+    from tests.test_pipeline import KEY
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    fake_openai.latency_s = 5.0  # every reply takes 5 s: the run is still judging when it is cancelled
+    out = tmp_path / "out"
+
+    async def cell() -> float:
+        task = asyncio.ensure_future(
+            a_evaluate(SAMPLE, output=out, on_missing="skip", judge="openai", base_url=fake_openai.base_url)
+        )
+        while not fake_openai.chat_requests:  # the first judge request has arrived
+            await asyncio.sleep(0.01)
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - cancelled_at
+
+    took = asyncio.run(cell())
+    assert took < 4.0, took  # not after the 5 s replies
+    assert not (out / "runs").exists()  # nothing committed
