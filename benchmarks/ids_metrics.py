@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from recall_tasks.metrics.ids_compute import (  # noqa: E402
+    METRICS,
     id_metrics,
     metric_names,
     normalise_ids,
@@ -111,7 +112,7 @@ def main() -> None:
     input_rss = peak_rss_mb()
     print(
         f"input: {args.queries:,} queries x {args.retrieved} retrieved ids, {len(relevant.flatten()):,} judged ids; "
-        f"{len(metric_names(ks))} metrics ({', '.join(n.split('@')[0] for n in metric_names(ks)[:: len(ks)])} at k={args.ks})"
+        f"{len(metric_names(ks))} metrics ({', '.join(METRICS)} at k={args.ks})"
     )
     times, cpus = [], []
     for _ in range(max(args.repeat, 1)):
