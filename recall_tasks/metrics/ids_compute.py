@@ -154,18 +154,17 @@ def _chunks_to_docs(
 ) -> pa.Array:
     """Each chunk id mapped to its document id, the pattern run once per distinct id."""
     encoded = pc.dictionary_encode(strings)
-    docs: list[str] = []
-    for position, chunk in enumerate(encoded.dictionary.to_pylist()):
-        found = pattern.search(chunk)
-        doc = found.group(1) if found else None
-        if not doc:
-            element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
-            raise DatasetError(
-                f"the chunk id {chunk[:80]!r} does not match the chunk-to-document pattern {pattern.pattern!r} "
-                "(or its group captured nothing)", uri=source, column=column,
-                row=first_row + _first_row_with(lists, element),
-            )  # fmt: skip
-        docs.append(doc)
+    chunks: list[str] = encoded.dictionary.to_pylist()
+    search = pattern.search
+    docs = [found.group(1) if (found := search(chunk)) else None for chunk in chunks]
+    if not all(docs):  # no match, or the group captured nothing; the dictionary is in order of first appearance
+        position = next(i for i, doc in enumerate(docs) if not doc)
+        element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
+        raise DatasetError(
+            f"the chunk id {chunks[position][:80]!r} does not match the chunk-to-document pattern "
+            f"{pattern.pattern!r} (or its group captured nothing)", uri=source, column=column,
+            row=first_row + _first_row_with(lists, element),
+        )  # fmt: skip
     return pa.array(docs, pa.string()).take(encoded.indices)
 
 
