@@ -107,13 +107,11 @@ def assert_equal(table: pa.Table, expected: dict[str, list[float | None]], rows:
                 assert math.isclose(a, b, rel_tol=0, abs_tol=TOLERANCE), (name, i, a, b, rows[i])
 
 
-_DOC = st.integers(min_value=0, max_value=12)
-
-
 @st.composite
 def _row(draw: st.DrawFn, graded: bool) -> Row:
-    retrieved = draw(st.lists(_DOC, max_size=14))  # repeats: duplicates in the retrieved list
-    relevant = draw(st.lists(_DOC, max_size=8))
+    doc = st.integers(min_value=0, max_value=draw(st.sampled_from([2, 12])))  # a small pool: many repeats
+    retrieved = draw(st.lists(doc, max_size=14))  # repeats: duplicates in the retrieved list
+    relevant = draw(st.lists(doc, max_size=8))
     grades = draw(st.lists(st.integers(0, 3), min_size=len(relevant), max_size=len(relevant))) if graded else None
     return retrieved, relevant, grades
 
