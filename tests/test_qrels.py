@@ -151,3 +151,11 @@ def test_query_ids_matching_no_row_are_refused(tmp_path: Path) -> None:
     ) as info:
         refuse_unmatched(qrels, rows)
     assert f"file {uri}" in str(info.value) and "row_id column" in str(info.value)
+
+
+def test_the_first_conflict_in_the_file_is_named(tmp_path: Path) -> None:
+    text = "b 0 y 1\na 0 x 1\nb 0 y 1\na 0 x 3\nb 0 y 2\n"
+    with pytest.raises(
+        DatasetError, match=re.escape("query 'a' doc 'x' twice with different relevance: 1 on line 2, 3 on line 4")
+    ):
+        read_qrels(write_text(tmp_path, text))
