@@ -212,6 +212,8 @@ def test_null_list_is_no_ids() -> None:
     """A null cell (not a null inside a list) is no ids: retrieved nothing, or not assessed for the relevant ids."""
     got = normalise_ids(pa.array([["1"], None], pa.list_(pa.large_string())), column="c", source="f")
     assert got.type == pa.list_(pa.string()) and got.to_pylist() == [["1"], None]
+    nothing = normalise_ids(pa.nulls(2), column="c", source="f")  # a column JSON lines read as all null
+    assert nothing.type == pa.list_(pa.string()) and nothing.to_pylist() == [None, None]
 
 
 def test_chunked_rows_are_counted_across_chunks() -> None:

@@ -109,6 +109,8 @@ def normalise_ids(
     if pa.types.is_dictionary(typ):
         arr = arr.dictionary_decode()
         typ = arr.type
+    if pa.types.is_null(typ):  # a column with no value at all (JSON lines infer it): no ids in any row
+        return pa.nulls(len(arr), _IDS)
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
         valid = np.flatnonzero(np.asarray(arr.is_valid()))
         row = int(valid[0]) if len(valid) else 0
