@@ -218,19 +218,22 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         if note:
             notes.append(note)
     judge = make_judge(params)
-    probe = getattr(judge, "preflight", None) if contact else None
-    if probe is not None:
-        note = probe()
-        if note:
-            notes.append(note)
-    check_priced(params, judge)
-    if params.batch:
-        from recall_tasks.pipeline.batch.checks import check_batch
+    try:  # a refusal after the probe closes the judge's client: its socket must not outlive the loop it is on
+        probe = getattr(judge, "preflight", None) if contact else None
+        if probe is not None:
+            note = probe()
+            if note:
+                notes.append(note)
+        check_priced(params, judge)
+        if params.batch:
+            from recall_tasks.pipeline.batch.checks import check_batch
 
-        check_batch(params, judge, probe=contact)
-    return Checked(
-        storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace, canary
-    )
+            check_batch(params, judge, probe=contact)
+        metric = make_metric(params, judge)
+    except BaseException:
+        release_judge(judge)
+        raise
+    return Checked(storage, dataset, store, metric, segments, retriever, retrieval, notes, trace, canary)
 
 
 #: What ``head_start.preflight`` checked, handed to :func:`plan_run` of the same parameters in the same process
