@@ -151,6 +151,9 @@ class RunPlan:
     layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see blocks()
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
     attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
+    #: the chunk window settled its judging (finished, or aborted and kept what was judged): from then on an
+    #: exception of the flow needs no abort (``head_start.settle_taken``)
+    settled: bool = False
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -255,11 +258,15 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     """
     planned = PLANNED.pop(params.model_dump_json(), None)
     if planned is not None and run_id in (None, planned.run_id):
-        for note in planned.notes:
-            log.warning("%s", note)
-        if share:
-            share_limits(params, planned.metric)
-            _count_budget(planned)
+        try:
+            for note in planned.notes:
+                log.warning("%s", note)
+            if share:
+                share_limits(params, planned.metric)
+                _count_budget(planned)
+        except BaseException:  # not taken after all: the CLI's head_start.abandon still finds it
+            PLANNED[params.model_dump_json()] = planned
+            raise
         return planned
     checked = PREFLIGHTED.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
