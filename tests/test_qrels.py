@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def test_trec_text(tmp_path: Path) -> None:
     assert qrels.query_ids.to_pylist() == ["q1", "q2"]
     assert qrels.doc_ids.to_pylist() == [["doc-1", "doc-2", "doc-3"], ["doc-9"]]  # the repeated pair kept once
     assert qrels.relevance.to_pylist() == [[2, 0, 1], [1]]
+
+
+def test_compressed_trec_text(tmp_path: Path) -> None:
+    path = tmp_path / "qrels.txt.gz"
+    path.write_bytes(gzip.compress(TREC.encode()))
+    assert read_qrels(str(path)).relevance.to_pylist() == [[2, 0, 1], [1]]
 
 
 def test_parquet_with_integer_ids_and_whole_float_grades(tmp_path: Path) -> None:

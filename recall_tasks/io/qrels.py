@@ -8,6 +8,8 @@ Two formats, read through fsspec (a path, ``file://``, ``s3://``...):
 - anything else is a TREC qrels text file: ``query_id iteration doc_id relevance`` per line, whitespace-separated
   (the iteration, usually ``0``, is ignored); blank lines and lines starting with ``#`` are skipped.
 
+A name ending ``.gz``, ``.bz2``, ``.xz``, ``.zst``... is decompressed first.
+
 Ids compare as strings (``7`` and ``"7"`` are one id). A (query, doc) pair judged twice with the same relevance
 counts once; with different relevance the file is refused. Each error is one :class:`DatasetError` naming the
 file and the line (text, 1-based) or row (Parquet, 0-based): a malformed line, a relevance that is negative or not
@@ -30,6 +32,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.utils import infer_compression
 
 from recall_tasks.errors import DatasetError
 from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
@@ -58,7 +61,7 @@ def read_qrels(uri: str, storage: StorageConfig | None = None) -> Qrels:
     """Read and check the qrels at ``uri`` (see the module docstring); raise one DatasetError or StorageError."""
     fs, path = filesystem(uri, storage)
     try:
-        with fs.open(path, "rb") as fh:
+        with fs.open(path, "rb", compression=infer_compression(path)) as fh:
             raw = fh.read()
     except Exception as exc:  # noqa: BLE001 - every storage failure becomes one clear message
         raise translate_storage_error(exc, uri, config=storage, fs=fs) from None
