@@ -25,8 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError
-from recall_tasks.io.datasets import Dataset, DatasetFile, one_line
+from recall_tasks.errors import DatasetError, one_line
+from recall_tasks.io.columns import JUDGED_ROLES
+from recall_tasks.io.datasets import Dataset, DatasetFile
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
@@ -179,7 +180,7 @@ def _block(
     ds: Dataset, uri: str, first_row: int, part: pa.Table, role_cols: dict[str, str], seen: dict[str, int]
 ) -> RowBlock:
     arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
-    for role in ("input", "expected_output", "retrieval_context", "actual_output"):
+    for role in JUDGED_ROLES:
         col = role_cols.get(role)
         typ = pa.list_(pa.string()) if role == "retrieval_context" else pa.string()
         if col is None:
@@ -190,7 +191,7 @@ def _block(
         arrays["messages"] = part.column(role_cols["messages"])
     content = list(
         zip(
-            *(arrays[r].to_pylist() for r in ("input", "expected_output", "retrieval_context", "actual_output")),
+            *(arrays[r].to_pylist() for r in JUDGED_ROLES),
             strict=True,
         )
     )
@@ -391,7 +392,7 @@ class _RowReader:
         """The chunk's rows. A copy's judged columns are its group's first row's (same content hash): only its own
         other columns (row id, pass-through, messages) are read, so copies spread over the files cost narrow reads."""
         full = _read_columns(self.ds)
-        judged = {self.ds.columns[r] for r in ("input", "expected_output", "retrieval_context", "actual_output")
+        judged = {self.ds.columns[r] for r in JUDGED_ROLES
                   if r in self.ds.columns}  # fmt: skip
         own = [c for c in full if c not in judged]
         leads = sorted(set(same_as))
