@@ -10,11 +10,16 @@ other processes (``--task-runner processes|dask``) report when they settle only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
 
-from recall_tasks.pipeline.scoring import rows_settled
+#: Told ``n`` as rows of the block being scored settle: set by the chunk's thread (:func:`counting_rows`), read by
+#: ``scoring.score_rows`` on the loop (the coroutine runs in a copy of that thread's context).
+rows_settled: ContextVar[Callable[[int], None] | None] = ContextVar("rows_settled", default=None)
 
 RowListener = Callable[[int, int | None], None]
 _row_listeners: list[RowListener] = []
@@ -47,6 +52,19 @@ def counting_rows(seq: int) -> Iterator[None]:
     finally:
         rows_settled.reset(token)
         notify_rows(seq, None)
+
+
+def tell_each(tasks: list[asyncio.Task[Any]], tell: Callable[[int], None] | None) -> None:
+    """``tell(1)`` as each of the rows' ``tasks`` ends (nothing when no one listens)."""
+    if tell is None:
+        return
+    told = tell
+
+    def one(_: asyncio.Task[Any]) -> None:
+        told(1)
+
+    for task in tasks:
+        task.add_done_callback(one)
 
 
 class RowProgress:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -53,6 +52,7 @@ from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.metrics.claims import Guard, NotJudged, Units, claim_units_of
 from recall_tasks.models import RecallCase, RecallResult
+from recall_tasks.pipeline import progress
 from recall_tasks.sentences import SPLITTER_VERSION
 
 
@@ -198,11 +198,6 @@ async def keyed_requests(
     return found
 
 
-#: Told ``n`` as rows of the block being scored settle (``pipeline/progress.py``): set by the chunk's thread, read
-#: by :func:`score_rows` on the loop (the coroutine runs in a copy of that thread's context).
-rows_settled: ContextVar[Callable[[int], None] | None] = ContextVar("rows_settled", default=None)
-
-
 async def score_rows(
     metric: Metric,
     rows: list[dict[str, Any]],
@@ -266,7 +261,7 @@ async def score_rows(
         else:
             waiting.append((i, prepared, request))
     to_judge = []
-    tell = rows_settled.get()
+    tell = progress.rows_settled.get()
     try:
         hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in leaders]) if cache and leaders else {}
         owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
@@ -391,14 +386,7 @@ async def score_rows(
                     shared.led_by(key, tasks[-1])
                 for i, prepared, request in waiting:
                     tasks.append(group.create_task(wait_for(i, prepared, request)))
-                if tell is not None:
-                    settled = tell
-
-                    def one_settled(_: asyncio.Task[Any]) -> None:
-                        settled(1)
-
-                    for t in tasks:
-                        t.add_done_callback(one_settled)
+                progress.tell_each(tasks, tell)
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
         finally:
