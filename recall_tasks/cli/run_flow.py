@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from recall_tasks.cli.common import _fail, _fail_unexpected, err, plain
+from recall_tasks.cli.losses import print_run_losses
 from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_pending
 from recall_tasks.cli.runtime import (
     _check_reachable,
@@ -78,6 +79,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from recall_tasks.pipeline import head_start, steps
+    from recall_tasks.pipeline.progress import RowProgress, add_row_listener, remove_row_listener
 
     cached: list[int] = []
     with _interrupts() as state, contextlib.ExitStack() as stack:
@@ -117,12 +119,18 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                 )
             )
             bar = progress.add_task("rows", total=None)
+            rows = RowProgress()  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
 
             def listener(done: int, total: int) -> None:
-                progress.update(bar, completed=done, total=total)
+                progress.update(bar, completed=rows.chunks(done, total), total=total)
+
+            def row_listener(seq: int, n: int | None) -> None:
+                progress.update(bar, completed=rows.rows(seq, n))
 
             steps.add_progress_listener(listener)
             stack.callback(steps.remove_progress_listener, listener)
+            add_row_listener(row_listener)
+            stack.callback(remove_row_listener, row_listener)
             return recall_benchmark(params)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
@@ -150,6 +158,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             summary = _run(params, debug, preflight=True)
         except RegressionDetected as exc:
             print_outcome(exc.summary, output)
+            print_run_losses(params, exc.summary, output)
             err.print(f"[bold red]regression:[/] {plain(exc)}")
             raise typer.Exit(code=3) from None
         except RunFailed as exc:
@@ -174,6 +183,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             ), debug)  # fmt: skip
         return print_pending(summary)
     print_outcome(summary, output)
+    print_run_losses(params, summary, output)  # a regressed verdict: the segments and rows that lost most
 
 
 def _preflight(params: RunParams) -> list[str]:

@@ -52,6 +52,7 @@ from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.metrics.claims import Guard, NotJudged, Units, claim_units_of
 from recall_tasks.models import RecallCase, RecallResult
+from recall_tasks.pipeline import progress
 from recall_tasks.sentences import SPLITTER_VERSION
 
 
@@ -260,6 +261,7 @@ async def score_rows(
         else:
             waiting.append((i, prepared, request))
     to_judge = []
+    tell = progress.rows_settled.get()
     try:
         hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in leaders]) if cache and leaders else {}
         owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
@@ -274,6 +276,9 @@ async def score_rows(
         for _, _, key in leaders:
             shared.drop(key)
         raise
+
+    if tell is not None:
+        tell(len(rows) - len(to_judge) - len(waiting))  # settled without a judge call
 
     def extracted(prepared: Prepared) -> Spend:
         """The claim extraction a row paid for: recorded whether or not the row is then judged."""
@@ -375,10 +380,13 @@ async def score_rows(
         token = attempt_observer.set(breaker)  # the judge tasks started below report their attempts to it
         try:
             async with asyncio.TaskGroup() as group:
+                tasks: list[asyncio.Task[Any]] = []
                 for i, prepared, key in to_judge:
-                    shared.led_by(key, group.create_task(judge_one(i, prepared, key)))
+                    tasks.append(group.create_task(judge_one(i, prepared, key)))
+                    shared.led_by(key, tasks[-1])
                 for i, prepared, request in waiting:
-                    group.create_task(wait_for(i, prepared, request))
+                    tasks.append(group.create_task(wait_for(i, prepared, request)))
+                progress.tell_each(tasks, tell)
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
         finally:

@@ -48,7 +48,7 @@ from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
-from recall_tasks.pipeline import dask_paths
+from recall_tasks.pipeline import dask_paths, progress
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import Canary, open_canary
 from recall_tasks.pipeline.checks import (
@@ -387,7 +387,8 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
-        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
+        with progress.counting_rows(seq):  # the rows as they settle, for the CLI's bar
+            table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:

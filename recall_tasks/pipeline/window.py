@@ -93,6 +93,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
     total = plan.dataset.num_rows
     tally = ChunkTally()
     window: deque[tuple[ChunkHandle, int, str]] = deque()
+    steps.notify_progress(0, total)  # the total is known from the start: a bar shows 0/N, not 0/?
 
     def record(seq: int, report: ChunkReport, reused: bool) -> None:
         plan.pending_blocks.pop(seq, None)
