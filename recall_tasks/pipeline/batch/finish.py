@@ -8,24 +8,48 @@ resubmission raise a row error naming the batch and line, or are judged live wit
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.pipeline.batch.settle import Settled
+from recall_tasks.pipeline.run import RunCache, RunPlan
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
-from recall_tasks.pipeline.steps import RunPlan
 
 # -- finishing the run ------------------------------------------------------------------------------------
 
 
-class _HideCollected:
+class HideCollected:
     """The run's row cache without the keys collected from its batches (the judge below serves them)."""
 
-    def __init__(self, inner: Any, collected: set[str]) -> None:
+    def __init__(self, inner: RunCache, collected: set[str]) -> None:
         self.inner = inner
         self.collected = collected
+
+    @property
+    def stored(self) -> int:
+        return self.inner.stored
+
+    @property
+    def spilled(self) -> int:
+        return self.inner.spilled
+
+    @property
+    def spill(self) -> Path:
+        return self.inner.spill
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def owed(self, key: str, response: JudgeResponse) -> bool:
+        return self.inner.owed(key, response)
 
     def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
         found: dict[str, JudgeResponse] = self.inner.get_many([k for k in keys if k not in self.collected])
@@ -34,9 +58,6 @@ class _HideCollected:
     def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
         ready: bool = self.inner.put_many({k: v for k, v in entries.items() if k not in self.collected}, flush=flush)
         return ready
-
-    def __getattr__(self, name: str) -> Any:  # flush, close, stored, claims...
-        return getattr(self.inner, name)
 
 
 class BatchServedJudge:
@@ -53,6 +74,9 @@ class BatchServedJudge:
         self.settled = settled
         self.fallback_live = fallback_live
         self.billed: set[str] = set()
+        #: the live judge's: its attempts reserve the budget as they are sent (``scoring``). Nothing to close here:
+        #: the run's resources close the live judge itself
+        self.gates_attempts = bool(getattr(live, "gates_attempts", False))
 
     @property
     def model(self) -> str:
@@ -64,9 +88,6 @@ class BatchServedJudge:
 
     def config(self) -> dict[str, Any]:
         return dict(self.live.config())
-
-    def __getattr__(self, name: str) -> Any:  # aclose, prices, endpoint...
-        return getattr(self.live, name)
 
     def prepaid(self, request: JudgeRequest) -> bool:
         """A collected row: paid with its batch, so the run's budget never holds it back (``scoring``)."""
@@ -88,15 +109,17 @@ class BatchServedJudge:
         return response
 
 
-def install(plan: RunPlan, settled: Settled) -> None:
-    """Serve the collected rows from the row cache through the judge (see the module docstring); the run row
-    gets the batch ids and the wait (``runs.batch_ids``, ``runs.batch_wait_s``)."""
-    if settled.batch_ids:
-        plan.batch_columns = {"batch_ids": settled.batch_ids, "batch_wait_s": settled.wait_s}
-    if plan.cache is None or not (settled.collected or settled.failures):
-        return
-    fingerprint = metric_fingerprint(plan.metric)
+def batch_columns(settled: Settled) -> dict[str, Any]:
+    """The run row's batch ids and wait (``runs.batch_ids``, ``runs.batch_wait_s``), for ``commit.commit_run``."""
+    return {"batch_ids": settled.batch_ids, "batch_wait_s": settled.wait_s} if settled.batch_ids else {}
+
+
+def install(plan: RunPlan, settled: Settled) -> RunPlan:
+    """The plan serving the collected rows from the row cache through the judge (see the module docstring)."""
     real = plan.cache
+    if not isinstance(real, RowVerdictCache) or not (settled.collected or settled.failures):
+        return plan
+    fingerprint = metric_fingerprint(plan.metric)
     if settled.served is not None:  # collected by this process: served from memory (also with --refresh-cache)
         served = {k: v for k, v in settled.served.items() if k in settled.collected}
     else:  # a resumed finish: one read per row group, not one per row; --refresh-cache opens a reading cache
@@ -105,7 +128,9 @@ def install(plan: RunPlan, settled: Settled) -> None:
     if plan.budget is not None:  # what the batch spent counts toward --max-requests / --max-cost-usd
         plan.budget.requests += sum(r.requests for r in served.values())
         plan.budget.cost_usd += sum(r.cost_usd or 0.0 for r in served.values())
-    plan.metric.judge = BatchServedJudge(
+    metric = copy.copy(plan.metric)  # the same metric (claim units, thresholds) with the serving judge
+    metric.judge = BatchServedJudge(
         plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )
-    plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]
+    resources = plan.resources.serving(metric, HideCollected(real, settled.collected))
+    return dataclasses.replace(plan, resources=resources)
