@@ -249,8 +249,18 @@ def handing_off(prepared: Prepared | None, observer: RunObserver = NO_OBSERVER) 
 )
 def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
-    handoff = HANDOFF.get() or Handoff(None)
+    handoff = handed_off()
     return run_benchmark(params, prepared=handoff.prepared, observer=handoff.observer)
+
+
+def handed_off() -> Handoff:
+    """What the caller handed this flow (:func:`handing_off`), or nothing.
+
+    A function, not :data:`HANDOFF` read in the flow's body: Prefect sends the flow object with the context of
+    every ``processes``/``dask`` task, cloudpickle sends its function by value with the globals it names, and a
+    ``ContextVar`` does not pickle (modules and functions go by reference).
+    """
+    return HANDOFF.get() or Handoff(None)
 
 
 def run_benchmark(
