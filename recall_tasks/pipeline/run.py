@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from recall_tasks._sync import CancelScope
 from recall_tasks.config import RunParams
@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from recall_tasks.pipeline.canary import Canary
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -261,6 +263,20 @@ class ChunkWindow:
     layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see steps.blocks()
 
 
+class _Of(Generic[T]):
+    """A read-only view of a field of one part of the plan: ``plan.params`` is ``plan.spec.params``."""
+
+    def __init__(self, part: str, field: str | None = None) -> None:
+        self.part, self.field = part, field
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+
+    def __get__(self, plan: object, owner: type | None = None) -> T:
+        value: T = getattr(getattr(plan, self.part), self.field or "")
+        return value
+
+
 @dataclass(frozen=True, eq=False)
 class RunPlan:
     """A planned run: its :class:`RunSpec`, its :class:`RunResources` and its :class:`ChunkWindow`.
@@ -273,34 +289,34 @@ class RunPlan:
     window: ChunkWindow = field(default_factory=ChunkWindow)
 
     # -- the spec
-    params = property(lambda self: self.spec.params)
-    run_id = property(lambda self: self.spec.run_id)
-    run_key = property(lambda self: self.spec.run_key)
-    resumed = property(lambda self: self.spec.resumed)
-    dataset = property(lambda self: self.spec.dataset)
-    store = property(lambda self: self.spec.store)
-    started_at = property(lambda self: self.spec.started_at)
-    started_clock = property(lambda self: self.spec.started_clock)
-    config_hash = property(lambda self: self.spec.config_hash)
-    segment_columns = property(lambda self: self.spec.segment_columns)
-    retriever = property(lambda self: self.spec.retriever)
-    retrieval = property(lambda self: self.spec.retrieval)
-    trace = property(lambda self: self.spec.trace)
-    canary = property(lambda self: self.spec.canary)
-    notes = property(lambda self: self.spec.notes)
-    attempt = property(lambda self: self.spec.attempt)
-    prepare_block = property(lambda self: self.spec.prepare_block)
+    params = _Of[RunParams]("spec")
+    run_id = _Of[str]("spec")
+    run_key = _Of[str]("spec")
+    resumed = _Of[bool]("spec")
+    dataset = _Of[Dataset]("spec")
+    store = _Of[ResultStore]("spec")
+    started_at = _Of[dt.datetime]("spec")
+    started_clock = _Of[float]("spec")
+    config_hash = _Of[str]("spec")
+    segment_columns = _Of["tuple[str, ...]"]("spec")
+    retriever = _Of["Retriever | None"]("spec")
+    retrieval = _Of["RetrievalResults | None"]("spec")
+    trace = _Of["TraceContext | None"]("spec")
+    canary = _Of["Canary | None"]("spec")
+    notes = _Of["tuple[str, ...]"]("spec")
+    attempt = _Of[str]("spec")
+    prepare_block = _Of[Callable[[RowBlock], RowBlock]]("spec")
     # -- the resources
-    metric = property(lambda self: self.resources.metric)
-    cache = property(lambda self: self.resources.cache)
-    budget = property(lambda self: self.resources.budget)
-    breaker = property(lambda self: self.resources.breaker)
-    scope = property(lambda self: self.resources.scope)
-    shared = property(lambda self: self.resources.shared)
-    budget_counters = property(lambda self: self.resources.budget_counters)
+    metric = _Of[Metric]("resources")
+    cache = _Of["RunCache | None"]("resources")
+    budget = _Of["Budget | None"]("resources")
+    breaker = _Of["CircuitBreaker | None"]("resources")
+    scope = _Of[CancelScope]("resources")
+    shared = _Of[SharedRequests]("resources")
+    budget_counters = _Of["dict[str, str]"]("resources")
     # -- the window
-    pending_blocks = property(lambda self: self.window.pending)
-    head_starts = property(lambda self: self.window.head_starts)
+    pending_blocks = _Of["dict[int, RowBlock]"]("window", "pending")
+    head_starts = _Of["dict[int, HeadStart]"]("window")
 
 
 class RunObserver(Protocol):
