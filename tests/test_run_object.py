@@ -147,10 +147,14 @@ def test_the_flow_takes_the_plan_the_cli_prepared_through_the_handoff(
     assert counted.closed == {"cache": 1, "judge": 1}
 
 
+@pytest.mark.parametrize("runner", ["processes", "dask"])
 @pytest.mark.concurrency
-def test_the_handoff_stays_in_the_flow_process_with_worker_processes(prefect_harness, data: str, tmp_path: Path):
-    """Prefect sends the flow object with every process task's context: nothing of the handoff may need pickling."""
-    params = lexical(data, tmp_path / "out", task_runner="processes", workers=1)
+def test_the_handoff_stays_in_the_flow_process_with_worker_processes(
+    prefect_harness, data: str, tmp_path: Path, runner: str
+) -> None:
+    """Prefect sends the flow object with every process task's context: nothing of the handoff may need pickling
+    (the flow's function named ``HANDOFF`` itself at first: ``cannot pickle '_contextvars.ContextVar' object``)."""
+    params = lexical(data, tmp_path / "out", task_runner=runner, workers=1)
     prepared = head_start.preflight(params)
     ahead = head_start.plan_ahead(prepared)
     with flow.handing_off(prepared, Watch()):
