@@ -62,6 +62,7 @@ from recall_tasks.pipeline.components import (
     make_judge,
     make_metric,
     open_run_dataset,
+    release_judge,
     share_limits,
 )
 from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
@@ -139,19 +140,22 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         if note:
             notes.append(note)
     judge = make_judge(params)
-    probe = getattr(judge, "preflight", None) if contact else None
-    if probe is not None:
-        note = probe()
-        if note:
-            notes.append(note)
-    check_priced(params, judge)
-    if params.batch:
-        from recall_tasks.pipeline.batch.checks import check_batch
+    try:  # a refusal after the probe closes the judge's client: its socket must not outlive the loop it is on
+        probe = getattr(judge, "preflight", None) if contact else None
+        if probe is not None:
+            note = probe()
+            if note:
+                notes.append(note)
+        check_priced(params, judge)
+        if params.batch:
+            from recall_tasks.pipeline.batch.checks import check_batch
 
-        check_batch(params, judge, probe=contact)
-    return Checked(
-        storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace, canary
-    )
+            check_batch(params, judge, probe=contact)
+        metric = make_metric(params, judge)
+    except BaseException:
+        release_judge(judge)
+        raise
+    return Checked(storage, dataset, store, metric, segments, retriever, retrieval, notes, trace, canary)
 
 
 #: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.
@@ -172,6 +176,7 @@ def plan_run(
     (its head starts judging), else its checks are not repeated; deployment runs check here.
     ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
     """
+    # taken even if what follows raises: the flow's run_benchmark then aborts it through ``prepared``
     planned = prepared.take(params) if prepared is not None and run_id is None else None
     if planned is not None:
         for note in planned.notes:
