@@ -43,6 +43,7 @@ from recall_tasks.io.results import ResultStore, check_format
 from recall_tasks.io.retrieval import RetrievalResults, load_retriever
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
+from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.pipeline import dask_paths
 from recall_tasks.pipeline.artifacts import report_link_seconds
@@ -141,7 +142,7 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
             notes.append(note)
     judge = make_judge(params)
     try:  # a refusal after the probe closes the judge's client: its socket must not outlive the loop it is on
-        probe = getattr(judge, "preflight", None) if contact else None
+        probe = judge.preflight if contact and isinstance(judge, Preflighted) else None
         if probe is not None:
             note = probe()
             if note:

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.judges.capabilities import FullJudge, Prepaid, full_judge
 from recall_tasks.pipeline.batch.settle import Settled
 from recall_tasks.pipeline.run import RunCache, RunPlan
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
+
+if TYPE_CHECKING:
+    from recall_tasks.judges.batch import BatchClient
+    from recall_tasks.judges.ratelimit import GrantSource
 
 # -- finishing the run ------------------------------------------------------------------------------------
 
@@ -66,7 +72,13 @@ class BatchServedJudge:
     failed ones raise a row error naming the batch and line, unless ``fallback_live``."""
 
     def __init__(
-        self, live: Any, served: dict[str, JudgeResponse], fingerprint: str, settled: Settled, *, fallback_live: bool
+        self,
+        live: FullJudge,
+        served: dict[str, JudgeResponse],
+        fingerprint: str,
+        settled: Settled,
+        *,
+        fallback_live: bool,
     ) -> None:
         self.live = live
         self.served = served
@@ -74,9 +86,6 @@ class BatchServedJudge:
         self.settled = settled
         self.fallback_live = fallback_live
         self.billed: set[str] = set()
-        #: the live judge's: its attempts reserve the budget as they are sent (``scoring``). Nothing to close here:
-        #: the run's resources close the live judge itself
-        self.gates_attempts = bool(getattr(live, "gates_attempts", False))
 
     @property
     def model(self) -> str:
@@ -88,6 +97,47 @@ class BatchServedJudge:
 
     def config(self) -> dict[str, Any]:
         return dict(self.live.config())
+
+    # -- the live judge's capabilities (judges.capabilities), each forwarded by name -------------------------
+
+    @property
+    def gates_attempts(self) -> bool:
+        return self.live.gates_attempts
+
+    @property
+    def prices(self) -> Mapping[str, tuple[float, float]]:
+        return self.live.prices
+
+    @property
+    def base_url(self) -> str | None:
+        return self.live.base_url
+
+    @property
+    def endpoint(self) -> str:
+        return self.live.endpoint
+
+    def preflight(self) -> str | None:
+        return self.live.preflight()
+
+    async def aclose(self) -> None:
+        await self.live.aclose()
+
+    def least_worst_cost(self) -> tuple[float, int, int]:
+        return self.live.least_worst_cost()
+
+    def share_limits(self, rpm: tuple[GrantSource, int] | None, tpm: tuple[GrantSource, int] | None) -> None:
+        self.live.share_limits(rpm, tpm)
+
+    def batch_body(self, request: JudgeRequest) -> dict[str, Any]:
+        return self.live.batch_body(request)
+
+    def batch_client(self) -> BatchClient:
+        return self.live.batch_client()
+
+    async def finish_batch_reply(
+        self, request: JudgeRequest, content: str, finish_reason: str | None, batch_usage: tuple[int, int]
+    ) -> JudgeResponse:
+        return await self.live.finish_batch_reply(request, content, finish_reason, batch_usage)
 
     def prepaid(self, request: JudgeRequest) -> bool:
         """A collected row: paid with its batch, so the run's budget never holds it back (``scoring``)."""
@@ -107,6 +157,13 @@ class BatchServedJudge:
             raise JudgeResponseError(failure, model=self.model)
         response: JudgeResponse = await self.live.judge(request)
         return response
+
+
+if TYPE_CHECKING:
+
+    def _conforms(judge: BatchServedJudge) -> tuple[FullJudge, Prepaid]:
+        """mypy: the wrapper forwards every capability of the judge it wraps, and adds its own."""
+        return judge, judge
 
 
 def batch_columns(settled: Settled) -> dict[str, Any]:
@@ -130,7 +187,7 @@ def install(plan: RunPlan, settled: Settled) -> RunPlan:
         plan.budget.cost_usd += sum(r.cost_usd or 0.0 for r in served.values())
     metric = copy.copy(plan.metric)  # the same metric (claim units, thresholds) with the serving judge
     metric.judge = BatchServedJudge(
-        plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
+        full_judge(plan.metric.judge), served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )
     resources = plan.resources.serving(metric, HideCollected(real, settled.collected))
     return dataclasses.replace(plan, resources=resources)
