@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import operator
 import secrets as pysecrets
 import threading
 from collections.abc import Callable
@@ -268,13 +269,14 @@ class _Of(Generic[T]):
 
     def __init__(self, part: str, field: str | None = None) -> None:
         self.part, self.field = part, field
+        self._get: Callable[[object], T] | None = None
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.field = self.field or name
+        self._get = operator.attrgetter(f"{self.part}.{self.field or name}")
 
     def __get__(self, plan: object, owner: type | None = None) -> T:
-        value: T = getattr(getattr(plan, self.part), self.field or "")
-        return value
+        assert self._get is not None  # set when the class is created
+        return self._get(plan)
 
 
 @dataclass(frozen=True, eq=False)
