@@ -100,16 +100,6 @@ def _opt(name: str, *decls: str, **kw: Any) -> Any:
     return typer.Option(*decls, help=RUN_FIELDS[name].description, **kw)
 
 
-#: ``run`` options that are not a field of the same name and type (``tests/test_cli_params.py`` checks the rest).
-RUN_OPTION_FIELDS = {
-    "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
-    "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
-    "dataset_uri": "dataset_uri",
-    "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
-    "collect_only": "batch_collect_only", "price": "prices",
-}  # fmt: skip
-
-
 @app.command(epilog=EXIT_CODES)
 def run(
     dataset_uri: Annotated[str, typer.Argument(help=RUN_FIELDS["dataset_uri"].description)],

@@ -32,7 +32,9 @@ import pyarrow as pa
 
 from recall_tasks.errors import DatasetError
 
-ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id", "messages")
+#: the role columns a judge reads, in the order a row's content hash takes them (``RowBlock``)
+JUDGED_ROLES = ("input", "expected_output", "retrieval_context", "actual_output")
+ROLES = (*JUDGED_ROLES, "row_id", "messages")
 
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "input": ("input", "user_input", "question", "query"),

@@ -24,6 +24,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import ClaimCache, RowVerdictCache
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.retrieval import with_contexts
 from recall_tasks.io.storage import filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
@@ -115,7 +116,7 @@ def estimate(params: RunParams) -> Estimate:
 
     requests: dict[str, JudgeRequest] = {}  # the misses by row-cache key: identical rows share one request
     cached = 0
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     for block in iter_blocks(dataset, params.chunk_size):
         if trace is not None:
             block = trace.apply(block)

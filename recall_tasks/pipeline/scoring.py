@@ -34,6 +34,7 @@ from recall_tasks.errors import (
 )
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.judges.base import (
     BudgetReached,
     JudgeRequest,
@@ -372,7 +373,7 @@ async def score_block(
     Converting the block and building its table run in a worker thread: on the event loop they would hold
     every judge reply in flight for tens of milliseconds per chunk.
     """
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     rows = await asyncio.to_thread(lambda: block.table.select(columns).to_pylist())
     outcomes = await score_rows(metric, rows, cache, budget, breaker, shared)
     return await asyncio.to_thread(results_table, block, outcomes, metric)

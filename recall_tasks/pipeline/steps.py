@@ -66,7 +66,6 @@ from recall_tasks.pipeline.components import (
     release_judge,
     share_limits,
 )
-from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.run import (
     NO_OBSERVER,
     ChunkReport,

@@ -41,7 +41,7 @@ OPEN = frozenset({"submitting", "pending"})
 
 
 def record_file(store: Any, run_key: str) -> str:
-    path: str = store._path("_batches", f"{run_key}.json")
+    path: str = store.path("_batches", f"{run_key}.json")
     return path
 
 

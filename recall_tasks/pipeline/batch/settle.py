@@ -13,6 +13,7 @@ from typing import Any, Literal
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine
 from recall_tasks.judges.capabilities import batching, prices_of
@@ -45,7 +46,7 @@ def misses(plan: RunPlan) -> dict[str, JudgeRequest]:
     cache = plan.cache
     out: dict[str, JudgeRequest] = {}
 
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     for raw in iter_blocks(plan.dataset, plan.params.chunk_size):
         block = plan.prepare_block(raw)
         pairs = run_sync(keyed_requests(metric, fingerprint, block.table.select(columns).to_pylist()))
