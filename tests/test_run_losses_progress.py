@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from recall_tasks.cli import app as cli
 from recall_tasks.cli.demo_regression import degraded_contexts
 from recall_tasks.config import RunParams
-from recall_tasks.pipeline import progress, steps
+from recall_tasks.pipeline import progress
 from recall_tasks.pipeline.local_run import run_in_process
 from tests.test_pipeline import make_rows, write_parquet
 
@@ -72,19 +72,19 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
     shown: list[tuple[int, int | None]] = []
     bar = progress.RowProgress()
 
-    def chunks(done: int, total: int) -> None:
-        shown.append((bar.chunks(done, total), bar.total))
+    class Watch:
+        def progress(self, done: int, total: int) -> None:
+            shown.append((bar.chunks(done, total), bar.total))
 
-    def rows(seq: int, n: int | None) -> None:
-        shown.append((bar.rows(seq, n), bar.total))
+        def rows(self, seq: int, n: int | None) -> None:
+            shown.append((bar.rows(seq, n), bar.total))
 
-    steps.add_progress_listener(chunks)
-    progress.add_row_listener(rows)
-    try:
-        run_in_process(RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=500))
-    finally:
-        steps.remove_progress_listener(chunks)
-        progress.remove_row_listener(rows)
+        def aborted(self, rows_cached: int) -> None:
+            raise AssertionError("not aborted")
+
+    run_in_process(
+        RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=500), Watch()
+    )
     assert shown[0] == (0, 1200)  # 0 of the known total before any row settles (was: nothing until 500)
     values = [v for v, _ in shown]
     assert values == sorted(values) and values[-1] == 1200

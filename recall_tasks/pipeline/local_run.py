@@ -2,10 +2,11 @@
 
 A notebook or a script that wants a DataFrame of scores should not need a Prefect server: Prefect's own answer
 without one (an "ephemeral" server booted inside the process) costs seconds per call and times out under load
-(``cli/server.py``). :func:`run_in_process` runs the same steps as ``pipeline/flow.recall_benchmark``, in the same
-order, with the same parameters and tables: plan (checks, lease, row cache, budgets), the chunk loop
-(``window.score_chunks``: bounded window, abort on any error), commit, publish (comparison with the baseline,
-HTML report), finish, and the outcome's exceptions. What Prefect adds and this path does not have:
+(``cli/server.py``). :func:`run_in_process` runs the very steps of ``pipeline/flow.recall_benchmark``
+(``pipeline/conduct.py``, hosted here by :class:`LocalHost`), with the same parameters and tables: plan (checks,
+lease, row cache, budgets), the chunk loop (``window.score_chunks``: bounded window, abort on any error), commit,
+publish (comparison with the baseline, HTML report), finish, and the outcome's exceptions. What Prefect adds
+and this path does not have:
 
 - no flow run, artifacts or events (``publish_run``'s publication is dropped; ``flow_run_id`` is null in ``runs``);
 - no chunk cache and no task retries: each chunk is scored by a thread of a pool of ``--max-workers``; the row
@@ -17,16 +18,17 @@ HTML report), finish, and the outcome's exceptions. What Prefect adds and this p
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, StorageError
-from recall_tasks.pipeline import commit, dask_paths, publish, steps
-from recall_tasks.pipeline.batch import finish as batch_finish
-from recall_tasks.pipeline.batch import settle as batch
-from recall_tasks.pipeline.steps import ChunkReport, RunPlan
-from recall_tasks.pipeline.window import score_chunks
+from recall_tasks.errors import ConfigError
+from recall_tasks.pipeline import steps
+from recall_tasks.pipeline.conduct import conduct
+from recall_tasks.pipeline.publish import Publication
+from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, RunObserver, RunPlan
 from recall_tasks.summaries import FlowSummary
 
 log = logging.getLogger("recall_tasks.run")
@@ -64,44 +66,38 @@ class ThreadChunks:
         return None
 
 
-def run_in_process(params: RunParams) -> FlowSummary:
+class LocalHost:
+    """:class:`~recall_tasks.pipeline.conduct.RunHost` without Prefect: chunks on a thread pool, nothing published."""
+
+    logger = log
+
+    def announce(self, plan: RunPlan) -> None:
+        log.info(
+            "run %s%s: %s rows from %s, metric %s, judge %s", plan.run_id, " (resumed)" if plan.resumed else "",
+            plan.dataset.num_rows, plan.dataset.uri, plan.params.metric, plan.metric.judge.model,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def chunks(self, plan: RunPlan) -> Iterator[ThreadChunks]:
+        with ThreadPoolExecutor(plan.params.max_workers, thread_name_prefix="recall-chunk") as pool:
+            yield ThreadChunks(plan, pool)
+
+    def flow_run_id(self) -> str | None:
+        return None
+
+    def send(self, publication: Publication) -> None:
+        return None  # artifacts and events are Prefect's: dropped
+
+
+def run_in_process(params: RunParams, observer: RunObserver = NO_OBSERVER) -> FlowSummary:
     """Score ``params``'s dataset in this process and commit as the flow does; returns the flow's summary.
 
     Raises what the flow raises: one clear error before anything is judged, ``RunFailed``/``BudgetExhausted``/
-    ``RegressionDetected``/``IncomparableBaseline`` after the commit (the summary in ``exc.summary``).
+    ``RegressionDetected``/``IncomparableBaseline`` after the commit (the summary in ``exc.summary``). ``observer``:
+    told the progress as the CLI's bar is.
     """
     if params.task_runner != "threads":
         raise ConfigError(
             f"task_runner={params.task_runner!r} runs chunks as Prefect tasks: pass prefect=True, or keep 'threads'"
         )
-    params = dask_paths.absolute(params)
-    plan = steps.plan_run(params)
-    try:
-        log.info(
-            "run %s%s: %s rows from %s, metric %s, judge %s", plan.run_id, " (resumed)" if plan.resumed else "",
-            plan.dataset.num_rows, plan.dataset.uri, params.metric, plan.metric.judge.model,
-        )  # fmt: skip
-        if params.batch:
-            settled = batch.settle(plan)
-            if settled.pending is not None:
-                if settled.pending["status"] == batch.IDLE and not plan.resumed:
-                    steps.finish_run(plan)
-                steps.release(plan)
-                return settled.pending
-            batch_finish.install(plan, settled)
-        try:
-            with ThreadPoolExecutor(params.max_workers, thread_name_prefix="recall-chunk") as pool:
-                tally = score_chunks(plan, ThreadChunks(plan, pool))
-        except StorageError as exc:
-            raise steps.store_outage(plan, exc) from None
-        steps.check_lease(plan)
-        try:
-            committed = commit.commit_run(plan, tally.parts, None)
-        except StorageError as exc:
-            raise steps.store_outage(plan, exc) from None
-        summary, _ = publish.publish_run(plan, committed, log)  # artifacts and events are Prefect's: dropped
-        steps.finish_run(plan)
-        publish.raise_for_outcome(plan, summary)
-        return summary
-    finally:
-        steps.let_go(plan)
+    return conduct(params, LocalHost(), observer=observer)

@@ -2,7 +2,7 @@
 
 The chunk loop reports progress when a chunk settles (``steps.notify_progress``: 500 rows at a time by default);
 a bar drawn from that alone sat at ``0/?`` for the first chunk and then jumped. While a chunk is scored in this
-process, :func:`counting_rows` tells the row listeners ``(seq, n)`` as its rows settle: the rows without a judge
+process, :func:`counting_rows` tells the run's observer ``rows(seq, n)`` as its rows settle: the rows without a judge
 call (cache hits, missing inputs) at once, then each judged row as its reply comes (``scoring.rows_settled``),
 and ``(seq, None)`` when the chunk's scoring ends (its rows then count once the chunk settles). Chunks scored in
 other processes (``--task-runner processes|dask``) report when they settle only.
@@ -15,43 +15,29 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol
 
 #: Told ``n`` as rows of the block being scored settle: set by the chunk's thread (:func:`counting_rows`), read by
 #: ``scoring.score_rows`` on the loop (the coroutine runs in a copy of that thread's context).
 rows_settled: ContextVar[Callable[[int], None] | None] = ContextVar("rows_settled", default=None)
 
-RowListener = Callable[[int, int | None], None]
-_row_listeners: list[RowListener] = []
 
-
-def add_row_listener(fn: RowListener) -> None:
-    """Register ``fn(seq, n)``: ``n`` more rows of chunk ``seq`` settled; ``n`` None: that chunk's scoring ended."""
-    _row_listeners.append(fn)
-
-
-def remove_row_listener(fn: RowListener) -> None:
-    if fn in _row_listeners:
-        _row_listeners.remove(fn)
-
-
-def notify_rows(seq: int, n: int | None) -> None:
-    for fn in list(_row_listeners):
-        fn(seq, n)
+class RowsObserver(Protocol):
+    def rows(self, seq: int, n: int | None) -> None: ...
 
 
 @contextlib.contextmanager
-def counting_rows(seq: int) -> Iterator[None]:
-    """Report the rows of chunk ``seq`` as they settle while the block is scored (nothing without a listener)."""
-    if not _row_listeners:
+def counting_rows(seq: int, observer: RowsObserver | None) -> Iterator[None]:
+    """Tell ``observer`` the rows of chunk ``seq`` as they settle while the block is scored (nothing without one)."""
+    if observer is None:
         yield
         return
-    token = rows_settled.set(functools.partial(notify_rows, seq))
+    token = rows_settled.set(functools.partial(observer.rows, seq))
     try:
         yield
     finally:
         rows_settled.reset(token)
-        notify_rows(seq, None)
+        observer.rows(seq, None)
 
 
 def tell_each(tasks: list[asyncio.Task[Any]], tell: Callable[[int], None] | None) -> None:
