@@ -340,6 +340,10 @@ class RunObserver(Protocol):
         """The run was aborted; ``rows_cached`` rows it judged are in the row cache (a rerun resumes with them)."""
         ...
 
+    def waiting(self, message: str) -> None:
+        """``--wait-for-lock``: this attempt waits for another attempt of the same run (said once)."""
+        ...
+
 
 class NoObserver:
     """Nobody watching: deployment runs, tests, library calls."""
@@ -349,6 +353,9 @@ class NoObserver:
 
     def rows(self, seq: int, n: int | None) -> None:
         pass
+
+    def waiting(self, message: str) -> None:
+        log.warning("%s", message)
 
     def aborted(self, rows_cached: int) -> None:
         pass

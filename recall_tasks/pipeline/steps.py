@@ -21,7 +21,7 @@ import logging
 import os
 import secrets as pysecrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.compute as pc
 
@@ -169,12 +169,14 @@ def plan_run(
     prepared: Prepared | None = None,
     log_notes: bool = True,
     share: bool = True,
+    on_wait: Callable[[str], None] | None = None,
 ) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise.
 
     ``prepared`` (the CLI's ad-hoc runs, ``head_start``): its plan made ahead for these parameters is taken as is
     (its head starts judging), else its checks are not repeated; deployment runs check here.
     ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
+    ``on_wait``: told once when ``--wait-for-lock`` waits for another attempt of the run (the observer's ``waiting``).
     """
     # taken even if what follows raises: the flow's run_benchmark then aborts it through ``prepared``
     planned = prepared.take(params) if prepared is not None and run_id is None else None
@@ -196,7 +198,9 @@ def plan_run(
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     # the lease first: an attempt that waited for another opens the row cache as that one left it
-    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
+    the_run_id, started, resumed = store.begin_run(
+        run_key, run_id or new_run_id(), started, wait=params.wait_for_lock, on_wait=on_wait
+    )
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
