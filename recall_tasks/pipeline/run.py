@@ -2,16 +2,15 @@
 
 - :class:`RunSpec` (frozen): the run's configuration and identity, decided by ``steps.plan_run`` and never changed.
 - :class:`RunResources` (a context manager): what the run opens and must close (judge, row cache, budget, circuit
-  breaker) plus the cancel scope and the shared requests of its judge calls; each is closed exactly once, however
-  the run ends.
-- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, head starts, the layout).
+  breaker), the cancel scope and shared requests of its judge calls; each closed exactly once, however it ends.
+- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, head starts, layout, observer).
 - :class:`RunPlan` holds the three; its read-only properties are what the steps read (``plan.params``,
   ``plan.cache``...), never a place to store anything.
 
 How the CLI's preparation reaches the flow: a :class:`Prepared` (the checks' result, and the plan made ahead with
-its head starts) and a :class:`RunObserver` (progress, abort) passed to ``flow.run_benchmark``; the Prefect flow
-gets them from ``flow.HANDOFF``, one ``ContextVar`` the CLI sets around its call. No module-level registry: a
-process running two flows at once (tests, a library user) never mixes their plans or listeners.
+its head starts) and a :class:`RunObserver` (progress, rows, abort, lock wait) passed to ``flow.run_benchmark``;
+the Prefect flow gets them from ``flow.HANDOFF``, one ``ContextVar`` the CLI sets around its call. No module-level
+registry: a process running two flows at once (tests, a library user) never mixes their plans or listeners.
 """
 
 from __future__ import annotations
