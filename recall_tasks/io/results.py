@@ -39,6 +39,7 @@ from recall_tasks.io.schemas import (
     CALIBRATION_SCHEMA,
     COMPARISON_SCHEMA,
     LABEL_FIELD,
+    ID_RESULT_FIELDS,
     LATE_RESULT_FIELDS,
     RESULT_FIELDS,
     RUN_SCHEMA,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: ``results`` columns added after the table's first release (``schemas.LATE_RESULT_FIELDS``)
-LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD] if f.name in LATE_RESULT_FIELDS]
+LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD, *ID_RESULT_FIELDS] if f.name in LATE_RESULT_FIELDS]
 
 Format = Literal["delta", "parquet", "iceberg"]
 FORMATS: tuple[str, ...] = ("delta", "parquet", "iceberg")

@@ -41,13 +41,13 @@ from recall_tasks.io.blocks import Layout, RowBlock, iter_layout, plan_layout
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore, check_format
-from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, retrieve, with_contexts
+from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, with_retrieved
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
-from recall_tasks.pipeline import dask_paths
+from recall_tasks.pipeline import dask_paths, ids_step
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import Canary, open_canary
 from recall_tasks.pipeline.checks import (
@@ -157,10 +157,9 @@ class RunPlan:
         if self.trace is not None:
             return self.trace.apply(block)
         if self.retrieval is not None:
-            return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
+            return self.retrieval.apply(block)
         if self.retriever is not None:
-            questions = [q or "" for q in block.table.column("input").to_pylist()]
-            return with_contexts(block, retrieve(self.retriever, questions))
+            return with_retrieved(block, self.retriever)
         return block
 
 
@@ -211,6 +210,7 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     check_results_schema(dataset, store)
+    ids_step.check_ids(params, dataset, storage, retrieval, retriever is not None)  # before any write
     check_baseline_reference(params, store, dataset)
     notes = []
     if retrieval is not None:
@@ -279,7 +279,7 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
     }  # fmt: skip
     plan = RunPlan(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
@@ -377,7 +377,11 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
-        table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
+        if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)
+            table = ids_step.score_ids_block(plan, block)
+        else:
+            judged = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
+            table = ids_step.with_id_metrics(plan, block, judged)
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
