@@ -1,0 +1,337 @@
+"""Retrieval metrics from document ids: recall@k, precision@k, hit_rate@k, MRR@k and nDCG@k, as trec_eval defines them.
+
+Pure and vectorized: Arrow list columns in, one Arrow table out, numpy over the flattened values (no Python loop
+per row). No I/O, no Prefect.
+
+Definitions (one row = one query; ``retrieved`` in rank order, ``relevant`` the judged ids with their grades):
+
+- ids compare as strings (``7`` and ``"7"`` are one document: :func:`normalise_ids` casts both to string);
+- a retrieved id seen earlier in the same list is dropped: it keeps its first rank, counts once, and the ids after
+  it move up (trec_eval reads a run as one score per document);
+- grade: the id's ``relevance`` (binary 1 when ``relevance`` is None); grade 0, or an id not in ``relevant``, is
+  not relevant. An id listed twice in ``relevant`` takes its highest grade;
+- ``recall@k`` = relevant ids in the top k / relevant ids; ``precision@k`` = relevant ids in the top k / k (the
+  denominator is k even when fewer were retrieved, trec_eval's ``P_k``); ``hit_rate@k`` = 1 when any relevant
+  id is in the top k; ``mrr@k`` = 1 / rank of the first relevant id when it is within k, else 0;
+  ``ndcg@k`` = DCG@k / ideal DCG@k with gain = grade and discount log2(rank + 1) (trec_eval's ``ndcg_cut``),
+  the ideal ranking being the relevant ids' grades, highest first;
+- not assessed (null in every column): a row whose relevant list is null or empty, or whose ids all have grade 0
+  (recall has no denominator; trec_eval would score such a query 0 and drag the mean down for a query with
+  nothing to find). A null retrieved list retrieved nothing: every metric 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recall_tasks.errors import ConfigError, DatasetError
+
+METRICS = ("recall", "precision", "hit_rate", "mrr", "ndcg")
+DEFAULT_KS = (1, 5, 10)
+_IDS = pa.list_(pa.string())
+_MAX_K = 1_000_000
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """``"1,5,10"`` -> ``(1, 5, 10)`` (sorted, repeats dropped); anything but positive integers is a ConfigError."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise ConfigError(f"--k {text!r}: give positive integers separated by commas, e.g. --k 1,5,10")
+    ks: set[int] = set()
+    for part in parts:
+        if not re.fullmatch(r"[0-9]+", part) or not 0 < int(part) <= _MAX_K:
+            raise ConfigError(
+                f"--k {text!r}: {part!r} is not a positive integer (at most {_MAX_K:,}); "
+                "give cut-offs separated by commas, e.g. --k 1,5,10"
+            )
+        ks.add(int(part))
+    return tuple(sorted(ks))
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+    """The columns :func:`id_metrics` returns for ``ks``, in order: ``recall@1, recall@5, ..., ndcg@10``."""
+    return [f"{metric}@{k}" for metric in METRICS for k in ks]
+
+
+# --- input checks -------------------------------------------------------------------------------------------------
+
+
+def _first_row_with(lists: pa.ListArray, element_mask: pa.Array) -> int:
+    """The first row of ``lists`` holding an element where ``element_mask`` is true."""
+    flat_idx = int(np.flatnonzero(np.asarray(element_mask.fill_null(False)))[0])
+    offsets = np.asarray(lists.offsets)
+    return int(np.searchsorted(offsets, flat_idx + int(offsets[0]), side="right") - 1)
+
+
+def normalise_ids(
+    arr: pa.ListArray | pa.ChunkedArray,
+    *,
+    column: str,
+    source: str,
+    chunk_to_doc: re.Pattern[str] | None = None,
+    first_row: int = 0,
+) -> pa.ListArray:
+    """The ids of ``column`` as ``list<string>``: integers become their decimal text, chunk ids their document id.
+
+    Raises :class:`DatasetError` naming ``source``, the row (``first_row`` + index) and ``column`` for values that
+    are not lists, float or other non-id element types, a null inside a list, an empty id, and a chunk id that
+    ``chunk_to_doc`` does not match. A null list stays null (no ids: retrieved nothing / not assessed).
+    ``chunk_to_doc`` must have exactly one group (a :class:`ConfigError` otherwise); the id becomes what the group
+    captured in the first match (``re.search``).
+    """
+    if chunk_to_doc is not None and chunk_to_doc.groups != 1:
+        raise ConfigError(
+            f"the chunk-to-document pattern {chunk_to_doc.pattern!r} has {chunk_to_doc.groups} groups; it needs "
+            r"exactly one, capturing the document id (e.g. '^(.+)::chunk-\d+$')"
+        )
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    typ = arr.type
+    if pa.types.is_dictionary(typ):
+        arr = arr.dictionary_decode()
+        typ = arr.type
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+        valid = np.flatnonzero(np.asarray(arr.is_valid()))
+        row = int(valid[0]) if len(valid) else 0
+        raise DatasetError(
+            f"expected a list of ids (list<string> or list<int>), found {typ}", uri=source, column=column,
+            row=first_row + row,
+        )  # fmt: skip
+    if not pa.types.is_list(typ):
+        arr = arr.cast(pa.list_(typ.value_type))
+    lists: pa.ListArray = arr
+    values = lists.flatten()
+    vtype = values.type
+    if pa.types.is_dictionary(vtype):
+        values = values.dictionary_decode()
+        vtype = values.type
+    if len(values) and values.null_count:
+        row = _first_row_with(lists, values.is_null())
+        raise DatasetError("an id is null (a list holding nulls)", uri=source, column=column, row=first_row + row)
+    if pa.types.is_integer(vtype):
+        strings = values.cast(pa.string())
+    elif pa.types.is_string(vtype) or pa.types.is_large_string(vtype):
+        strings = values.cast(pa.string())
+        empty = pc.equal(pc.binary_length(strings), 0)
+        if len(values) and pc.any(empty).as_py():
+            row = _first_row_with(lists, empty)
+            raise DatasetError("an id is an empty string", uri=source, column=column, row=first_row + row)
+    elif pa.types.is_null(vtype) and len(values) == 0:
+        strings = pa.array([], pa.string())
+    else:
+        kind = "floats are not ids (write them as integers or strings)" if pa.types.is_floating(vtype) else (
+            "ids are strings or integers")  # fmt: skip
+        nonempty = np.flatnonzero(np.asarray(pc.list_value_length(lists).fill_null(0)) > 0)
+        row = int(nonempty[0]) if len(nonempty) else 0
+        raise DatasetError(f"{kind}; found list<{vtype}>", uri=source, column=column, row=first_row + row)
+    if chunk_to_doc is not None and len(strings):
+        strings = _chunks_to_docs(lists, strings, chunk_to_doc, column=column, source=source, first_row=first_row)
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    mask = lists.is_null() if lists.null_count else None
+    return pa.ListArray.from_arrays(offsets, strings, type=_IDS, mask=mask)
+
+
+def _chunks_to_docs(
+    lists: pa.ListArray, strings: pa.Array, pattern: re.Pattern[str], *, column: str, source: str, first_row: int
+) -> pa.Array:
+    """Each chunk id mapped to its document id, the pattern run once per distinct id."""
+    encoded = pc.dictionary_encode(strings)
+    docs: list[str] = []
+    for position, chunk in enumerate(encoded.dictionary.to_pylist()):
+        found = pattern.search(chunk)
+        doc = found.group(1) if found else None
+        if not doc:
+            element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
+            raise DatasetError(
+                f"the chunk id {chunk[:80]!r} does not match the chunk-to-document pattern {pattern.pattern!r} "
+                "(or its group captured nothing)", uri=source, column=column,
+                row=first_row + _first_row_with(lists, element),
+            )  # fmt: skip
+        docs.append(doc)
+    return pa.array(docs, pa.string()).take(encoded.indices)
+
+
+def normalise_relevance(
+    arr: pa.ListArray | pa.ChunkedArray, ids: pa.ListArray, *, column: str, source: str, first_row: int = 0
+) -> pa.ListArray:
+    """Graded relevance as ``list<int64>`` aligned with ``ids`` (the normalised relevant ids).
+
+    A DatasetError naming the row for: a non-list column, non-integer grades (floats with a fraction, strings), a
+    null grade, a negative grade, a list whose length differs from its ids'. A null list where ids are given means
+    binary relevance 1 for that row's ids.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    typ = arr.type
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
+        raise DatasetError(
+            f"relevance is a list of non-negative integers aligned with the ids; found {typ}", uri=source,
+            column=column, row=first_row,
+        )  # fmt: skip
+    if not pa.types.is_list(typ):
+        arr = arr.cast(pa.list_(typ.value_type))
+    if len(arr) != len(ids):
+        raise ValueError(f"{column}: {len(arr)} relevance lists for {len(ids)} id lists")
+    lists: pa.ListArray = arr
+    values = lists.flatten()
+    vtype = values.type
+    if len(values) and values.null_count:
+        row = _first_row_with(lists, values.is_null())
+        raise DatasetError("a relevance grade is null", uri=source, column=column, row=first_row + row)
+    if pa.types.is_floating(vtype):
+        whole = pc.and_(pc.is_finite(values), pc.equal(pc.floor(values), values))
+        if len(values) and not pc.all(whole).as_py():
+            row = _first_row_with(lists, pc.invert(whole))
+            raise DatasetError("a relevance grade is not an integer", uri=source, column=column, row=first_row + row)
+    elif not (pa.types.is_integer(vtype) or (pa.types.is_null(vtype) and len(values) == 0)):
+        row = _first_row_with(lists, pa.array(np.ones(len(values), bool))) if len(values) else 0
+        raise DatasetError(
+            f"relevance grades are non-negative integers; found list<{vtype}>", uri=source, column=column,
+            row=first_row + row,
+        )  # fmt: skip
+    grades = values.cast(pa.int64())
+    negative = pc.less(grades, 0)
+    if len(grades) and pc.any(negative).as_py():
+        row = _first_row_with(lists, negative)
+        raise DatasetError("a relevance grade is negative", uri=source, column=column, row=first_row + row)
+    rel_len = np.asarray(pc.list_value_length(lists).fill_null(-1))
+    id_len = np.asarray(pc.list_value_length(ids).fill_null(0))
+    bad = np.flatnonzero((rel_len != id_len) & (rel_len >= 0))
+    if len(bad):
+        row = int(bad[0])
+        raise DatasetError(
+            f"{rel_len[row]} relevance grades for {id_len[row]} ids (the lists are aligned)", uri=source,
+            column=column, row=first_row + row,
+        )  # fmt: skip
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    typed = pa.ListArray.from_arrays(offsets, grades, type=pa.list_(pa.int64()), mask=lists.is_null())
+    if not lists.null_count:
+        return typed
+    # a null relevance list with ids: binary grade 1 for each of its ids
+    ones = pa.array(np.ones(len(ids.flatten()), np.int64))
+    fill = pa.ListArray.from_arrays(pc.subtract(ids.offsets, ids.offsets[0]), ones, type=pa.list_(pa.int64()))
+    filled = pc.if_else(lists.is_null(), fill, typed)
+    return filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
+
+
+# --- the metrics --------------------------------------------------------------------------------------------------
+
+
+def _parts(lists: pa.ListArray) -> tuple[Ints, Ints, pa.Array]:
+    """Per element: its row; per row: its length; the flat values (nulls lists have length 0)."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    lengths = np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
+    rows = np.repeat(np.arange(len(lists), dtype=np.int64), lengths)
+    return rows, lengths, lists.flatten()
+
+
+def _within_row_rank(rows: Ints, n: int) -> Ints:
+    """1-based position of each element within its row (``rows`` non-decreasing)."""
+    if len(rows) == 0:
+        return np.zeros(0, np.int64)
+    starts = np.searchsorted(rows, np.arange(n, dtype=np.int64))
+    return np.arange(len(rows), dtype=np.int64) - starts[rows] + 1
+
+
+def id_metrics(
+    retrieved: pa.ListArray, relevant: pa.ListArray, relevance: pa.ListArray | None, ks: Sequence[int]
+) -> pa.Table:
+    """Per row, ``recall@k``, ``precision@k``, ``hit_rate@k``, ``mrr@k`` and ``ndcg@k`` for each k (float64 columns
+    named as :func:`metric_names`; definitions in the module docstring). Inputs as :func:`normalise_ids` and
+    :func:`normalise_relevance` return them; rows not assessed are null."""
+    ks = list(dict.fromkeys(int(k) for k in ks))
+    if not ks or any(k <= 0 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    n = len(retrieved)
+    if len(relevant) != n or (relevance is not None and len(relevance) != n):
+        raise ValueError("retrieved, relevant and relevance must have one list per row each")
+    r_rows, _, r_values = _parts(retrieved)
+    g_rows, _, g_values = _parts(relevant)
+    if relevance is None:
+        grades: Floats = np.ones(len(g_values), np.float64)
+    else:
+        grades = np.asarray(_parts(relevance)[2].cast(pa.float64()), dtype=np.float64)
+        if len(grades) != len(g_values):
+            raise ValueError("relevance lists must be aligned with the relevant ids")
+
+    # one integer code per distinct id, shared by both sides; key = row * codes + code
+    both = pa.concat_arrays([r_values.cast(pa.string()), g_values.cast(pa.string())])
+    codes = np.asarray(pc.dictionary_encode(both).indices, dtype=np.int64)
+    width = int(codes.max()) + 1 if len(codes) else 1
+    r_key = r_rows * width + codes[: len(r_values)]
+    g_key = g_rows * width + codes[len(r_values) :]
+
+    # retrieved: first occurrence of each id in its row kept, then ranked
+    order = np.argsort(r_key, kind="stable")
+    sorted_keys = r_key[order]
+    first = np.ones(len(order), bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    keep = np.zeros(len(r_key), bool)
+    keep[order[first]] = True
+    r_rows, r_key = r_rows[keep], r_key[keep]
+    rank = _within_row_rank(r_rows, n)
+
+    # relevant: one grade per (row, id), the highest
+    g_order = np.lexsort((grades, g_key))
+    g_key_sorted, g_grade_sorted = g_key[g_order], grades[g_order]
+    last = np.ones(len(g_order), bool)
+    last[:-1] = g_key_sorted[1:] != g_key_sorted[:-1]
+    u_key, u_grade = g_key_sorted[last], g_grade_sorted[last]
+    u_rows = u_key // width
+    positive = u_grade > 0
+    num_rel = np.bincount(u_rows[positive], minlength=n).astype(np.float64)
+
+    # each kept retrieved id's grade
+    pos = np.searchsorted(u_key, r_key)
+    pos_ok = np.minimum(pos, max(len(u_key) - 1, 0))
+    found = (pos < len(u_key)) & (u_key[pos_ok] == r_key) if len(u_key) else np.zeros(len(r_key), bool)
+    r_grade = np.where(found, u_grade[pos_ok] if len(u_key) else 0.0, 0.0)
+    is_rel = r_grade > 0
+    discount = 1.0 / np.log2(rank + 1.0)
+
+    # first relevant rank per row (rows are contiguous and in rank order)
+    rel_idx = np.flatnonzero(is_rel)
+    first_rank = np.full(n, np.inf)
+    if len(rel_idx):
+        rel_rows = r_rows[rel_idx]
+        head = np.ones(len(rel_idx), bool)
+        head[1:] = rel_rows[1:] != rel_rows[:-1]
+        first_rank[rel_rows[head]] = rank[rel_idx[head]]
+
+    # ideal DCG: each row's positive grades, highest first
+    p_rows, p_grade = u_rows[positive], u_grade[positive]
+    i_order = np.lexsort((-p_grade, p_rows))
+    p_rows, p_grade = p_rows[i_order], p_grade[i_order]
+    i_rank = _within_row_rank(p_rows, n)
+    i_gain = p_grade / np.log2(i_rank + 1.0)
+
+    assessed = num_rel > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        columns: dict[str, list[Floats]] = {m: [] for m in METRICS}
+        for k in ks:
+            in_k = rank <= k
+            hits = np.bincount(r_rows[in_k & is_rel], minlength=n).astype(np.float64)
+            dcg = np.bincount(r_rows[in_k], weights=(r_grade * discount)[in_k], minlength=n)
+            idcg = np.bincount(p_rows[i_rank <= k], weights=i_gain[i_rank <= k], minlength=n)
+            columns["recall"].append(hits / num_rel)
+            columns["precision"].append(hits / k)
+            columns["hit_rate"].append((hits > 0).astype(np.float64))
+            columns["mrr"].append(np.where(first_rank <= k, 1.0 / first_rank, 0.0))
+            columns["ndcg"].append(dcg / idcg)
+    mask = ~assessed
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        for k, values in zip(ks, columns[metric], strict=True):
+            out[f"{metric}@{k}"] = pa.array(values, pa.float64(), mask=mask)
+    return pa.table(out)
