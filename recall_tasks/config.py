@@ -11,7 +11,7 @@ import re
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from recall_tasks.id_params import IdParams
 from recall_tasks.secrets import looks_secret, redact

@@ -24,7 +24,10 @@ def no_id_stats() -> dict[str, Any]:
 
 def metric_names(column: pa.ChunkedArray | pa.Array) -> list[str]:
     """The metric names a map column holds, in their first row's order (``recall@1``, ``precision@1``, ...)."""
-    keys = pc.list_flatten(pc.map_keys(column)) if len(column) else pa.array([], pa.string())
+    if not len(column):
+        return []
+    entries = pa.list_(pa.struct([("key", pa.string()), ("value", pa.float64())]))
+    keys = pc.struct_field(pc.list_flatten(column.cast(entries)), [0])  # a map's keys (a slice's only)
     return [str(k) for k in pc.unique(keys).to_pylist() if k is not None]
 
 

@@ -231,11 +231,12 @@ def resolve_columns(
 
 
 def _check_ids(role: str, t: pa.DataType, uri: str, col: str) -> None:
-    """Ids: a list of strings or integers (they compare as strings); relevance: a list of integers."""
+    """Ids: a list of strings or integers (they compare as strings); relevance: a list of integers (whole floats
+    pass here, a fraction is refused when the values are read: ``metrics/ids_compute.normalise_relevance``)."""
     item = t.value_type if any(f(t) for f in _LIST_TYPES) else None
     if role == "reference_context_relevance":
-        if item is None or not (pa.types.is_integer(item) or pa.types.is_null(item)):
-            raise DatasetError(f"{role}: expected list<int64>, found {type_name(t)}", uri=uri, column=col)
+        if item is None or not (pa.types.is_integer(item) or pa.types.is_floating(item) or pa.types.is_null(item)):
+            raise DatasetError(f"{role}: expected list<int64> (grades), found {type_name(t)}", uri=uri, column=col)
     elif item is None or not (_is_string(item) or pa.types.is_integer(item) or pa.types.is_null(item)):
         raise DatasetError(
             f"{role}: expected list<string> or list<int64> (document ids), found {type_name(t)}", uri=uri, column=col

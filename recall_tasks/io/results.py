@@ -38,8 +38,8 @@ from recall_tasks.io.cache import write_atomically
 from recall_tasks.io.schemas import (
     CALIBRATION_SCHEMA,
     COMPARISON_SCHEMA,
-    LABEL_FIELD,
     ID_RESULT_FIELDS,
+    LABEL_FIELD,
     LATE_RESULT_FIELDS,
     RESULT_FIELDS,
     RUN_SCHEMA,

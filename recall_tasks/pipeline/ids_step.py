@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, DatasetError, RecallBenchError
+from recall_tasks.errors import ConfigError, RecallBenchError
 from recall_tasks.io.blocks import RowBlock, iter_row_ids
 from recall_tasks.io.columns import ID_ROLES
 from recall_tasks.io.datasets import Dataset
@@ -34,7 +34,7 @@ from recall_tasks.io.retrieval import IDS, RetrievalResults
 from recall_tasks.io.schemas import CHUNK_FIELDS, ID_METRICS_FIELD, passthrough_name
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.io.textfiles import open_parquet
-from recall_tasks.metrics.ids_compute import id_metrics, normalise_ids, parse_ks
+from recall_tasks.metrics.ids_compute import id_metrics, normalise_ids, normalise_relevance, parse_ks
 from recall_tasks.metrics.retrieval_ids import IDS_VERSION, NO_JUDGE
 
 RETRIEVED, RELEVANT, RELEVANCE = ID_ROLES
@@ -55,6 +55,10 @@ class IdSetup:
 
     def column(self, role: str) -> str:
         return dict(self.columns).get(role, role)
+
+    def mapping(self, role: str) -> re.Pattern[str] | None:
+        """``--id-pattern`` maps retrieved chunk ids; the relevant ids are document ids already."""
+        return self.pattern if role == RETRIEVED else None
 
 
 #: Setups checked by :func:`check_ids`, by the run's parameters (``plan`` reads them back: :func:`setup_of`).
@@ -153,44 +157,17 @@ def scan(dataset: Dataset, setup: IdSetup, retrieval: RetrievalResults | None) -
         for f in dataset.files:
             with dataset.fs.open(f.path, "rb") as fh:
                 pf = open_parquet(dataset.fs, f.path, f.uri, fh, dataset.json_columns)
-                table = pf.read(columns=list(roles.values()))
-            for role, col in roles.items():
-                values = table.column(col).combine_chunks()
-                if role == RELEVANCE:
-                    _check_relevance(values, table.column(roles[RELEVANT]) if RELEVANT in roles else None, f.uri, col)
-                else:
-                    normalise_ids(values, column=col, source=f.uri, chunk_to_doc=setup.pattern)
+                table = pf.read(columns=list(dict.fromkeys(roles.values())))
+            found = {
+                role: normalise_ids(table.column(col), column=col, source=f.uri, chunk_to_doc=setup.mapping(role))
+                for role, col in roles.items()
+                if role != RELEVANCE
+            }
+            if RELEVANCE in roles and RELEVANT in found:
+                normalise_relevance(table.column(roles[RELEVANCE]), found[RELEVANT], column=roles[RELEVANCE],
+                                    source=f.uri)  # fmt: skip
     if retrieval is not None and retrieval.ids is not None:
-        ids = pc.if_else(pc.is_null(retrieval.ids), pa.scalar([], retrieval.ids.type), retrieval.ids)
-        normalise_ids(ids.combine_chunks(), column=IDS, source=retrieval.uri, chunk_to_doc=setup.pattern)
-
-
-def _check_relevance(values: pa.Array, relevant: Any, uri: str, col: str) -> None:
-    """Graded relevance: non-negative integers, as many as the row's relevant ids."""
-    flat = pc.list_flatten(values)
-    if flat.null_count:
-        row = _first_row(values, pc.is_null(flat))
-        raise DatasetError("a relevance grade is null: grades are non-negative integers", uri=uri, row=row, column=col)
-    negative = pc.less(flat, 0)
-    if len(flat) and pc.any(negative).as_py():
-        row = _first_row(values, negative)
-        raise DatasetError("a relevance grade is negative: grades are non-negative integers", uri=uri, row=row,
-                           column=col)  # fmt: skip
-    if relevant is not None:
-        mine = pc.fill_null(pc.list_value_length(values), 0).to_numpy(zero_copy_only=False)
-        theirs = pc.fill_null(pc.list_value_length(relevant), 0).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero((mine != theirs) & (mine != 0))
-        if len(bad):
-            raise DatasetError(
-                f"{int(mine[bad[0]])} relevance grade(s) for {int(theirs[bad[0]])} relevant id(s): one grade per id of "
-                "reference_context_ids", uri=uri, row=int(bad[0]), column=col,
-            )  # fmt: skip
-
-
-def _first_row(lists: pa.Array, flags: Any) -> int:
-    """The row of ``lists`` holding the first true flag of its flattened values."""
-    parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    return int(parents[int(np.flatnonzero(np.asarray(flags.to_numpy(zero_copy_only=False), bool))[0])])
+        normalise_ids(retrieval.ids, column=IDS, source=retrieval.uri, chunk_to_doc=setup.pattern)
 
 
 # -- per chunk -----------------------------------------------------------------------------------
@@ -213,9 +190,8 @@ def block_ids(setup: IdSetup, block: RowBlock) -> BlockIds:
     table = block.table
     empty = pa.array([[]] * n, _IDS)
     if RETRIEVED in table.column_names:
-        raw = table.column(RETRIEVED).combine_chunks()
+        raw = table.column(RETRIEVED)
         missing = np.asarray(pc.is_null(raw).to_numpy(zero_copy_only=False), bool)
-        raw = pc.if_else(pc.is_null(raw), pa.scalar([], raw.type), raw) if missing.any() else raw
         retrieved = normalise_ids(raw, column=setup.column(RETRIEVED), source=block.source, chunk_to_doc=setup.pattern)
     else:
         retrieved, missing = empty, np.ones(n, bool)
@@ -223,10 +199,10 @@ def block_ids(setup: IdSetup, block: RowBlock) -> BlockIds:
     if setup.qrels is not None:
         relevant, relevance = setup.qrels.lookup(block.row_ids)
     elif RELEVANT in table.column_names:
-        relevant = normalise_ids(table.column(RELEVANT).combine_chunks(), column=setup.column(RELEVANT),
-                                 source=block.source, chunk_to_doc=setup.pattern)  # fmt: skip
+        relevant = normalise_ids(table.column(RELEVANT), column=setup.column(RELEVANT), source=block.source)
         if RELEVANCE in table.column_names:
-            relevance = pc.cast(table.column(RELEVANCE).combine_chunks(), pa.list_(pa.int64()))
+            relevance = normalise_relevance(table.column(RELEVANCE), relevant, column=setup.column(RELEVANCE),
+                                            source=block.source)  # fmt: skip
     else:
         relevant = empty
     values = id_metrics(retrieved, relevant, relevance, setup.ks)
@@ -334,7 +310,6 @@ def config_of(params: RunParams) -> dict[str, Any]:
         return {}
     qrels = getattr(setup.qrels, "fingerprint", None) if setup is not None else None
     return {"ids": [IDS_VERSION, params.k, params.id_pattern, params.qrels_uri, qrels, params.verdict_metric]}
-
 
 
 # -- per run -------------------------------------------------------------------------------------
