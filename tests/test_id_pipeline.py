@@ -4,6 +4,7 @@ verdicts."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ from recall_tasks.config import RunParams
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline.flow import recall_benchmark
-from tests.test_pipeline import make_rows
+from tests import judge_script
+from tests.test_pipeline import KEY, make_rows
 
 pytestmark = pytest.mark.concurrency  # Prefect's test server, the fake OpenAI server, SeaweedFS
 
@@ -100,3 +102,72 @@ def test_retrieval_ids_run_scores_from_ids_with_no_request(prefect_harness, fake
     segments = [r for r in runs if r["segment_column"] == "category"]
     assert segments and all(r["id_metrics"] is not None for r in segments)
     assert sum(r["id_rows"] for r in segments) == 29
+
+
+def retrieval_file(path: Path, rows: list[dict[str, Any]]) -> str:
+    """What an index build writes: row ids and the retrieved ids (no contexts: the dataset's stay)."""
+    return write(path, [{"row_id": r["row_id"], "retrieved_context_ids": r["retrieved_context_ids"]} for r in rows])
+
+
+def test_a_night_that_lost_10_percent_of_the_relevant_documents_reads_regressed_in_history(
+    prefect_harness, fake_openai, tmp_path
+):
+    """Issue 41's done-means: the index lost 10 % of the relevant documents; ``history`` says ``regressed`` on
+    recall@10, and no judge request was sent."""
+    full, lost = id_rows(120, ints=True), id_rows(120, ints=True, lose=0.1)
+    data = write(tmp_path / "data" / "eval.parquet", [{k: v for k, v in r.items() if k != "retrieved_context_ids"}
+                                                       for r in full])  # fmt: skip
+    out = str(tmp_path / "out")
+    common = {"dataset_uri": data, "output_uri": out, "metric": "retrieval_ids", "chunk_size": 50}
+    first = recall_benchmark(
+        RunParams(**common, retrieval_uri=retrieval_file(tmp_path / "v1.parquet", full), label="v1")
+    )
+    second = recall_benchmark(
+        RunParams(**common, retrieval_uri=retrieval_file(tmp_path / "v2.parquet", lost), label="v2")
+    )
+    assert fake_openai.requests == []
+    assert first["mean_score"] == pytest.approx(1.0) and second["mean_score"] == pytest.approx(recall_at(lost, 10))
+    assert second["comparison"]["verdict"] == "regressed"  # type: ignore[typeddict-item]
+    got = cli("history", "-o", out, "--output-format", "json")
+    assert got.exit_code == 0, got.output
+    records = {r["label"]: r for r in map(json.loads, got.output.splitlines())}
+    assert records["v2"]["verdict"] == "regressed" and records["v2"]["baseline_run_id"] == first["run_id"]
+    comparisons = ResultStore(out, StorageConfig.from_options(), "delta").read_table("comparisons")
+    rows = comparisons.to_table().to_pylist()  # type: ignore[union-attr]
+    by_metric = {r["metric"]: r for r in rows if r["segment_column"] is None}
+    assert by_metric["retrieval_ids"]["verdict"] == "regressed" and by_metric["recall@10"]["verdict"] == "regressed"
+    assert by_metric["recall@10"]["ci_high"] < 0 < 1 and by_metric["recall@1"]["metric"] == "recall@1"
+    assert {r["comparison_id"] for r in rows} == {f"{second['run_id']}__{first['run_id']}"}
+
+
+def test_a_judged_run_gets_the_id_metrics_at_no_extra_request_and_says_which_moved(
+    prefect_harness, fake_openai, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    full, lost = id_rows(60, ints=True), id_rows(60, ints=True, lose=0.3)
+    data = write(tmp_path / "data" / "eval.parquet", full)
+    out = str(tmp_path / "out")
+    common = {"dataset_uri": data, "output_uri": out, "judge": "openai", "base_url": fake_openai.base_url,
+              "chunk_size": 25}  # fmt: skip
+    night1 = recall_benchmark(RunParams(**common, label="n1"))
+    assert night1["requests"] == 60 and len(fake_openai.chat_requests) == 60  # one per row, none for the ids
+    assert night1["id_metrics"] is not None and night1["id_metrics"]["recall@10"] == pytest.approx(1.0)
+    assert night1["verdict_metric"] == "contextual_recall"
+    # the index lost documents but the contexts the judge reads are the same: judged unchanged, id recall regressed
+    index = retrieval_file(tmp_path / "v2.parquet", lost)
+    night2 = recall_benchmark(RunParams(**common, label="n2", retrieval_uri=index))
+    assert len(fake_openai.chat_requests) == 60  # the row cache: nothing judged again
+    comparison = night2["comparison"]  # type: ignore[typeddict-item]
+    assert comparison["verdict"] == "unchanged"
+    assert any("id-based recall@10 regressed" in w for w in comparison["warnings"])
+    # the judge changed (it now finds nothing), the ids did not: judged regressed, id recall unchanged
+    fake_openai.set_responder(lambda body: judge_script.responder(body).replace('"yes"', '"no"'))
+    night3 = recall_benchmark(RunParams(**common, label="n3", retrieval_uri=index, cache=False))
+    comparison = night3["comparison"]  # type: ignore[typeddict-item]
+    assert comparison["verdict"] == "regressed"
+    assert "id-based recall is unchanged; the judge may have changed (run with --canary)" in comparison["warnings"]
+    rows = ResultStore(out, StorageConfig.from_options(), "delta").read_table("comparisons").to_table().to_pylist()  # type: ignore[union-attr]
+    mine = {r["metric"]: r for r in rows if r["current_run_id"] == night3["run_id"] and r["segment_column"] is None}
+    assert mine["contextual_recall"]["reason"].startswith("id-based recall is unchanged")
+    assert mine["recall@10"]["verdict"] == "unchanged" and mine["recall@10"]["mean_delta"] == 0.0

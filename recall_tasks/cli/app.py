@@ -106,7 +106,7 @@ RUN_OPTION_FIELDS = {
     "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
     "dataset_uri": "dataset_uri",
     "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
-    "collect_only": "batch_collect_only", "price": "prices",
+    "collect_only": "batch_collect_only", "price": "prices", "qrels": "qrels_uri",
 }  # fmt: skip
 
 
@@ -164,6 +164,10 @@ def run(
     ),
     retriever: Annotated[str | None, _opt("retriever")] = _field("retriever"),
     retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
+    k: Annotated[str, _opt("k", "--k")] = _field("k"),
+    id_pattern: Annotated[str | None, _opt("id_pattern", metavar="REGEX")] = _field("id_pattern"),
+    qrels: Annotated[str | None, _opt("qrels_uri", "--qrels", metavar="URI")] = _field("qrels_uri"),
+    verdict_metric: Annotated[str, _opt("verdict_metric")] = _field("verdict_metric"),
     units: Annotated[str, _opt("units")] = _field("units"),
     extractor_model: Annotated[str | None, _opt("extractor_model")] = _field("extractor_model"),
     context_from: Annotated[str | None, _opt("context_from")] = _field("context_from"),
@@ -216,7 +220,8 @@ def run(
                 "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
                 "canary": canary,
                 "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
-                "retriever": retriever, "retrieval_uri": retrieval_uri,
+                "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
+                "qrels_uri": qrels, "verdict_metric": verdict_metric,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,

@@ -136,6 +136,7 @@ def latest_comparison(
     deltas: dict[tuple[Any, Any], dict[str, Any]] = {}
     if comparisons is not None and comparisons.num_rows and "current_run_id" in comparisons.column_names:
         mine = comparisons.filter(pc.equal(comparisons.column("current_run_id"), run_id)).to_pylist()
+        mine = [r for r in mine if "@" not in str(r.get("metric") or "")]  # not an id metric's rows (issue 41)
         mine.sort(key=lambda r: timestamp(r.get("compared_at")))
         tops = [r for r in mine if r.get("segment_column") is None]
         cmp = tops[-1] if tops else None
@@ -170,7 +171,9 @@ def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None)
 
     if comparisons is None or comparisons.num_rows == 0:
         return []
-    overall = [r for r in comparisons.to_pylist() if r.get("segment_column") is None]
+    overall = [
+        r for r in comparisons.to_pylist() if r.get("segment_column") is None and "@" not in str(r.get("metric"))
+    ]
     if not overall:
         return []
     latest = max(overall, key=lambda r: timestamp(r.get("compared_at")))
