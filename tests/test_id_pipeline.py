@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from recall_tasks.cli.app import app
 from recall_tasks.config import RunParams
+from recall_tasks.errors import ConfigError
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline.flow import recall_benchmark
@@ -171,3 +172,97 @@ def test_a_judged_run_gets_the_id_metrics_at_no_extra_request_and_says_which_mov
     mine = {r["metric"]: r for r in rows if r["current_run_id"] == night3["run_id"] and r["segment_column"] is None}
     assert mine["contextual_recall"]["reason"].startswith("id-based recall is unchanged")
     assert mine["recall@10"]["verdict"] == "unchanged" and mine["recall@10"]["mean_delta"] == 0.0
+
+
+def refusal(tmp_path: Path, rows: list[dict[str, Any]], **kw: Any) -> str:
+    """The one error ``check_run`` raises for a run of ``rows`` (before any write: the output stays absent)."""
+    from recall_tasks.pipeline.steps import check_run
+
+    data = write(tmp_path / "data" / "eval.parquet", rows)
+    out = tmp_path / "out"
+    kw.setdefault("metric", "retrieval_ids")
+    with pytest.raises(ConfigError) as caught:
+        check_run(RunParams(dataset_uri=data, output_uri=str(out), **kw), contact=False)
+    assert not out.exists()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "expected"),
+    [
+        (
+            "retrieved_context_ids",
+            [1.5, 2.0],
+            "expected list<string> or list<int64> (document ids), found list<double>",
+        ),
+        ("retrieved_context_ids", ["a", None], "an id is null"),
+        ("reference_context_ids", ["", "b"], "an id is an empty string"),
+        ("reference_context_relevance", [1, -1], "negative"),
+        ("reference_context_relevance", [1.5, 1.0], "row 3"),
+        ("reference_context_relevance", [1], "row 3"),
+    ],
+)
+def test_a_bad_id_value_is_one_error_naming_file_row_and_column_before_any_write(tmp_path, column, value, expected):
+    rows = id_rows(5, ints=column == "retrieved_context_ids" and isinstance(value[0], float))
+    for row in rows:
+        row["reference_context_ids"] = row["reference_context_ids"][:2]
+        row["reference_context_relevance"] = [1, 1]
+    rows[3][column] = value
+    if isinstance(value[0], float):  # a whole column of floats (Parquet has one type per column)
+        for row in rows:
+            row[column] = [float(v) for v in row[column]] if row is not rows[3] else value
+    message = refusal(tmp_path, rows)
+    assert expected in message and "eval.parquet" in message and f"column '{column}'" in message
+
+
+def test_run_options_of_the_id_metrics_are_checked_before_any_write(tmp_path):
+    rows = id_rows(5)
+    assert "--k '0'" in refusal(tmp_path / "k", rows, k="0")
+    assert "--verdict-metric recall@20: its k is not one of --k" in refusal(
+        tmp_path / "v", rows, verdict_metric="recall@20"
+    )
+    no_reference = [{k: v for k, v in r.items() if k != "reference_context_ids"} for r in rows]
+    assert "needs the relevant document ids" in refusal(tmp_path / "r", no_reference)
+    no_retrieved = [{k: v for k, v in r.items() if k != "retrieved_context_ids"} for r in rows]
+    assert "needs the retrieved document ids" in refusal(tmp_path / "d", no_retrieved)
+    assert "does not match the chunk-to-document pattern" in refusal(tmp_path / "p", rows, id_pattern="^(.+)##")
+    with pytest.raises(ValueError, match="exactly one group"):
+        RunParams(dataset_uri="x", id_pattern="(a)(b)")
+    with pytest.raises(ValueError, match="--canary needs a judge"):
+        RunParams(dataset_uri="x", metric="retrieval_ids", canary="labels.parquet")
+
+
+def test_the_cli_refuses_a_bad_id_with_one_error_line_and_writes_nothing(tmp_path):
+    rows = id_rows(5)
+    rows[2]["retrieved_context_ids"] = ["doc-1", None]
+    data = write(tmp_path / "data" / "eval.parquet", rows)
+    out = tmp_path / "out"
+    got = cli("run", data, "-o", str(out), "--metric", "retrieval_ids", "--k", "1,3", "--verdict-metric", "ndcg@3")
+    assert got.exit_code == 2, got.output
+    lines = [line for line in got.output.splitlines() if line.strip() and not line.startswith("judge: none")]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "an id is null" in lines[0], got.output
+    assert "eval.parquet" in lines[0] and "row 2" in lines[0] and "'retrieved_context_ids'" in lines[0]
+    assert not out.exists()
+
+
+def test_a_thousand_id_list_and_integer_ids_score_like_their_strings(tmp_path):
+    """Ids compare as strings (``7`` and ``"7"`` are one document); a 1,000-id list is an ordinary row."""
+    from recall_tasks.io.blocks import iter_blocks
+    from recall_tasks.pipeline import ids_step
+    from recall_tasks.pipeline.steps import check_run
+
+    rows = id_rows(4, ints=True)
+    rows[0]["retrieved_context_ids"] = list(range(5000, 6000))
+    rows[0]["reference_context_ids"] = [5999, 7]
+    data = write(tmp_path / "data" / "eval.parquet", rows)
+    params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), metric="retrieval_ids", k="1000",
+                       verdict_metric="mrr@1000")  # fmt: skip
+    checked = check_run(params, contact=False)
+    setup = ids_step.build_setup(params, checked.dataset, checked.storage, None, False)
+    assert setup is not None
+
+    block = next(iter_blocks(checked.dataset, 10))
+    found = ids_step.block_ids(setup, block)
+    assert found.retrieved[0].as_py()[-1] == "5999" and found.relevant[0].as_py() == ["5999", "7"]
+    assert found.values.column("recall@1000")[0].as_py() == 0.5
+    assert found.values.column("mrr@1000")[0].as_py() == pytest.approx(1 / 1000)
