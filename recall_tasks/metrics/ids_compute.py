@@ -227,13 +227,70 @@ def normalise_relevance(
 # --- the metrics --------------------------------------------------------------------------------------------------
 
 
-def _parts(lists: pa.ListArray) -> tuple[Ints, Ints, pa.Array]:
-    """Per element: its row; per row: its length; the flat values (nulls lists have length 0)."""
-    if isinstance(lists, pa.ChunkedArray):
-        lists = lists.combine_chunks()
-    lengths = np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
-    rows = np.repeat(np.arange(len(lists), dtype=np.int64), lengths)
-    return rows, lengths, lists.flatten()
+_CHUNK_IDS = 16_384  # retrieved ids per hashing chunk: its hash tables stay in cache
+
+
+def _lengths(lists: pa.ListArray) -> Ints:
+    return np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
+
+
+def _offsets(lists: pa.ListArray) -> Ints:
+    offsets: Ints = np.asarray(lists.offsets, dtype=np.int64)
+    return offsets - int(offsets[0])
+
+
+def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Floats) -> tuple[Ints, Floats, Ints]:
+    """One entry per (row, relevant id) pair, its highest grade kept: row, grade, and the id's rank in the row's
+    retrieved list with repeats dropped (0: not retrieved).
+
+    Done a chunk of rows at a time: both sides' ids get integer codes from one hash table per chunk (exact string
+    equality, no global sort), a retrieved id's first occurrence in its row is its first (row, code) key, and each
+    judged key is looked up among the row's retrieved keys.
+    """
+    n = len(retrieved)
+    r_off, g_off = _offsets(retrieved), _offsets(relevant)
+    r_values, g_values = retrieved.flatten(), relevant.flatten()
+    per_chunk = max(1, _CHUNK_IDS * n // max(int(r_off[-1]), 1))
+    rows_out: list[Ints] = []
+    grades_out: list[Floats] = []
+    ranks_out: list[Ints] = []
+    for lo in range(0, n, per_chunk):
+        hi = min(n, lo + per_chunk)
+        g_lo, g_hi = int(g_off[lo]), int(g_off[hi])
+        if g_hi == g_lo:
+            continue
+        r_lo, r_hi = int(r_off[lo]), int(r_off[hi])
+        g_rows = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(g_off[lo : hi + 1]))
+        g_grade = grades[g_lo:g_hi]
+        encoded = pc.dictionary_encode(
+            pa.concat_arrays([r_values.slice(r_lo, r_hi - r_lo), g_values.slice(g_lo, g_hi - g_lo)])
+        )
+        codes = np.asarray(encoded.indices, dtype=np.int64)
+        width = len(encoded.dictionary)
+        g_key = g_rows * width + codes[r_hi - r_lo :]
+        # one entry per judged (row, id): its highest grade
+        order = np.lexsort((g_grade, g_key))
+        last = np.ones(len(order), bool)
+        last[:-1] = g_key[order][1:] != g_key[order][:-1]
+        order = order[last]
+        g_key, g_rows, g_grade = g_key[order], g_rows[order], g_grade[order]
+        rank = np.zeros(len(g_key), np.int64)
+        if r_hi > r_lo:
+            r_rows = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(r_off[lo : hi + 1]))
+            # the distinct (row, id) keys in order of first occurrence: the row's ranking with repeats dropped
+            kept = pc.dictionary_encode(pa.array(r_rows * width + codes[: r_hi - r_lo])).dictionary
+            kept_rows = np.asarray(kept, dtype=np.int64) // width
+            starts = np.searchsorted(kept_rows, np.arange(hi - lo, dtype=np.int64))
+            found = pc.index_in(pa.array(g_key), value_set=kept)
+            hit = np.asarray(found.is_valid())
+            position = np.asarray(found.fill_null(0), dtype=np.int64)
+            rank = np.where(hit, position - starts[g_rows] + 1, 0)
+        rows_out.append(g_rows + lo)
+        grades_out.append(g_grade)
+        ranks_out.append(rank)
+    if not rows_out:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64)
+    return np.concatenate(rows_out), np.concatenate(grades_out), np.concatenate(ranks_out)
 
 
 def _within_row_rank(rows: Ints, n: int) -> Ints:
@@ -253,83 +310,47 @@ def id_metrics(
     ks = list(dict.fromkeys(int(k) for k in ks))
     if not ks or any(k <= 0 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks}")
+    retrieved, relevant = (a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in (retrieved, relevant))
     n = len(retrieved)
     if len(relevant) != n or (relevance is not None and len(relevance) != n):
         raise ValueError("retrieved, relevant and relevance must have one list per row each")
-    r_rows, _, r_values = _parts(retrieved)
-    g_rows, _, g_values = _parts(relevant)
     if relevance is None:
-        grades: Floats = np.ones(len(g_values), np.float64)
+        grades: Floats = np.ones(int(_offsets(relevant)[-1]), np.float64)
     else:
-        grades = np.asarray(_parts(relevance)[2].cast(pa.float64()), dtype=np.float64)
-        if len(grades) != len(g_values):
+        if isinstance(relevance, pa.ChunkedArray):
+            relevance = relevance.combine_chunks()
+        grades = np.asarray(relevance.flatten().cast(pa.float64()), dtype=np.float64)
+        if len(grades) != int(_offsets(relevant)[-1]) or not np.array_equal(_lengths(relevance), _lengths(relevant)):
             raise ValueError("relevance lists must be aligned with the relevant ids")
-
-    # one integer code per distinct id, shared by both sides; key = row * codes + code
-    both = pa.concat_arrays([r_values.cast(pa.string()), g_values.cast(pa.string())])
-    codes = np.asarray(pc.dictionary_encode(both).indices, dtype=np.int64)
-    width = int(codes.max()) + 1 if len(codes) else 1
-    r_key = r_rows * width + codes[: len(r_values)]
-    g_key = g_rows * width + codes[len(r_values) :]
-
-    # retrieved: first occurrence of each id in its row kept, then ranked
-    order = np.argsort(r_key, kind="stable")
-    sorted_keys = r_key[order]
-    first = np.ones(len(order), bool)
-    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    keep = np.zeros(len(r_key), bool)
-    keep[order[first]] = True
-    r_rows, r_key = r_rows[keep], r_key[keep]
-    rank = _within_row_rank(r_rows, n)
-
-    # relevant: one grade per (row, id), the highest
-    g_order = np.lexsort((grades, g_key))
-    g_key_sorted, g_grade_sorted = g_key[g_order], grades[g_order]
-    last = np.ones(len(g_order), bool)
-    last[:-1] = g_key_sorted[1:] != g_key_sorted[:-1]
-    u_key, u_grade = g_key_sorted[last], g_grade_sorted[last]
-    u_rows = u_key // width
-    positive = u_grade > 0
-    num_rel = np.bincount(u_rows[positive], minlength=n).astype(np.float64)
-
-    # each kept retrieved id's grade
-    pos = np.searchsorted(u_key, r_key)
-    pos_ok = np.minimum(pos, max(len(u_key) - 1, 0))
-    found = (pos < len(u_key)) & (u_key[pos_ok] == r_key) if len(u_key) else np.zeros(len(r_key), bool)
-    r_grade = np.where(found, u_grade[pos_ok] if len(u_key) else 0.0, 0.0)
-    is_rel = r_grade > 0
-    discount = 1.0 / np.log2(rank + 1.0)
-
-    # first relevant rank per row (rows are contiguous and in rank order)
-    rel_idx = np.flatnonzero(is_rel)
+    rows, grade, rank = _judged_ranks(retrieved, relevant, grades)
+    positive = grade > 0
+    rows, grade, rank = rows[positive], grade[positive], rank[positive]
+    num_rel = np.bincount(rows, minlength=n).astype(np.float64)
     first_rank = np.full(n, np.inf)
-    if len(rel_idx):
-        rel_rows = r_rows[rel_idx]
-        head = np.ones(len(rel_idx), bool)
-        head[1:] = rel_rows[1:] != rel_rows[:-1]
-        first_rank[rel_rows[head]] = rank[rel_idx[head]]
+    seen = rank > 0
+    np.minimum.at(first_rank, rows[seen], rank[seen].astype(np.float64))
+    gain = np.zeros(len(rank))
+    gain[seen] = grade[seen] / np.log2(rank[seen] + 1.0)
+    # ideal DCG: each row's grades, highest first
+    order = np.lexsort((-grade, rows))
+    i_rows = rows[order]
+    i_rank = _within_row_rank(i_rows, n)
+    i_gain = grade[order] / np.log2(i_rank + 1.0)
 
-    # ideal DCG: each row's positive grades, highest first
-    p_rows, p_grade = u_rows[positive], u_grade[positive]
-    i_order = np.lexsort((-p_grade, p_rows))
-    p_rows, p_grade = p_rows[i_order], p_grade[i_order]
-    i_rank = _within_row_rank(p_rows, n)
-    i_gain = p_grade / np.log2(i_rank + 1.0)
-
-    assessed = num_rel > 0
+    columns: dict[str, list[Floats]] = {m: [] for m in METRICS}
     with np.errstate(divide="ignore", invalid="ignore"):
-        columns: dict[str, list[Floats]] = {m: [] for m in METRICS}
         for k in ks:
-            in_k = rank <= k
-            hits = np.bincount(r_rows[in_k & is_rel], minlength=n).astype(np.float64)
-            dcg = np.bincount(r_rows[in_k], weights=(r_grade * discount)[in_k], minlength=n)
-            idcg = np.bincount(p_rows[i_rank <= k], weights=i_gain[i_rank <= k], minlength=n)
+            in_k = seen & (rank <= k)
+            hits = np.bincount(rows[in_k], minlength=n).astype(np.float64)
+            dcg = np.bincount(rows[in_k], weights=gain[in_k], minlength=n)
+            i_in = i_rank <= k
+            idcg = np.bincount(i_rows[i_in], weights=i_gain[i_in], minlength=n)
             columns["recall"].append(hits / num_rel)
             columns["precision"].append(hits / k)
             columns["hit_rate"].append((hits > 0).astype(np.float64))
             columns["mrr"].append(np.where(first_rank <= k, 1.0 / first_rank, 0.0))
             columns["ndcg"].append(dcg / idcg)
-    mask = ~assessed
+    mask = num_rel == 0
     out: dict[str, Any] = {}
     for metric in METRICS:
         for k, values in zip(ks, columns[metric], strict=True):
