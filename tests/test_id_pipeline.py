@@ -266,3 +266,43 @@ def test_a_thousand_id_list_and_integer_ids_score_like_their_strings(tmp_path):
     assert found.retrieved[0].as_py()[-1] == "5999" and found.relevant[0].as_py() == ["5999", "7"]
     assert found.values.column("recall@1000")[0].as_py() == 0.5
     assert found.values.column("mrr@1000")[0].as_py() == pytest.approx(1 / 1000)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
+def test_tables_written_before_the_id_columns_take_them_and_maintain_keeps_them(
+    prefect_harness, fake_openai, monkeypatch, tmp_path, fmt
+):
+    """A run recorded with the schema before issue 41, then a retrieval_ids run: both read back (the older run's id
+    columns null), before and after ``maintain``, through ``recall-bench query``'s DuckDB."""
+    from recall_tasks.io import results as results_module
+    from recall_tasks.io.maintenance import maintain
+    from recall_tasks.io.schemas import ID_RUN_FIELDS, RUN_FIELDS
+    from tests.test_maintain import night
+
+    out = str(tmp_path / "out")
+    store = ResultStore(out, StorageConfig.from_options(), fmt)  # type: ignore[arg-type]
+    old = pa.schema([f for f in RUN_FIELDS if f.name not in {g.name for g in ID_RUN_FIELDS}])
+    with monkeypatch.context() as patch:
+        patch.setattr(results_module, "RUN_SCHEMA", old)
+        old_run, _ = night(store, 0)
+    assert "id_metrics" not in store.read_table("runs").schema.names  # type: ignore[union-attr]
+    data = write(tmp_path / "data" / "eval.parquet", id_rows(12, ints=True))
+    new = recall_benchmark(RunParams(dataset_uri=data, output_uri=out, metric="retrieval_ids", format=fmt, k="5,10"))
+    sql = (
+        "SELECT r.run_id, r.id_metrics['recall@10'] AS run_recall, max(x.id_metrics['recall@5']) AS row_recall, "
+        "count(x.row_id) AS n FROM runs r JOIN results x USING (run_id) WHERE r.segment_column IS NULL "
+        "GROUP BY ALL ORDER BY r.run_id"
+    )
+
+    def query() -> list[dict[str, Any]]:
+        got = cli("query", sql, "-o", out, "--output-format", "json")
+        assert got.exit_code == 0, got.output
+        return [json.loads(line) for line in got.output.splitlines()]
+
+    expected = [
+        {"run_id": new["run_id"], "run_recall": 1.0, "row_recall": 1.0, "n": 12},
+        {"run_id": old_run, "run_recall": None, "row_recall": None, "n": 3},
+    ]
+    assert sorted(query(), key=lambda r: r["n"], reverse=True) == expected
+    maintain(ResultStore(out, StorageConfig.from_options(), fmt), keep_days=7)  # type: ignore[arg-type]
+    assert sorted(query(), key=lambda r: r["n"], reverse=True) == expected
