@@ -277,3 +277,24 @@ def test_id_metrics_refuses_bad_ks() -> None:
     for ks in ([], [0], [-3]):
         with pytest.raises(ValueError, match="positive"):
             id_metrics(lists, lists, None, ks)
+
+
+def test_sliced_arrays_and_null_lists_covering_values() -> None:
+    """A slice (offsets not from 0) and a null list whose offsets still span values (Arrow allows both)."""
+    values = pa.array(["x", "a", "b", "c", "a", "z"])
+    offsets = pa.array([0, 1, 3, 5, 6], pa.int32())
+    covered = pa.ListArray.from_arrays(offsets, values, mask=pa.array([False, False, True, False]))
+    assert covered.to_pylist() == [["x"], ["a", "b"], None, ["z"]]
+    retrieved = normalise_ids(covered.slice(1), column="r", source="f")
+    relevant = normalise_ids(pa.array([["b"], ["c"], ["z"]], pa.list_(pa.large_string())), column="g", source="f")
+    assert retrieved.to_pylist() == [["a", "b"], None, ["z"]]
+    table = id_metrics(retrieved, relevant, None, [2])
+    assert table.column("mrr@2").to_pylist() == [0.5, 0.0, 1.0]
+    with pytest.raises(DatasetError, match="row 1"):
+        normalise_ids(
+            pa.ListArray.from_arrays(offsets, pa.array(["x", "a", None, "c", "a", "z"]), mask=covered.is_null()),
+            column="r", source="f",
+        )  # fmt: skip
+    # the null list's covered values are not read: its null is no error
+    normalise_ids(pa.ListArray.from_arrays(offsets, pa.array(["x", "a", "b", None, "c", "z"]), mask=covered.is_null()),
+                  column="r", source="f")  # fmt: skip

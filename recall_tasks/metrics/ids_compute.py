@@ -66,11 +66,20 @@ def metric_names(ks: Sequence[int]) -> list[str]:
 # --- input checks -------------------------------------------------------------------------------------------------
 
 
+def _lengths(lists: pa.ListArray) -> Ints:
+    """Each list's length, 0 for a null list."""
+    return np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
+
+
+def _offsets(lists: pa.ListArray) -> Ints:
+    """Offsets into ``lists.flatten()`` (which skips a slice's start and what a null list may cover)."""
+    return np.concatenate([np.zeros(1, np.int64), np.cumsum(_lengths(lists))])
+
+
 def _first_row_with(lists: pa.ListArray, element_mask: pa.Array) -> int:
     """The first row of ``lists`` holding an element where ``element_mask`` is true."""
     flat_idx = int(np.flatnonzero(np.asarray(element_mask.fill_null(False)))[0])
-    offsets = np.asarray(lists.offsets)
-    return int(np.searchsorted(offsets, flat_idx + int(offsets[0]), side="right") - 1)
+    return int(np.searchsorted(_offsets(lists), flat_idx, side="right") - 1)
 
 
 def normalise_ids(
@@ -136,9 +145,8 @@ def normalise_ids(
         raise DatasetError(f"{kind}; found list<{vtype}>", uri=source, column=column, row=first_row + row)
     if chunk_to_doc is not None and len(strings):
         strings = _chunks_to_docs(lists, strings, chunk_to_doc, column=column, source=source, first_row=first_row)
-    offsets = pc.subtract(lists.offsets, lists.offsets[0])
     mask = lists.is_null() if lists.null_count else None
-    return pa.ListArray.from_arrays(offsets, strings, type=_IDS, mask=mask)
+    return pa.ListArray.from_arrays(pa.array(_offsets(lists).astype(np.int32)), strings, type=_IDS, mask=mask)
 
 
 def _chunks_to_docs(
@@ -213,13 +221,13 @@ def normalise_relevance(
             f"{rel_len[row]} relevance grades for {id_len[row]} ids (the lists are aligned)", uri=source,
             column=column, row=first_row + row,
         )  # fmt: skip
-    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    offsets = pa.array(_offsets(lists).astype(np.int32))
     typed = pa.ListArray.from_arrays(offsets, grades, type=pa.list_(pa.int64()), mask=lists.is_null())
     if not lists.null_count:
         return typed
     # a null relevance list with ids: binary grade 1 for each of its ids
     ones = pa.array(np.ones(len(ids.flatten()), np.int64))
-    fill = pa.ListArray.from_arrays(pc.subtract(ids.offsets, ids.offsets[0]), ones, type=pa.list_(pa.int64()))
+    fill = pa.ListArray.from_arrays(pa.array(_offsets(ids).astype(np.int32)), ones, type=pa.list_(pa.int64()))
     filled = pc.if_else(lists.is_null(), fill, typed)
     return filled.combine_chunks() if isinstance(filled, pa.ChunkedArray) else filled
 
@@ -228,15 +236,6 @@ def normalise_relevance(
 
 
 _CHUNK_IDS = 16_384  # retrieved ids per hashing chunk: its hash tables stay in cache
-
-
-def _lengths(lists: pa.ListArray) -> Ints:
-    return np.asarray(pc.list_value_length(lists).fill_null(0), dtype=np.int64)
-
-
-def _offsets(lists: pa.ListArray) -> Ints:
-    offsets: Ints = np.asarray(lists.offsets, dtype=np.int64)
-    return offsets - int(offsets[0])
 
 
 def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Floats) -> tuple[Ints, Floats, Ints]:
@@ -311,6 +310,7 @@ def id_metrics(
     if not ks or any(k <= 0 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks}")
     retrieved, relevant = (a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in (retrieved, relevant))
+    retrieved, relevant = (a if a.type == _IDS else a.cast(_IDS) for a in (retrieved, relevant))
     n = len(retrieved)
     if len(relevant) != n or (relevance is not None and len(relevance) != n):
         raise ValueError("retrieved, relevant and relevance must have one list per row each")
