@@ -306,3 +306,55 @@ def test_tables_written_before_the_id_columns_take_them_and_maintain_keeps_them(
     assert sorted(query(), key=lambda r: r["n"], reverse=True) == expected
     maintain(ResultStore(out, StorageConfig.from_options(), fmt), keep_days=7)  # type: ignore[arg-type]
     assert sorted(query(), key=lambda r: r["n"], reverse=True) == expected
+
+
+def test_qrels_on_s3_give_the_relevant_ids_and_grades_joined_by_row_id(
+    prefect_harness, fake_openai, s3_server, s3_bucket, monkeypatch, tmp_path
+):
+    """``--qrels`` (TREC text on S3) replaces the dataset's relevant ids; graded relevance reaches nDCG; a row the
+    qrels do not judge is not assessed; qrels naming no row of the dataset are refused before any work."""
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    rows = id_rows(20, ints=True)
+    for row in rows:
+        row["retrieved_context_ids"] = [row["reference_context_ids"][1], 5, row["reference_context_ids"][0]]
+    lines = ["# query iteration doc relevance"]
+    for row in rows[1:]:  # row 0: no judgements
+        first, second = row["reference_context_ids"][:2]
+        lines += [f"{row['row_id']} 0 {first} 2", f"{row['row_id']} 0 {second} 1", f"{row['row_id']} 0 999 0"]
+    client = s3_server.client()
+    local = write(
+        tmp_path / "eval.parquet", [{k: v for k, v in r.items() if k != "reference_context_ids"} for r in rows]
+    )
+    client.upload_file(local, s3_bucket, "data/eval.parquet")
+    client.put_object(Bucket=s3_bucket, Key="qrels.txt", Body="\n".join(lines).encode())
+    base = f"s3://{s3_bucket}"
+    summary = recall_benchmark(
+        RunParams(
+            dataset_uri=f"{base}/data/eval.parquet",
+            output_uri=f"{base}/out",
+            metric="retrieval_ids",
+            qrels_uri=f"{base}/qrels.txt",
+            k="1,3",
+            verdict_metric="ndcg@3",
+        )  # fmt: skip
+    )
+    assert fake_openai.requests == [] and summary["id_rows"] == 19 and summary["skipped"] == 1
+    import math
+
+    ideal = 2 + 1 / math.log2(3)
+    got = 1 / math.log2(2) * 1 + 2 / math.log2(4)  # the grade-1 document first, then a miss, then the grade-2 one
+    assert summary["mean_score"] == pytest.approx(got / ideal)
+    means = summary["id_metrics"]
+    assert means is not None and means["recall@3"] == 1.0 and means["precision@1"] == 1.0
+    client.put_object(Bucket=s3_bucket, Key="other.txt", Body=b"q-elsewhere 0 d1 1\n")
+    with pytest.raises(ConfigError, match="0 of 20 row ids found"):
+        recall_benchmark(
+            RunParams(
+                dataset_uri=f"{base}/data/eval.parquet",
+                output_uri=f"{base}/out2",
+                metric="retrieval_ids",
+                qrels_uri=f"{base}/other.txt",
+            )  # fmt: skip
+        )
+    assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket, Prefix="out2")

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,7 @@ def setup_of(plan: Any) -> IdSetup | None:
 
 def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> None:
     """Refused when no query id of the qrels is a row id of the dataset (as ``--retrieval-uri`` is)."""
-    known = setup.qrels.query_ids()
+    known = set(setup.qrels.query_ids.to_pylist())
     total = found = 0
     examples: list[str] = []
     for row_id in iter_row_ids(dataset):
@@ -197,7 +198,9 @@ def block_ids(setup: IdSetup, block: RowBlock) -> BlockIds:
         retrieved, missing = empty, np.ones(n, bool)
     relevance = None
     if setup.qrels is not None:
-        relevant, relevance = setup.qrels.lookup(block.row_ids)
+        from recall_tasks.io.qrels import qrels_for
+
+        relevant, relevance = qrels_for(setup.qrels, block.row_ids)
     elif RELEVANT in table.column_names:
         relevant = normalise_ids(table.column(RELEVANT), column=setup.column(RELEVANT), source=block.source)
         if RELEVANCE in table.column_names:
@@ -302,13 +305,22 @@ def score_ids_block(plan: Any, block: RowBlock) -> pa.Table:
     return _add_ids(table, ids)
 
 
+def _digest(qrels: Any) -> str:
+    """The qrels' content (a changed file under the same URI is another chunk key)."""
+    table = pa.table({"q": qrels.query_ids, "d": qrels.doc_ids, "r": qrels.relevance})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
+
+
 def config_of(params: RunParams) -> dict[str, Any]:
     """What changes the id metrics' values: part of the chunk cache's key (nothing for a run without ids, whose
     key stays what it was)."""
     setup = _CHECKED.get(params.model_dump_json())
     if setup is None and params.metric != "retrieval_ids":
         return {}
-    qrels = getattr(setup.qrels, "fingerprint", None) if setup is not None else None
+    qrels = _digest(setup.qrels) if setup is not None and setup.qrels is not None else None
     return {"ids": [IDS_VERSION, params.k, params.id_pattern, params.qrels_uri, qrels, params.verdict_metric]}
 
 
