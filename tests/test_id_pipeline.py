@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,27 @@ def test_a_night_that_lost_10_percent_of_the_relevant_documents_reads_regressed_
     assert by_metric["retrieval_ids"]["verdict"] == "regressed" and by_metric["recall@10"]["verdict"] == "regressed"
     assert by_metric["recall@10"]["ci_high"] < 0 < 1 and by_metric["recall@1"]["metric"] == "recall@1"
     assert {r["comparison_id"] for r in rows} == {f"{second['run_id']}__{first['run_id']}"}
+    for sql in documented_queries():  # docs/warehouse.md's query per id metric runs as written
+        got = cli("query", sql, "-o", out, "--output-format", "json")
+        assert got.exit_code == 0, (sql, got.output)
+        answer = [json.loads(line) for line in got.output.splitlines()]
+        assert answer or "mrr@10" in sql, sql  # no row lost every relevant document of its top 10: no answer
+        assert all(
+            v is not None
+            for r in answer
+            for k, v in r.items()
+            if k not in ("segment_column", "segment_value", "reason")
+        )
+
+
+def documented_queries() -> list[str]:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "warehouse.md").read_text()
+    section = doc.split("\n## Id-based retrieval metrics\n", 1)[1].split("\n## ", 1)[0]
+    queries = [block.split("\n", 1)[1].strip() for block in re.findall(r"```sql\n(.*?)```", section, re.S)]
+    assert [m for q in queries for m in re.findall(r"'(\w+@\d+)'", q)[:1]] == [
+        "recall@10", "precision@5", "hit_rate@1", "mrr@10", "ndcg@10"
+    ]  # fmt: skip
+    return queries
 
 
 def test_a_judged_run_gets_the_id_metrics_at_no_extra_request_and_says_which_moved(
