@@ -140,6 +140,12 @@ def test_a_night_that_lost_10_percent_of_the_relevant_documents_reads_regressed_
     assert by_metric["retrieval_ids"]["verdict"] == "regressed" and by_metric["recall@10"]["verdict"] == "regressed"
     assert by_metric["recall@10"]["ci_high"] < 0 < 1 and by_metric["recall@1"]["metric"] == "recall@1"
     assert {r["comparison_id"] for r in rows} == {f"{second['run_id']}__{first['run_id']}"}
+    got = cli("history", "-o", out, "--metric", "hit_rate@1", "--output-format", "json")
+    assert got.exit_code == 0, got.output
+    hits = {r["label"]: r for r in map(json.loads, got.output.splitlines())}
+    assert hits["v2"]["verdict"] == by_metric["hit_rate@1"]["verdict"]
+    assert hits["v2"]["mean_score"] == pytest.approx(second["id_metrics"]["hit_rate@1"])  # type: ignore[index]
+    assert hits["v1"]["verdict"] is None and hits["v1"]["mean_score"] == first["id_metrics"]["hit_rate@1"]  # type: ignore[index]
     for sql in documented_queries():  # docs/warehouse.md's query per id metric runs as written
         got = cli("query", sql, "-o", out, "--output-format", "json")
         assert got.exit_code == 0, (sql, got.output)
