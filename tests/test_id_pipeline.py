@@ -140,6 +140,14 @@ def test_a_night_that_lost_10_percent_of_the_relevant_documents_reads_regressed_
     assert by_metric["retrieval_ids"]["verdict"] == "regressed" and by_metric["recall@10"]["verdict"] == "regressed"
     assert by_metric["recall@10"]["ci_high"] < 0 < 1 and by_metric["recall@1"]["metric"] == "recall@1"
     assert {r["comparison_id"] for r in rows} == {f"{second['run_id']}__{first['run_id']}"}
+    report = (Path(out) / "reports" / f"{second['run_id']}.html").read_text()  # the run's HTML report
+    assert "Recall@k from document ids" in report and "k=10" in report and "baseline v1" in report
+    gone = {r["row_id"]: [str(d) for d in r["reference_context_ids"] if d not in r["retrieved_context_ids"]]
+            for r in lost}  # fmt: skip
+    table = report.split("Rows that lost relevant documents", 1)[1]
+    listed = [(row_id, ids) for row_id, ids in gone.items() if ids and f"<code>{row_id}</code>" in table]
+    assert len(listed) == min(20, sum(1 for ids in gone.values() if ids))
+    assert all(f"<code>{row_id}</code></td><td>{', '.join(ids)}</td>" in table for row_id, ids in listed)
     got = cli("history", "-o", out, "--metric", "hit_rate@1", "--output-format", "json")
     assert got.exit_code == 0, got.output
     hits = {r["label"]: r for r in map(json.loads, got.output.splitlines())}

@@ -223,3 +223,20 @@ def with_questions(
     except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its questions
         return drops
     return [{**d, "question": questions.get(str(d.get("row_id")))} for d in drops]
+
+
+def lost_ids(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[tuple[str, list[str]]]:
+    """The rows of ``run_id`` that lost relevant documents its latest baseline retrieved, with the ids lost (none
+    without ids or a baseline: ``reports/ids_section.lost_documents``)."""
+    from recall_tasks.reports.ids_section import lost_documents
+
+    cmp, _ = latest_comparison(comparisons, run_id)
+    ds = cast(Any, store).read_table("results") if cmp is not None else None
+    columns = ["row_id", "retrieved_context_ids", "reference_context_ids"]
+    if cmp is None or ds is None or not set(columns) <= set(ds.schema.names):
+        return []
+
+    def rows_of(rid: str) -> pa.Table:
+        return cast(pa.Table, ds.to_table(columns=columns, filter=pads.field("run_id") == rid))
+
+    return lost_documents(rows_of(run_id), rows_of(str(cmp["baseline_run_id"])))
