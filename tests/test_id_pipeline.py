@@ -394,3 +394,25 @@ def test_qrels_on_s3_give_the_relevant_ids_and_grades_joined_by_row_id(
             )  # fmt: skip
         )
     assert "Contents" not in client.list_objects_v2(Bucket=s3_bucket, Prefix="out2")
+
+
+def retriever_with_ids(questions: list[str]) -> list[dict[str, Any]]:
+    """A ``--retriever`` returning ``{contexts, ids}`` per question: the ids of ``id_rows`` (by the question's item)."""
+    rows = {row["question"]: row for row in id_rows(10)}
+    return [{"contexts": rows[q]["contexts"], "ids": rows[q]["retrieved_context_ids"]} for q in questions]
+
+
+def test_a_retriever_returning_contexts_and_ids_feeds_the_id_metrics(prefect_harness, fake_openai, tmp_path):
+    rows = [{k: v for k, v in r.items() if k not in ("retrieved_context_ids", "contexts")} for r in id_rows(10)]
+    data = write(tmp_path / "data" / "eval.parquet", rows)
+    summary = recall_benchmark(
+        RunParams(
+            dataset_uri=data,
+            output_uri=str(tmp_path / "out"),
+            retriever=f"{__name__}:retriever_with_ids",
+            id_pattern="^(.+)::",
+        )  # fmt: skip
+    )
+    assert fake_openai.requests == [] and summary["scored"] == 10  # the lexical judge: judged, offline
+    assert summary["id_rows"] == 10 and summary["id_metrics"] is not None
+    assert summary["id_metrics"]["recall@10"] == pytest.approx(recall_at(id_rows(10), 10))
