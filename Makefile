@@ -73,11 +73,12 @@ test-flaky: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "concurrency and not serial" --count $(N)
 
 # The judge's tests on the oldest openai that pyproject.toml allows: its chat path calls private SDK functions
-# (judges/_openai_lean.py), so an allowed version that changed them must fail here, not at a user's. The locked
+# (all in judges/_openai_compat.py), so an allowed version that changed them must fail here, not at a user's. The locked
 # set in a venv of its own (under .tools/), then openai alone moved down to the lower bound (CI, after make test).
 OLDEST_VENV := $(TOOLS)/venv-oldest-openai
 OPENAI_LOWEST = $(shell sed -n 's/^ *"openai\[aiohttp\]>=\([0-9.]*\),.*/\1/p' pyproject.toml)
-JUDGE_TESTS := tests/test_openai_lean.py tests/test_judge_transport.py tests/test_openai_judge.py tests/test_wire_golden.py
+JUDGE_TESTS := tests/test_openai_lean.py tests/test_judge_transport.py tests/test_openai_judge.py tests/test_wire_golden.py \
+	tests/test_openai_compat.py
 
 test-oldest-openai: | $(UV)
 	test -n "$(OPENAI_LOWEST)"

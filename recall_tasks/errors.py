@@ -4,7 +4,10 @@ The tree, and what the pipeline does with each branch::
 
     RecallBenchError                  base of everything raised on purpose
     ├── ConfigError                   the run's configuration is wrong: stop before anything is written
-    │   └── DatasetError              a dataset cannot be read or has the wrong schema (names file, column)
+    │   ├── DatasetError              a dataset cannot be read or has the wrong schema (names file, column)
+    │   ├── RunInProgress             another attempt of the same run holds a live lease (io/lease.py)
+    │   ├── QueryRefused              ``query`` SQL asking for files, COPY, settings, extensions (io/sql.py)
+    │   └── ServerError               the local Prefect server cannot be started or reached (cli/server.py)
     ├── MissingInputError             a row lacks a required field (on_missing="error"): the row is recorded
     │                                 with this error, the run goes on
     ├── JudgeError                    a judge could not produce verdicts
@@ -28,10 +31,20 @@ The tree, and what the pipeline does with each branch::
     │                                 a changed configuration), without --allow-incomparable
     ├── RunInterrupted                the run was cancelled (SIGINT/SIGTERM): judge calls in flight cancelled,
     │                                 nothing committed, judged rows kept in the row cache
-    └── WorkerDied                    a worker process of --task-runner processes died (SIGKILL, out of memory):
-        │                             the pool is gone, nothing committed, finished chunks cached for the rerun
-        └── LeaseLost                 this attempt's lease was not renewed in time and another attempt of the
-                                      same run took it over: nothing committed by this attempt (io/lease.py)
+    ├── WorkerDied                    a worker process of --task-runner processes died (SIGKILL, out of memory):
+    │   │                             the pool is gone, nothing committed, finished chunks cached for the rerun
+    │   └── LeaseLost                 this attempt's lease was not renewed in time and another attempt of the
+    │                                 same run took it over: nothing committed by this attempt (io/lease.py)
+    ├── MaintenanceConflict           ``maintain`` lost every retry of a commit to runs committing (exit 4;
+    │                                 io/maintenance.py)
+    ├── UnsafeOrphanRemoval           ``maintain`` refused an orphan clean-up that would not have recognised
+    │                                 the table's own files: nothing deleted (io/maintenance.py)
+    └── RecordChanged                 a --batch record was written by another process since it was read: the
+        │                             caller re-reads it (pipeline/batch/cas.py)
+        └── Busy                      another process is creating one of the record's batches right now
+                                      (pipeline/batch/remote.py)
+
+The classes whose module is named are defined in that module, where they are raised.
 
 Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the flow run's state):
 
@@ -193,3 +206,10 @@ class WorkerDied(RecallBenchError):
     The chunks that finished before are in Prefect's chunk cache and their rows in the row cache: the same
     command resumes the run (its ``_pending`` marker stays).
     """
+
+
+def one_line(exc: BaseException, limit: int = 300, *, empty: str | None = None) -> str:
+    """An exception's message on one line (pyarrow's and the SDKs' span several), clipped to ``limit``
+    characters; an empty message gives ``empty``, by default the exception's type name."""
+    text = " ".join(str(exc).split())[:limit]
+    return text or (type(exc).__name__ if empty is None else empty)

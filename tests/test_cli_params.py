@@ -5,11 +5,20 @@ from __future__ import annotations
 import pytest
 import typer.main
 
-from recall_tasks.cli.app import RUN_OPTION_FIELDS, app
+from recall_tasks.cli.app import app
 from recall_tasks.config import RunParams
 
 #: Fields the CLI spells differently on purpose (the test checks they are still reachable).
 CONVERTED = {"baseline", "columns", "storage_options", "format", "segment_by", "prices"}
+
+#: ``run`` options that are not a field of the same name and type (the test below checks the rest).
+RUN_OPTION_FIELDS = {
+    "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
+    "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
+    "dataset_uri": "dataset_uri",
+    "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
+    "collect_only": "batch_collect_only", "price": "prices",
+}  # fmt: skip
 
 
 def commands() -> dict:

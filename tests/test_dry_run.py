@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from deltalake import DeltaTable
 from typer.testing import CliRunner
 
@@ -134,3 +135,46 @@ def test_dry_run_estimates_claim_extraction(prefect_harness, fake_openai, tmp_pa
     pq.write_table(pa.Table.from_pylist([{**r, "contexts": ["new filler", *r["contexts"]]} for r in rows]), data)
     again = _dry(str(data), out, fake_openai.base_url, "--units", "claims")
     assert "24 judge requests" in again and "claim extraction: 0 requests" in again, again
+
+
+@pytest.mark.concurrency  # the SDK's platform headers run uname
+def test_a_refusal_after_the_endpoint_probe_closes_the_judge(fake_openai, tmp_path, monkeypatch) -> None:
+    """The probe (``GET /models``) opens the judge's HTTP client; a check that refuses after it (an unpriced model
+    under ``--max-cost-usd``, a batch option) closes that client before the error leaves ``check_run``. Before, the
+    client was left to the garbage collector, and its socket's ResourceWarning failed whichever later test it
+    fell in."""
+    from recall_tasks.errors import ConfigError
+    from recall_tasks.pipeline import steps
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    data = write_parquet(tmp_path / "data" / "eval.parquet", make_rows(3, seed=5))
+    made: list[object] = []
+    closed: list[object] = []
+
+    def spying_make_judge(params: RunParams):
+        judge = make_judge(params)
+        made.append(judge)
+        close = judge.aclose
+
+        async def aclose() -> None:
+            closed.append(judge)
+            await close()
+
+        judge.aclose = aclose  # type: ignore[method-assign]
+        return judge
+
+    from recall_tasks.pipeline.components import make_judge
+
+    monkeypatch.setattr(steps, "make_judge", spying_make_judge)
+    refusals = {
+        "unpriced": {"model": "llama-3-70b", "max_cost_usd": 1.0},
+        "batch without cache": {"batch": True, "cache": False},
+    }
+    for name, extra in refusals.items():
+        params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai",
+                           base_url=fake_openai.base_url, **extra)  # fmt: skip
+        made.clear(), closed.clear()
+        with pytest.raises(ConfigError):
+            steps.check_run(params)
+        assert len(made) == 1 and closed == made, name
+    assert not (tmp_path / "out").exists()

@@ -130,7 +130,7 @@ def backend(request, tmp_path, monkeypatch) -> dict[str, Any]:
 
 def table_files(store: ResultStore, name: str) -> tuple[Any, str, list[str]]:
     """The filesystem, root and files of table ``name`` (Iceberg: under its catalog location)."""
-    uri = store.iceberg.table(name).location() if store.format == "iceberg" else store._path(name)
+    uri = store.iceberg.table(name).location() if store.format == "iceberg" else store.path(name)
     fs, root = filesystem(uri, store.storage)
     return fs, root, sorted(fs.find(root))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def test_trec_text(tmp_path: Path) -> None:
     assert qrels.query_ids.to_pylist() == ["q1", "q2"]
     assert qrels.doc_ids.to_pylist() == [["doc-1", "doc-2", "doc-3"], ["doc-9"]]  # the repeated pair kept once
     assert qrels.relevance.to_pylist() == [[2, 0, 1], [1]]
+
+
+def test_compressed_trec_text(tmp_path: Path) -> None:
+    path = tmp_path / "qrels.txt.gz"
+    path.write_bytes(gzip.compress(TREC.encode()))
+    assert read_qrels(str(path)).relevance.to_pylist() == [[2, 0, 1], [1]]
 
 
 def test_parquet_with_integer_ids_and_whole_float_grades(tmp_path: Path) -> None:
@@ -151,3 +158,11 @@ def test_query_ids_matching_no_row_are_refused(tmp_path: Path) -> None:
     ) as info:
         refuse_unmatched(qrels, rows)
     assert f"file {uri}" in str(info.value) and "row_id column" in str(info.value)
+
+
+def test_the_first_conflict_in_the_file_is_named(tmp_path: Path) -> None:
+    text = "b 0 y 1\na 0 x 1\nb 0 y 1\na 0 x 3\nb 0 y 2\n"
+    with pytest.raises(
+        DatasetError, match=re.escape("query 'a' doc 'x' twice with different relevance: 1 on line 2, 3 on line 4")
+    ):
+        read_qrels(write_text(tmp_path, text))

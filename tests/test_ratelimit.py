@@ -99,15 +99,13 @@ def test_an_unspent_balance_expires_after_a_grant_time(monkeypatch):
 def test_callers_wait_for_one_grant_at_a_time():
     """Concurrent callers share the grant in flight instead of each asking the (slow) source."""
 
-    async def go() -> tuple[Grants, float]:
+    async def go() -> Grants:
         source = Grants(hold=0.05)
         limiter = RateLimiter(60_000, source, grant=8)
-        t0 = time.monotonic()
         await asyncio.gather(*(limiter.acquire(1) for _ in range(16)))
-        return source, time.monotonic() - t0
+        return source
 
-    source, took = asyncio.run(go())
-    assert source.asked == [8, 8] and took < 0.5
+    assert asyncio.run(go()).asked == [8, 8]  # two asks for 16 callers: the others waited for the grant in flight
 
 
 def test_the_judge_builds_its_limiters_with_the_shared_sources():

@@ -135,7 +135,7 @@ def without_reply_model(store: ResultStore, fmt: str) -> None:
         run_id = old.column("run_id")[0].as_py()
         store.iceberg.append("results", lambda: old, f"old-{run_id}", ["dataset", "run_date"], ("run_id", run_id))
     else:
-        for path in store.fs.find(store._path("results")):
+        for path in store.fs.find(store.path("results")):
             table = pq.read_table(path, filesystem=store.fs).drop_columns(["reply_model"])
             pq.write_table(table, path, filesystem=store.fs)
         return

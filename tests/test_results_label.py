@@ -37,7 +37,7 @@ def without_label(store: ResultStore, fmt: str) -> None:
         run_id = old.column("run_id")[0].as_py()
         store.iceberg.append("results", lambda: old, f"old-{run_id}", ["dataset", "run_date"], ("run_id", run_id))
     else:
-        for path in store.fs.find(store._path("results")):
+        for path in store.fs.find(store.path("results")):
             pq.write_table(pq.read_table(path, filesystem=store.fs).drop_columns(["label"]), path, filesystem=store.fs)
             assert "label" not in pq.read_schema(path, filesystem=store.fs).names
         return  # the reader adds the column itself (null in such files): what this test checks below

@@ -234,3 +234,45 @@ def test_the_head_start_returns_once_its_first_request_is_out(
         assert not any(h.future.done() for h in ahead.head_starts.values())  # none answered: the wait ends there
     finally:
         assert head_start.abandon(params) == 0  # cancelled in flight: nothing judged, nothing kept
+
+
+@pytest.mark.concurrency  # the SDK's platform headers run uname; the flow runs on the test's Prefect server
+def test_a_flow_stopped_before_its_window_keeps_what_the_head_start_judged(
+    prefect_harness, data: str, tmp_path: Path, fake_openai, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow took the head start's plan, then stopped before its chunk window began (here: announcing the run
+    fails; in the CLI, a Ctrl-C landing there). The head start's calls are cancelled and the rows they judged are
+    flushed to the row cache and reported, as when the window itself is interrupted. Before, nothing aborted them:
+    they went on judging, their rows stayed unflushed, and the CLI said "0 rows judged so far are cached"
+    (test_interrupts[sigint], 1 clean-clone run in 4)."""
+    from recall_tasks.pipeline import flow
+    from tests import judge_script
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-head-start")
+    fake_openai.set_responder(judge_script.responder)
+    fake_openai.latency_s = 0.2
+    params = RunParams(
+        dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
+        chunk_size=5, max_concurrency=4, max_retries=0,
+    )  # fmt: skip
+    head_start.preflight(params)
+    ahead = head_start.plan_ahead(params)
+    assert fake_openai.wait_for_requests(9, timeout=30)  # the first 4 answered, the next 4 or more in flight
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("announce failed")
+
+    kept: list[int] = []
+    steps.add_abort_listener(kept.append)
+    monkeypatch.setattr(flow, "announce", broken)
+    try:
+        with pytest.raises(RuntimeError, match="announce failed"):
+            flow.recall_benchmark(params)
+    finally:
+        steps.remove_abort_listener(kept.append)
+    assert ahead.scope.cancelled  # the head start's calls were cancelled
+    sent = len(fake_openai.requests)
+    assert len(kept) == 1 and 4 <= kept[0] < sent <= 45
+    assert ahead.cache is not None and ahead.cache.stored == kept[0]  # flushed: a rerun finds them
+    assert head_start.abandon(params) == 0  # the flow had taken the plan: nothing left for the CLI
+    assert not fake_openai.wait_for_requests(sent + 1, timeout=1.0)  # and nothing more is sent

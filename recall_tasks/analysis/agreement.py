@@ -40,12 +40,12 @@ hand (no rows), :func:`figures_differ` says they differ when their intervals do 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from recall_tasks.analysis.aggregates import too_few_rows
+from recall_tasks.analysis.resampling import FIGURES, RowTable, bootstrap, interval, kappa_rows, spearman_rows
 
 __all__ = [
     "FIGURES",
@@ -63,13 +63,8 @@ __all__ = [
     "spearman",
 ]
 
-#: The figures :func:`agreement` reports, in display order.
-FIGURES = ("accuracy", "kappa", "tpr", "tnr", "mae", "spearman")
-
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
-
-Array = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -180,30 +175,17 @@ def cohen_kappa(c: Confusion) -> tuple[float | None, str | None]:
     n = c.units
     if n == 0:
         return None, "no units"
-    value = _kappa(np.array([[c.tp, c.fn, c.fp, c.tn]], dtype=np.float64))[0]
+    value = kappa_rows(np.array([[c.tp, c.fn, c.fp, c.tn]], dtype=np.float64))[0]
     if np.isnan(value):
         cls = "supported" if c.tp + c.fn else "unsupported"
         return None, f"undefined: every human label is {cls} (kappa needs both classes)"
     return float(value), None
 
 
-def _kappa(counts: Array) -> Array:
-    """κ per row of an (k, 4) array of (tp, fn, fp, tn); NaN where the human labels are one class."""
-    tp, fn, fp, tn = counts.T
-    n = counts.sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        po = (tp + tn) / n
-        human_pos, judge_pos = (tp + fn) / n, (tp + fp) / n
-        pe = human_pos * judge_pos + (1 - human_pos) * (1 - judge_pos)
-        k = (po - pe) / (1 - pe)
-    one_class = (tp + fn == 0) | (fp + tn == 0)
-    return np.where(one_class | (n == 0), np.nan, k)
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, str | None]:
     """Spearman's ρ (Pearson correlation of average ranks), or ``(None, reason)``."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    value = _spearman_weighted(a, b, np.ones((1, len(a))))[0]
+    value = spearman_rows(a, b, np.ones((1, len(a))))[0]
     if len(a) < 3:
         return None, f"needs at least 3 rows with both scores, has {len(a)}"
     if np.isnan(value):
@@ -211,126 +193,7 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, str 
     return float(value), None
 
 
-def _spearman_weighted(x: Array, y: Array, w: Array) -> Array:
-    """ρ per row of the (k, n) multiplicity matrix ``w`` (a bootstrap replicate repeats row i w[r, i] times).
-
-    Ranks of a sample with repeats come from the distinct values: the average rank of value v is
-    (draws below v) + (draws of v + 1) / 2.
-    """
-    k = w.shape[0]
-    if len(x) == 0:
-        return np.full(k, np.nan)
-
-    def ranks(v: Array) -> Array:
-        distinct, inverse = np.unique(v, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        starts = np.searchsorted(inverse[order], np.arange(len(distinct)))
-        count = np.add.reduceat(w[:, order], starts, axis=1)  # (k, distinct): how often each value was drawn
-        rank = np.cumsum(count, axis=1) - count + (count + 1.0) / 2.0
-        return np.asarray(rank[:, inverse], dtype=np.float64)  # (k, n): each original row's rank per replicate
-
-    rx, ry = ranks(x), ranks(y)
-    total = w.sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mx = (w * rx).sum(axis=1, keepdims=True) / total
-        my = (w * ry).sum(axis=1, keepdims=True) / total
-        cov = (w * (rx - mx) * (ry - my)).sum(axis=1)
-        vx = (w * (rx - mx) ** 2).sum(axis=1)
-        vy = (w * (ry - my) ** 2).sum(axis=1)
-        rho = cov / np.sqrt(vx * vy)
-    few = (w > 0).sum(axis=1) < 2
-    flat = (vx <= 1e-12) | (vy <= 1e-12)
-    return np.where(few | flat | (total[:, 0] < 3), np.nan, rho)
-
-
-# ------------------------------------------------------------------------------------------ bootstrap
-
-
-@dataclass
-class _Table:
-    """Per-row counts and scores as arrays, so a replicate's figures are a matrix product."""
-
-    counts: Array  # (n, 4): tp, fn, fp, tn per row
-    scored: npt.NDArray[np.bool_]  # (n,): row has both scores
-    human: Array  # (n,) scores (NaN where missing)
-    judge: Array
-    keys: list[str | None] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, rows: Sequence[PairedRow]) -> _Table:
-        counts = np.zeros((len(rows), 4), dtype=np.float64)
-        human = np.full(len(rows), np.nan)
-        judge = np.full(len(rows), np.nan)
-        for i, r in enumerate(rows):
-            for h, j in zip(r.human, r.judge, strict=True):
-                counts[i, (0 if j else 1) if h else (2 if j else 3)] += 1
-            hs, js = r.scores()
-            if hs is not None and js is not None:
-                human[i], judge[i] = hs, js
-        return cls(counts, ~np.isnan(human) & ~np.isnan(judge), human, judge, [r.key for r in rows])
-
-    def figures(self, w: Array) -> dict[str, Array]:
-        """Each figure for each replicate (row of the (k, n) multiplicity matrix ``w``); NaN where undefined."""
-        c = w @ self.counts
-        tp, fn, fp, tn = c.T
-        n = c.sum(axis=1)
-        ws = w[:, self.scored]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = {
-                "accuracy": (tp + tn) / n,
-                "kappa": _kappa(c),
-                "tpr": tp / (tp + fn),
-                "tnr": tn / (tn + fp),
-                "mae": ws @ np.abs(self.human[self.scored] - self.judge[self.scored]) / ws.sum(axis=1),
-                "spearman": _spearman_weighted(self.human[self.scored], self.judge[self.scored], ws),
-            }
-        return {k: np.where(np.isfinite(v), v, np.nan) for k, v in out.items()}
-
-
-def _resample(rng: np.random.Generator, n: int, resamples: int) -> Array:
-    """(resamples, n) multiplicities: each replicate draws n rows with replacement."""
-    if n == 0:
-        return np.zeros((resamples, 0))
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
-
-
-def _chunks(n: int, resamples: int) -> list[int]:
-    """Replicates per chunk, so a chunk's (replicates, n) matrices stay ~16 MB whatever the set's size."""
-    size = max(1, min(resamples, 2_000_000 // max(n, 1)))
-    return [min(size, resamples - i) for i in range(0, resamples, size)]
-
-
-def _bootstrap(tables: Sequence[_Table], order: list[int] | None, resamples: int, seed: int) -> list[dict[str, Array]]:
-    """Each table's figures over the same seeded replicates; with ``order`` (two tables of the same rows) the
-    second reuses the first's draws, row i of the first being row order[i] of the second."""
-    rng = np.random.default_rng(seed)
-    parts: list[list[dict[str, Array]]] = [[] for _ in tables]
-    n0 = len(tables[0].counts)
-    for size in _chunks(max(len(t.counts) for t in tables), resamples):
-        w0 = _resample(rng, n0, size)
-        for t, table in enumerate(tables):
-            if t == 0:
-                w = w0
-            elif order is not None:
-                w = np.zeros_like(w0)
-                w[:, order] = w0
-            else:
-                w = _resample(rng, len(table.counts), size)
-            parts[t].append(table.figures(w))
-    return [{name: np.concatenate([p[name] for p in chunks]) for name in FIGURES} for chunks in parts]
-
-
-def _interval(values: Array, confidence: float) -> tuple[float | None, float | None, float]:
-    ok = values[~np.isnan(values)]
-    undefined = 1.0 - len(ok) / len(values) if len(values) else 1.0
-    if len(ok) == 0:
-        return None, None, undefined
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(ok, [tail, 100 - tail])
-    return float(low), float(high), undefined
-
-
-def _reasons(c: Confusion, table: _Table) -> dict[str, str]:
+def _reasons(c: Confusion, table: RowTable) -> dict[str, str]:
     n_scored = int(table.scored.sum())
     out = {
         "accuracy": "no units",
@@ -353,11 +216,11 @@ def agreement(
     confidence: float = 0.95,
 ) -> Agreement:
     """Every figure with its bootstrap interval (rows resampled; see the module docstring)."""
-    table = _Table.of(rows)
+    table = RowTable.of(rows)
     total = table.counts.sum(axis=0)
     confusion = Confusion(*(int(v) for v in total))
     point = table.figures(np.ones((1, len(rows))))
-    boot = _bootstrap([table], None, resamples, seed)[0] if too_few_rows(len(rows)) is None else {}
+    boot = bootstrap([table], None, resamples, seed)[0] if too_few_rows(len(rows)) is None else {}
     reasons = _reasons(confusion, table)
     few = too_few_rows(len(rows))
     figures: dict[str, Figure] = {}
@@ -369,7 +232,7 @@ def agreement(
         if few is not None:
             figures[name] = Figure(name, value, reason=few)
             continue
-        low, high, undefined = _interval(boot[name], confidence)
+        low, high, undefined = interval(boot[name], confidence)
         figures[name] = Figure(name, value, low, high, undefined_share=undefined)
     return Agreement(
         rows=len(rows),
@@ -432,7 +295,7 @@ def compare(
     """
     if figure not in FIGURES:
         raise ValueError(f"unknown figure {figure!r}; choose {', '.join(FIGURES)}")
-    ta, tb = _Table.of(a), _Table.of(b)
+    ta, tb = RowTable.of(a), RowTable.of(b)
     pa_ = float(ta.figures(np.ones((1, len(a))))[figure][0])
     pb_ = float(tb.figures(np.ones((1, len(b))))[figure][0])
     va, vb = (None if np.isnan(pa_) else pa_), (None if np.isnan(pb_) else pb_)
@@ -443,9 +306,9 @@ def compare(
     few = too_few_rows(min(len(a), len(b)))
     if few is not None:  # no interval of the difference: never "differs"
         return Difference(figure, va, vb, vb - va, None, None, False, order is not None, few)
-    boot_a, boot_b = _bootstrap([ta, tb], order, resamples, seed)
+    boot_a, boot_b = bootstrap([ta, tb], order, resamples, seed)
     diff = boot_b[figure] - boot_a[figure]
-    low, high, _ = _interval(diff, confidence)
+    low, high, _ = interval(diff, confidence)
     differs = low is not None and high is not None and (low > 0 or high < 0)
     return Difference(figure, va, vb, vb - va, low, high, differs, order is not None)
 

@@ -100,16 +100,6 @@ def _opt(name: str, *decls: str, **kw: Any) -> Any:
     return typer.Option(*decls, help=RUN_FIELDS[name].description, **kw)
 
 
-#: ``run`` options that are not a field of the same name and type (``tests/test_cli_params.py`` checks the rest).
-RUN_OPTION_FIELDS = {
-    "output": "output_uri", "strict": "strict_mode", "reason": "include_reason", "column": "columns",
-    "storage_option": "storage_options", "rpm": "requests_per_minute", "tpm": "tokens_per_minute",
-    "dataset_uri": "dataset_uri",
-    "wait": "batch_wait", "poll_interval": "poll_interval_s", "batch_timeout": "batch_timeout_s",
-    "collect_only": "batch_collect_only", "price": "prices", "qrels": "qrels_uri",
-}  # fmt: skip
-
-
 @app.command(epilog=EXIT_CODES)
 def run(
     dataset_uri: Annotated[str, typer.Argument(help=RUN_FIELDS["dataset_uri"].description)],
@@ -166,7 +156,7 @@ def run(
     retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
     k: Annotated[str, _opt("k", "--k")] = _field("k"),
     id_pattern: Annotated[str | None, _opt("id_pattern", metavar="REGEX")] = _field("id_pattern"),
-    qrels: Annotated[str | None, _opt("qrels_uri", "--qrels", metavar="URI")] = _field("qrels_uri"),
+    qrels_uri: Annotated[str | None, _opt("qrels_uri", "--qrels", metavar="URI")] = _field("qrels_uri"),
     verdict_metric: Annotated[str, _opt("verdict_metric")] = _field("verdict_metric"),
     units: Annotated[str, _opt("units")] = _field("units"),
     extractor_model: Annotated[str | None, _opt("extractor_model")] = _field("extractor_model"),
@@ -221,7 +211,7 @@ def run(
                 "canary": canary,
                 "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
                 "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
-                "qrels_uri": qrels, "verdict_metric": verdict_metric,
+                "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
                 "units": units, "extractor_model": extractor_model, "context_from": context_from,
                 "context_extractor": context_extractor,
                 "task_runner": task_runner, "workers": workers, "dask_address": dask_address,

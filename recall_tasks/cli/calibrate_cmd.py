@@ -32,6 +32,7 @@ from recall_tasks.cli.common import (
     err,
 )
 from recall_tasks.config import RunParams
+from recall_tasks.judges.capabilities import Preflighted
 
 _F = RunParams.model_fields
 
@@ -177,8 +178,7 @@ def _prepare_and_judge(
                                                spec.judge == "openai" else default.model})  # fmt: skip
             judge = make_judge(params)
             built.append((spec, params, judge))
-            probe = getattr(judge, "preflight", None)
-            note = probe() if probe is not None else None
+            note = judge.preflight() if isinstance(judge, Preflighted) else None
             if note:
                 err.print(f"note: {spec.name}: {note}", markup=False, highlight=False, soft_wrap=True)
             check_priced(params, judge)

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from recall_tasks._logging import inert
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError
+from recall_tasks.errors import ConfigError, one_line
 from recall_tasks.io.storage import parse_storage_options
 from recall_tasks.secrets import looks_secret, redact
 
@@ -94,7 +94,7 @@ def _fail(exc: BaseException, debug: bool = False, code: int = 2) -> NoReturn:
 
 def _fail_unexpected(exc: Exception, debug: bool) -> NoReturn:
     """An exception recall-bench did not raise on purpose (a bug, a library's error): still one line."""
-    text = " ".join(str(exc).split())[:500] or "(no message)"
+    text = one_line(exc, 500, empty="(no message)")
     hint = "" if debug else " (rerun with --debug for the traceback)"
     message = RuntimeError(f"{type(exc).__name__}: {text}{hint}")
     message.__traceback__ = exc.__traceback__

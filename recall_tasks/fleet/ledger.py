@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def _folder(store: ResultStore, run_key: str) -> str:
-    return store._path("_pending", f"{run_key}.spent")
+    return store.path("_pending", f"{run_key}.spent")
 
 
 def spent(store: ResultStore, run_key: str) -> tuple[int, float]:

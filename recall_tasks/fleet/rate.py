@@ -28,7 +28,9 @@ from urllib.parse import urlsplit
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError
+from recall_tasks.judges.capabilities import SharesLimits
 from recall_tasks.judges.ratelimit import FleetShape, fleet_shape, limit_key
+from recall_tasks.metrics.claims import claim_units_of
 from recall_tasks.secrets import redact
 
 log = logging.getLogger(__name__)
@@ -220,14 +222,13 @@ def share_limits(params: RunParams, judge: Any) -> list[str]:
         )
         if per_minute
     ]
-    share = getattr(judge, "share_limits", None)
-    if not wanted or share is None:
+    if not wanted or not isinstance(judge, SharesLimits):
         return []
     url = api_url()
     if url is None:
         log.info("no Prefect API: %s hold for this process only", " and ".join(o for _, o, _ in wanted))
         return []
-    key = params.rate_limit_key or limit_key(getattr(judge, "base_url", None), judge.model)
+    key = params.rate_limit_key or limit_key(judge.base_url, judge.model)
     sources: dict[str, tuple[PrefectGrants, int]] = {}
     for kind, option, per_minute in wanted:
         shape = fleet_shape(per_minute)
@@ -236,14 +237,14 @@ def share_limits(params: RunParams, judge: Any) -> list[str]:
         source = PrefectGrants(name, shape, option, url)
         _sources.add(source)
         sources[kind] = (source, shape.grant)
-    share(sources.get("rpm"), sources.get("tpm"))
+    judge.share_limits(sources.get("rpm"), sources.get("tpm"))
     return [source.name for source, _ in sources.values()]
 
 
 def run_judges(metric: Any) -> list[Any]:
     """The judges a metric calls: its judge, and the claim extractor of ``--units claims`` if it is another one."""
     judges: list[Any] = [metric.judge]
-    units = getattr(metric, "claim_units", None)
+    units = claim_units_of(metric)
     if units is not None and units.extractor is not metric.judge:
         judges.append(units.extractor)
     return judges

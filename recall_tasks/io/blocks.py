@@ -2,8 +2,8 @@
 
 - :func:`iter_blocks` reads one row group at a time (``ParquetFile.read_row_group`` with only the needed
   columns) and cuts it into blocks of at most ``--chunk-size`` rows; the whole dataset is never in memory.
-  :func:`read_block` re-reads one of those blocks (worker processes), :func:`read_contexts` a few rows' contexts
-  (reports).
+  :func:`read_block` re-reads one of those blocks (worker processes); :mod:`~recall_tasks.io.lookup` reads a few
+  rows' contexts and questions (reports).
 - Row ids: the ``row_id`` column, else :func:`identity_hash` of the question and the reference answer with
   ``~2``, ``~3``... suffixes for exact duplicates in dataset order (``io/datasets.py``, "Row identity").
   :func:`content_hash` (every judged field) is the key of the verdict caches.
@@ -25,8 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError
-from recall_tasks.io.datasets import Dataset, DatasetFile, one_line
+from recall_tasks.errors import DatasetError, one_line
+from recall_tasks.io.columns import JUDGED_ROLES
+from recall_tasks.io.datasets import Dataset, DatasetFile
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
@@ -75,79 +76,6 @@ def identity_hash(question: str | None, expected: str | None) -> str:
     return content_hash(("\x00identity/v2", question, expected))
 
 
-def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[tuple[str, int], list[str]]:
-    """The retrieval context of a few rows, by (file URI, 0-based row in the file), for reports.
-
-    A row is returned only when its content still hashes to the ``content_hash`` the run recorded: the
-    dataset file may have been rewritten since (a re-index), and showing today's chunks beside last week's
-    verdicts would mislead. Contexts supplied at run time (retriever, retrieval results) never match.
-    """
-    by_file: dict[str, list[tuple[int, str | None]]] = {}
-    for uri, row, digest in refs:
-        by_file.setdefault(uri, []).append((row, digest))
-    files = {f.uri: f for f in ds.files}
-    out: dict[tuple[str, int], list[str]] = {}
-    read_cols = list(dict.fromkeys(ds.columns.values()))
-    roles_only = replace(ds, passthrough=[])
-    for uri, wanted in by_file.items():
-        f = files.get(uri)
-        if f is None:
-            continue
-        with _parquet(ds, f) as pf:
-            starts = _group_starts(pf)
-            by_group: dict[int, list[tuple[int, str | None]]] = {}
-            for row, digest in wanted:
-                if 0 <= row < starts[-1]:
-                    by_group.setdefault(bisect.bisect_right(starts, row) - 1, []).append((row, digest))
-            for group, members in by_group.items():  # each needed row group read once
-                table = pf.read_row_group(group, columns=read_cols)
-                for row, digest in members:
-                    block = _block(roles_only, uri, row, table.slice(row - starts[group], 1), ds.columns, {})
-                    if block.content_hashes[0] == digest:
-                        out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
-    return out
-
-
-def read_questions(ds: Dataset, refs: list[tuple[str, int, str]]) -> dict[str, str]:
-    """The question of a few rows by row id, from (file URI, 0-based row in the file, row id), for reports.
-
-    A row is returned only when it still has that id (its ``row_id`` value, or the hash of its question and
-    reference answer): the file may have been rewritten since the run. Unlike :func:`read_contexts` the contexts
-    may differ (a run with ``--retrieval-uri``): a question does not depend on them.
-    """
-    by_file: dict[str, list[tuple[int, str]]] = {}
-    for uri, row, row_id in refs:
-        by_file.setdefault(uri, []).append((row, row_id))
-    files = {f.uri: f for f in ds.files}
-    cols = [c for c in (ds.columns.get("row_id"), ds.columns.get("input"), ds.columns.get("expected_output")) if c]
-    out: dict[str, str] = {}
-    for uri, wanted in by_file.items():
-        f = files.get(uri)
-        if f is None or "input" not in ds.columns:
-            continue
-        with _parquet(ds, f) as pf:
-            starts = _group_starts(pf)
-            by_group: dict[int, list[tuple[int, str]]] = {}
-            for row, row_id in wanted:
-                if 0 <= row < starts[-1]:
-                    by_group.setdefault(bisect.bisect_right(starts, row) - 1, []).append((row, row_id))
-            for group, members in by_group.items():
-                table = pf.read_row_group(group, columns=list(dict.fromkeys(cols)))
-                for row, row_id in members:
-                    one = table.slice(row - starts[group], 1)
-                    question = one.column(ds.columns["input"]).cast(pa.string())[0].as_py()
-                    if ds.has_row_id:
-                        same = str(one.column(ds.columns["row_id"])[0].as_py()) == row_id
-                    else:
-                        expected = None
-                        if "expected_output" in ds.columns:
-                            expected = one.column(ds.columns["expected_output"]).cast(pa.string())[0].as_py()
-                        same = identity_hash(question, expected) == row_id.split("~", 1)[0]
-                    if same and question:
-                        out[row_id] = question
-    return out
-
-
 def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     """Stream the dataset as blocks of at most ``block_rows`` rows, one row group in memory at a time."""
     if block_rows < 1:
@@ -156,7 +84,7 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
     read_cols = _read_columns(ds)
     seen: dict[str, int] = {}
     for f in ds.files:
-        with _parquet(ds, f) as pf:
+        with open_file(ds, f) as pf:
             offset = 0
             for g in range(pf.num_row_groups):
                 try:
@@ -171,15 +99,15 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
                     ) from None
                 for start in range(0, group.num_rows, block_rows):
                     part = group.slice(start, block_rows)
-                    yield _block(ds, f.uri, offset + start, part, role_cols, seen)
+                    yield role_block(ds, f.uri, offset + start, part, role_cols, seen)
                 offset += group.num_rows
 
 
-def _block(
+def role_block(
     ds: Dataset, uri: str, first_row: int, part: pa.Table, role_cols: dict[str, str], seen: dict[str, int]
 ) -> RowBlock:
     arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
-    for role in ("input", "expected_output", "retrieval_context", "actual_output"):
+    for role in JUDGED_ROLES:
         col = role_cols.get(role)
         typ = pa.list_(pa.string()) if role == "retrieval_context" else pa.string()
         if col is None:
@@ -190,7 +118,7 @@ def _block(
         arrays[role] = part.column(role_cols[role])
     content = list(
         zip(
-            *(arrays[r].to_pylist() for r in ("input", "expected_output", "retrieval_context", "actual_output")),
+            *(arrays[r].to_pylist() for r in JUDGED_ROLES),
             strict=True,
         )
     )
@@ -224,8 +152,8 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
     if f is None:
         raise DatasetError(f"no file {source} in the dataset any more: it changed during the run", uri=ds.uri)
     read_cols = _read_columns(ds)
-    with _parquet(ds, f) as pf:
-        starts = _group_starts(pf)
+    with open_file(ds, f) as pf:
+        starts = group_starts(pf)
         if not 0 <= first_row < starts[-1]:
             raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
         g = bisect.bisect_right(starts, first_row) - 1
@@ -236,7 +164,7 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
                 raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
             raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
     part = group.slice(first_row - starts[g], rows)
-    return _block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
+    return role_block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
 
 
 @dataclass
@@ -348,8 +276,8 @@ class _RowReader:
             raise DatasetError(f"no file {uri} in the dataset any more: it changed during the run", uri=self.ds.uri)
         starts = self.group_starts.get(uri)
         if starts is None:
-            with _parquet(self.ds, f) as pf:
-                starts = self.group_starts[uri] = _group_starts(pf)
+            with open_file(self.ds, f) as pf:
+                starts = self.group_starts[uri] = group_starts(pf)
         if not 0 <= row < starts[-1]:
             raise DatasetError(f"row {row} is past the file's {starts[-1]} rows: it changed", uri=uri)
         g = bisect.bisect_right(starts, row) - 1
@@ -359,7 +287,7 @@ class _RowReader:
         key = (uri, g, len(columns))
         table = self.groups.pop(key, None)
         if table is None:
-            with _parquet(self.ds, self.files[uri]) as pf:
+            with open_file(self.ds, self.files[uri]) as pf:
                 try:
                     table = pf.read_row_group(g, columns=columns)
                 except (pa.ArrowInvalid, OSError) as exc:
@@ -391,7 +319,7 @@ class _RowReader:
         """The chunk's rows. A copy's judged columns are its group's first row's (same content hash): only its own
         other columns (row id, pass-through, messages) are read, so copies spread over the files cost narrow reads."""
         full = _read_columns(self.ds)
-        judged = {self.ds.columns[r] for r in ("input", "expected_output", "retrieval_context", "actual_output")
+        judged = {self.ds.columns[r] for r in JUDGED_ROLES
                   if r in self.ds.columns}  # fmt: skip
         own = [c for c in full if c not in judged]
         leads = sorted(set(same_as))
@@ -406,7 +334,7 @@ class _RowReader:
             for name in own:
                 merged = pa.chunked_array([*lead_rows.column(name).chunks, *copy_rows.column(name).chunks])
                 part = part.set_column(part.column_names.index(name), name, merged.take(pick))
-        block = _block(self.ds, positions[0][0], positions[0][1], part, dict(self.ds.columns), {})
+        block = role_block(self.ds, positions[0][0], positions[0][1], part, dict(self.ds.columns), {})
         block.positions, block.same_as = list(positions), list(same_as)
         if row_ids is not None:
             block.row_ids = list(row_ids)
@@ -425,7 +353,7 @@ def iter_row_ids(ds: Dataset) -> Iterator[str]:
         cols = [ds.columns[r] for r in ("input", "expected_output") if r in ds.columns]
     seen: dict[str, int] = {}
     for f in ds.files:
-        with _parquet(ds, f) as pf:
+        with open_file(ds, f) as pf:
             for g in range(pf.num_row_groups):
                 try:
                     group = pf.read_row_group(g, columns=cols)
@@ -454,7 +382,7 @@ def _read_columns(ds: Dataset) -> list[str]:
 
 
 @contextlib.contextmanager
-def _parquet(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
+def open_file(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
     """One dataset file open for reading; a storage error is named by the storage layer with the file's URI."""
     try:
         fh = ds.fs.open(f.path, "rb")
@@ -464,7 +392,7 @@ def _parquet(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
         yield open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns)
 
 
-def _group_starts(pf: pq.ParquetFile) -> list[int]:
+def group_starts(pf: pq.ParquetFile) -> list[int]:
     """The first row of each row group, and the file's row count last."""
     starts = [0]
     for g in range(pf.num_row_groups):

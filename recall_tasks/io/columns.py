@@ -32,12 +32,11 @@ import pyarrow as pa
 
 from recall_tasks.errors import DatasetError
 
-ROLES = (
-    "input", "expected_output", "retrieval_context", "actual_output", "row_id", "messages",
-    "retrieved_context_ids", "reference_context_ids", "reference_context_relevance",
-)  # fmt: skip
+#: the role columns a judge reads, in the order a row's content hash takes them (``RowBlock``)
+JUDGED_ROLES = ("input", "expected_output", "retrieval_context", "actual_output")
 #: The id roles (ragas' names): retrieved ids in rank order, relevant ids, their graded relevance (issue 41)
 ID_ROLES = ("retrieved_context_ids", "reference_context_ids", "reference_context_relevance")
+ROLES = (*JUDGED_ROLES, "row_id", "messages", *ID_ROLES)
 
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "input": ("input", "user_input", "question", "query"),

@@ -52,7 +52,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from recall_tasks.errors import DatasetError, StorageError
+from recall_tasks.errors import DatasetError, StorageError, one_line
 from recall_tasks.io.columns import (
     DEFAULT_NAMES,
     REQUIRED,
@@ -264,12 +264,6 @@ def open_dataset(
     if ds.has_row_id:
         _check_unique_ids(ds)
     return ds
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (pyarrow's span several), clipped."""
-    text = " ".join(str(exc).split())
-    return text[:300] if text else type(exc).__name__
 
 
 def _check_unique_ids(ds: Dataset) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ import pyarrow.dataset as pads
 
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.storage import StorageConfig, split_uri
+from recall_tasks.io.tables import retry_commits, row_groups
 from recall_tasks.secrets import looks_secret, register_secret
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,6 @@ COMMIT_PROPERTY = "recall-bench.commit-id"
 EXPIRED_PROPERTY = "recall-bench.snapshots-expired"
 #: appends retried after another writer's commit landed first
 COMMIT_ATTEMPTS = 6
-#: rows per Arrow table handed to one ``append`` inside a run's transaction (bounds commit memory)
-APPEND_ROWS = 250_000
-#: snapshots younger than this are kept by ``maintain`` (the commit-id check of a resumed run reads them)
-KEEP_DAYS_DEFAULT = 7.0
 
 
 def _plain_type(t: pa.DataType) -> pa.DataType:
@@ -227,20 +224,6 @@ def _committed(table: Any, commit_id: str, key: tuple[str, str] | None) -> bool:
     return bool(scan.to_arrow().num_rows)
 
 
-def _groups(data: pa.RecordBatchReader | pa.Table) -> Iterator[pa.Table]:
-    if isinstance(data, pa.Table):
-        yield data
-        return
-    group: list[pa.RecordBatch] = []
-    for batch in data:
-        group.append(batch)
-        if sum(b.num_rows for b in group) >= APPEND_ROWS:
-            yield pa.Table.from_batches(group, data.schema)
-            group = []
-    if group:
-        yield pa.Table.from_batches(group, data.schema)
-
-
 @dataclass
 class IcebergTables:
     """The three tables of one output in one catalog namespace."""
@@ -308,28 +291,29 @@ class IcebergTables:
         from pyiceberg.exceptions import CommitFailedException
 
         table = self.table(name)
-        for attempt in range(COMMIT_ATTEMPTS):
+
+        def attempt(n: int) -> None:
+            nonlocal table
+            if n:
+                table = self.table(name)  # the fresh table after a conflict
             rows = data()
             if table is None:
                 table = self._create(name, rows.schema, partition_by or [])
             if _committed(table, commit_id, key):
-                if attempt:
+                if n:
                     log.info("%s was committed by a concurrent writer; not appended again", commit_id)
                 return
-            try:
-                with table.transaction() as tx:
-                    known = {f.name for f in table.schema().fields}
-                    if any(f.name not in known for f in rows.schema):
-                        with tx.update_schema() as update:
-                            update.union_by_name(rows.schema)
-                    for group in _groups(rows):
-                        tx.append(group, snapshot_properties={COMMIT_PROPERTY: commit_id})
-                return
-            except CommitFailedException as exc:
-                if attempt == COMMIT_ATTEMPTS - 1:
-                    raise
-                log.info("%s: commit conflict (%s); retrying on the new table version", commit_id, exc)
-                table = self.table(name)
+            with table.transaction() as tx:
+                known = {f.name for f in table.schema().fields}
+                if any(f.name not in known for f in rows.schema):
+                    with tx.update_schema() as update:
+                        update.union_by_name(rows.schema)
+                # rows in tables of BATCH_ROWS handed to one ``append`` each (bounds commit memory)
+                groups = [rows] if isinstance(rows, pa.Table) else row_groups(rows, rows.schema)
+                for group in groups:
+                    tx.append(group, snapshot_properties={COMMIT_PROPERTY: commit_id})
+
+        retry_commits(commit_id, attempt, attempts=COMMIT_ATTEMPTS, conflicts=(CommitFailedException,), logger=log)
 
     def dataset(self, name: str) -> pads.Dataset | None:
         """The current snapshot of table ``name`` as a pyarrow dataset, or None if there is no such table."""

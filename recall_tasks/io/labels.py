@@ -44,9 +44,9 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError, StorageError
-from recall_tasks.io.columns import DEFAULT_NAMES, REQUIRED
-from recall_tasks.io.datasets import dataset_name, one_line
+from recall_tasks.errors import DatasetError, StorageError, one_line
+from recall_tasks.io.columns import DEFAULT_NAMES, JUDGED_ROLES, REQUIRED
+from recall_tasks.io.datasets import dataset_name
 from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
 from recall_tasks.judges.base import Task
 from recall_tasks.sentences import split_sentences
@@ -55,7 +55,7 @@ __all__ = ["LabelledRow", "LabelledSet", "load_labels"]
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
-_ROLES = ("input", "expected_output", "retrieval_context", "actual_output", "row_id")
+_ROLES = (*JUDGED_ROLES, "row_id")
 _TASKS: tuple[Task, ...] = ("contextual_recall", "context_coverage")
 
 

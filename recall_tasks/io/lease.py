@@ -14,12 +14,13 @@ A second attempt of the same run meets the lease:
   of this machine that no longer exists (same host, boot and process namespace; pid gone, a zombie, or reused
   by a later process): taken over; the run resumes.
 
-Every change of the marker is conditional on the version read, so two attempts racing for one marker cannot
-both win: on S3 (s3fs) a create is a PUT with ``If-None-Match: *`` and a renewal, takeover or release a PUT with
-``If-Match: <ETag>``, the delete a DELETE with ``If-Match`` (AWS S3 and SeaweedFS enforce them; a store that
-ignores them loses the guarantee). On a local or mounted disk each read-compare-write holds an exclusive
-``flock`` on ``_pending/.lock`` for its few milliseconds (NFSv4 maps it to a lock on the server). Other fsspec
-stores get the same steps without an atomic compare: the lease then narrows the race, it does not close it.
+Every change of the marker is conditional on the version read (:mod:`~recall_tasks.io.conditional`), so two
+attempts racing for one marker cannot both win: on S3 (s3fs) a create is a PUT with ``If-None-Match: *`` and a
+renewal, takeover or release a PUT with ``If-Match: <ETag>``, the delete a DELETE with ``If-Match`` (AWS S3 and
+SeaweedFS enforce them; a store that ignores them loses the guarantee). On a local or mounted disk each
+read-compare-write holds an exclusive ``flock`` on ``_pending/.lock`` for its few milliseconds (NFSv4 maps it to
+a lock on the server). Other fsspec stores get the same steps without an atomic compare: the lease then narrows
+the race, it does not close it.
 
 Expiry compares a timestamp written by the holder with the reader's clock: the hosts' clocks must agree to well
 within ``ttl_s``. Two different runs (another dataset or other options) have other run keys, other markers:
@@ -28,22 +29,20 @@ they never wait for each other, even writing one output.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import errno
-import hashlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from recall_tasks.errors import ConfigError, WorkerDied
-from recall_tasks.io.storage import S3_PROTOCOLS, split_uri, translate_storage_error
+from recall_tasks.io.conditional import Conflict, kind_of_uri, versioned
+from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -69,10 +68,6 @@ class RunInProgress(ConfigError):
 class LeaseLost(WorkerDied):
     """This attempt's lease was taken over by another attempt (it was not renewed in time): the attempt commits
     nothing and fails as a dead worker does (exit 4); the attempt holding the lease carries the run on."""
-
-
-class _Conflict(Exception):
-    """The marker changed since it was read (or exists, for a create)."""
 
 
 def _utc_now() -> dt.datetime:
@@ -169,170 +164,6 @@ class Lease:
         )  # fmt: skip
 
 
-# -- conditional reads and writes of one small object -------------------------------------------------------
-
-
-class _Local:
-    """A local or mounted disk: every step under an exclusive ``flock`` on one lock file per ``_pending`` folder."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.lock_path = os.path.join(os.path.dirname(path), ".lock")
-
-    @contextlib.contextmanager
-    def _locked(self, create: bool = False) -> Iterator[bool]:
-        """Holds the lock; yields False (and holds nothing) when the folder is gone and ``create`` is not set."""
-        import fcntl
-
-        folder = os.path.dirname(self.path)
-        if create:
-            os.makedirs(folder, exist_ok=True)
-        elif not os.path.isdir(folder):  # e.g. the output was deleted under a lingering renewal
-            yield False
-            return
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield True
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _current(self) -> tuple[bytes, str] | None:
-        try:
-            with open(self.path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            return None
-        return data, hashlib.sha256(data).hexdigest()
-
-    def read(self) -> tuple[bytes, str] | None:
-        with self._locked() as there:
-            return self._current() if there else None
-
-    def _write(self, data: bytes) -> str:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        return hashlib.sha256(data).hexdigest()
-
-    def write(self, data: bytes, version: str | None) -> str:
-        """Create (``version`` None) or replace the version read; :class:`_Conflict` if it changed."""
-        with self._locked(create=version is None) as there:
-            now = self._current() if there else None
-            if not there or (now is None) != (version is None) or (now is not None and now[1] != version):
-                raise _Conflict
-            return self._write(data)
-
-    def delete(self, version: str) -> None:
-        with self._locked() as there:
-            now = self._current() if there else None
-            if now is None or now[1] != version:
-                raise _Conflict
-            os.remove(self.path)
-
-
-def _precondition_failed(exc: BaseException) -> bool:
-    """s3fs turns a 412 (or AWS's 409 for two conditional writes at once) into ``OSError(EINVAL)``."""
-    cur: BaseException | None = exc
-    while cur is not None:
-        response = getattr(cur, "response", None)
-        if isinstance(response, dict):
-            code = str(response.get("Error", {}).get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                return True
-        cur = cur.__cause__ or cur.__context__
-    return isinstance(exc, OSError) and exc.errno == errno.EINVAL and "pre-condition" in str(exc).lower()
-
-
-class _S3:
-    """S3 through s3fs: ``If-None-Match: *`` to create, ``If-Match: <ETag>`` to replace or delete."""
-
-    def __init__(self, fs: Any, path: str) -> None:
-        self.fs = fs
-        self.path = path
-        self.bucket, self.key, _ = fs.split_path(path)
-
-    def read(self) -> tuple[bytes, str] | None:
-        from fsspec.asyn import sync
-
-        async def get() -> tuple[bytes, str] | None:
-            try:
-                resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key)
-            except FileNotFoundError:
-                return None
-            body = resp["Body"]
-            try:
-                data = await body.read()
-            finally:
-                body.close()
-            return data, str(resp["ETag"])
-
-        result: tuple[bytes, str] | None = sync(self.fs.loop, get)
-        return result
-
-    def write(self, data: bytes, version: str | None) -> str:
-        condition = {"mode": "create"} if version is None else {"IfMatch": version}
-        try:
-            out = self.fs.pipe_file(self.path, data, **condition)
-        except (OSError, FileNotFoundError) as exc:
-            if _precondition_failed(exc):
-                raise _Conflict from None
-            raise
-        return str(out["ETag"])
-
-    def delete(self, version: str) -> None:
-        try:
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=version)
-        except FileNotFoundError:
-            raise _Conflict from None
-        except OSError as exc:
-            if _precondition_failed(exc):
-                raise _Conflict from None
-            raise
-
-
-class _Other:
-    """Another fsspec store: the same steps, the compare not atomic (module doc)."""
-
-    def __init__(self, fs: Any, path: str) -> None:
-        self.fs = fs
-        self.path = path
-
-    def read(self) -> tuple[bytes, str] | None:
-        try:
-            data = bytes(self.fs.cat_file(self.path))
-        except FileNotFoundError:
-            return None
-        return data, hashlib.sha256(data).hexdigest()
-
-    def write(self, data: bytes, version: str | None) -> str:
-        now = self.read()
-        if (now is None) != (version is None) or (now is not None and now[1] != version):
-            raise _Conflict
-        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(self.path, data)
-        return hashlib.sha256(data).hexdigest()
-
-    def delete(self, version: str) -> None:
-        now = self.read()
-        if now is None or now[1] != version:
-            raise _Conflict
-        self.fs.rm(self.path)
-
-
-def _backend(fs: Any, uri: str, path: str) -> _Local | _S3 | _Other:
-    protocol, _ = split_uri(uri)
-    if protocol == "file":
-        return _Local(path)
-    if protocol in S3_PROTOCOLS:
-        return _S3(fs, path)
-    return _Other(fs, path)
-
-
 # -- the marker and its lease -------------------------------------------------------------------------------
 
 
@@ -361,7 +192,7 @@ class RunLease:
     def __post_init__(self) -> None:
         if self.ttl_s is None:
             self.ttl_s = ttl_from_settings()
-        self._store = _backend(self.fs, self.uri, self.path)
+        self._store = versioned(self.fs, self.path, kind_of_uri(self.uri))
 
     @property
     def held(self) -> bool:
@@ -373,7 +204,7 @@ class RunLease:
     def _storage(self, step: Callable[..., Any], *args: Any) -> Any:
         try:
             return step(*args)
-        except _Conflict:
+        except Conflict:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.uri) from None
@@ -418,7 +249,7 @@ class RunLease:
             try:
                 payload = json.dumps(record).encode()
                 self._version = self._storage(self._store.write, payload, None if got is None else got[1])
-            except _Conflict:
+            except Conflict:
                 continue  # another attempt changed the marker between our read and write: look again
             self._record = record
             self.run_id = str(record["run_id"])
@@ -444,7 +275,7 @@ class RunLease:
             try:
                 payload = json.dumps(record).encode()
                 self._version = self._storage(self._store.write, payload, self._version)
-            except _Conflict:
+            except Conflict:
                 got = self._storage(self._store.read)
                 who = "the run was committed" if got is None else self._taker(got[0])
                 self.lost = f"run {self.run_id}: this attempt's lease was not renewed in time and {who}"
@@ -506,5 +337,5 @@ class RunLease:
                 return
             try:
                 self._storage(self._store.delete, version)
-            except _Conflict:
+            except Conflict:
                 log.warning("run %s: the marker changed under this attempt; left as it is", self.run_id)

@@ -28,6 +28,10 @@ Nothing a reader or a committing run needs is ever deleted (decisions, issue 31)
 * **Concurrent commits**: a compaction, expiry or property commit that loses a race with a run's commit is
   retried on the fresh table up to :data:`COMMIT_ATTEMPTS` times, then :class:`MaintenanceConflict` (the CLI's
   one ``error:`` line, exit 4): nothing is lost, maintenance can be run again.
+
+The steps of each format are its backend's ``maintain`` (:mod:`~recall_tasks.io.delta`,
+:mod:`~recall_tasks.io.iceberg_backend`; Parquet files are never rewritten); this module holds what they share:
+the retention rules, the retried commit (:func:`retrying`) and the orphan clean-up (:func:`delete_orphans`).
 """
 
 from __future__ import annotations
@@ -37,14 +41,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 from recall_tasks.errors import ConfigError, RecallBenchError
-from recall_tasks.io.storage import delta_storage_options, join_uri
+from recall_tasks.io.storage import StorageConfig, filesystem
+from recall_tasks.io.tables import TABLES, TableBackend, retry_commits
 
 log = logging.getLogger(__name__)
 
-TABLES = ("results", "runs", "comparisons", "calibrations")
 #: ``keep_days`` under this is refused without ``allow_short_retention`` (Delta's vacuum check: 7 days)
 RETENTION_FLOOR_DAYS = 7.0
 #: ``keep_days`` above this (a century) is refused: dates that far back do not exist
@@ -53,8 +57,6 @@ MAX_KEEP_DAYS = 36_500.0
 SAFETY_MARGIN = dt.timedelta(hours=1)
 #: a maintenance commit that lost a race with a run's commit is retried this many times in all
 COMMIT_ATTEMPTS = 5
-
-T = TypeVar("T")
 
 
 class MaintenanceConflict(RecallBenchError):
@@ -90,64 +92,20 @@ def _conflict_types() -> tuple[type[BaseException], ...]:
     return (CommitFailedError, CommitFailedException)
 
 
-def _retrying(what: str, step: Callable[[], T]) -> T:
-    """``step()``, again after each commit conflict (a run committed first), at most :data:`COMMIT_ATTEMPTS`."""
-    conflicts = _conflict_types()
-    for attempt in range(1, COMMIT_ATTEMPTS + 1):
-        try:
-            return step()
-        except conflicts as exc:
-            if attempt == COMMIT_ATTEMPTS:
-                raise MaintenanceConflict(
-                    f"maintain gave up on {what} after {COMMIT_ATTEMPTS} commit conflicts with runs committing "
-                    "at the same time; nothing was lost: run maintain again when no run commits"
-                ) from exc
-            log.info("%s: commit conflict (%s); retrying on the new table version", what, exc)
-            time.sleep(0.05 * attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
+def retrying(what: str, step: Callable[[], object]) -> None:
+    """``step()``, again after each commit conflict (a run committed first), at most :data:`COMMIT_ATTEMPTS`;
+    then :class:`MaintenanceConflict`."""
 
+    def give_up(exc: BaseException) -> BaseException:
+        return MaintenanceConflict(
+            f"maintain gave up on {what} after {COMMIT_ATTEMPTS} commit conflicts with runs committing "
+            "at the same time; nothing was lost: run maintain again when no run commits"
+        )
 
-def _delta(store: Any, name: str, keep_days: float, started: dt.datetime) -> dict[str, Any] | None:
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    from recall_tasks.io.results import TARGET_FILE_BYTES, _writer_properties
-
-    uri = join_uri(store.output_uri, name)
-    options = delta_storage_options(uri, store.storage)
-    try:
-        table = DeltaTable(uri, storage_options=options)
-    except TableNotFoundError:
-        return None
-    before, version = len(table.file_uris()), table.version()
-
-    def compact() -> None:
-        fresh = DeltaTable(uri, storage_options=options)
-        fresh.optimize.compact(target_size=TARGET_FILE_BYTES, writer_properties=_writer_properties())
-
-    _retrying(f"{uri} (compaction)", compact)
-    table = DeltaTable(uri, storage_options=options)
-    table.create_checkpoint()
-    table.cleanup_metadata()
-    # vacuum deletes removed files older than the retention AND files no log entry mentions (a committing run's
-    # new data file): the retention reaches back to the start of maintain minus the margin, at least
-    floor = dt.datetime.now(dt.UTC) - (started - SAFETY_MARGIN)
-    hours = max(math.ceil(keep_days * 24), math.ceil(floor.total_seconds() / 3600))
-    removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-    return {
-        "data_files_before": before, "data_files_after": len(table.file_uris()),
-        "versions": f"{version} -> {table.version()} (checkpoint)", "files_deleted": len(removed),
-    }  # fmt: skip
-
-
-def _partitions_to_rewrite(table: Any) -> list[dict[str, Any]]:
-    """The partitions (as field -> value) holding more than one data file; ``[{}]`` for an unpartitioned table."""
-    counts: dict[tuple[Any, ...], int] = {}
-    names = [f.name for f in table.spec().fields]
-    for task in table.scan().plan_files():
-        key = tuple(task.file.partition[i] for i in range(len(names)))
-        counts[key] = counts.get(key, 0) + 1
-    return [dict(zip(names, key, strict=True)) for key, n in counts.items() if n > 1]
+    retry_commits(
+        what, lambda _: step(), attempts=COMMIT_ATTEMPTS, conflicts=_conflict_types(), give_up=give_up,
+        pause_s=0.05, logger=log,
+    )  # fmt: skip
 
 
 def _referenced(table: Any) -> set[str]:
@@ -184,13 +142,11 @@ def _modified(info: dict[str, Any]) -> dt.datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
-def _delete_orphans(store: Any, table: Any, cutoff: dt.datetime) -> int:
+def delete_orphans(storage: StorageConfig, table: Any, cutoff: dt.datetime) -> int:
     """Delete the files under the table's location that nothing references and that were written before
     ``cutoff``; refuse (:class:`UnsafeOrphanRemoval`, nothing deleted) unless the table's own current metadata
     file is both listed and recognised as referenced."""
-    from recall_tasks.io.storage import filesystem
-
-    fs, root = filesystem(table.location(), store.storage)
+    fs, root = filesystem(table.location(), storage)
     referenced = {path_key(fs, path) for path in _referenced(table)}
     listed = {path_key(fs, path): (path, info) for path, info in fs.find(root, detail=True).items()}
     current = path_key(fs, table.metadata_location)
@@ -209,50 +165,14 @@ def _delete_orphans(store: Any, table: Any, cutoff: dt.datetime) -> int:
     return deleted
 
 
-def _compact_iceberg(store: Any, name: str) -> None:
-    from pyiceberg.expressions import AlwaysTrue, And, EqualTo
+class Output(Protocol):
+    """What :func:`maintain` needs of a :class:`~recall_tasks.io.results.ResultStore`."""
 
-    table = store.iceberg.table(name)
-    rewrite = _partitions_to_rewrite(table)
-    if not rewrite:
-        return
-    with table.transaction() as tx:  # one commit: it fails (and is retried) if a run committed since the load
-        for part in rewrite:
-            terms = [EqualTo(term=k, value=v) for k, v in part.items()]
-            where = AlwaysTrue() if not terms else terms[0] if len(terms) == 1 else And(*terms)
-            rows = table.scan(row_filter=where).to_arrow()
-            tx.overwrite(rows, overwrite_filter=where, snapshot_properties={"recall-bench.maintenance": "compact"})
+    @property
+    def backend(self) -> TableBackend: ...
 
 
-def _expire_iceberg(store: Any, name: str, cutoff: dt.datetime) -> None:
-    from recall_tasks.io.iceberg import EXPIRED_PROPERTY
-
-    table = store.iceberg.table(name)
-    if EXPIRED_PROPERTY not in table.properties:  # before expiring: a rerun's check then also looks at the rows
-        with table.transaction() as tx:
-            tx.set_properties({EXPIRED_PROPERTY: "true"})
-        table = store.iceberg.table(name)
-    table.maintenance.expire_snapshots().older_than(cutoff).commit()
-
-
-def _iceberg(store: Any, name: str, keep_days: float, started: dt.datetime) -> dict[str, Any] | None:
-    table = store.iceberg.table(name)
-    if table is None:
-        return None
-    before, snapshots = len(list(table.scan().plan_files())), len(table.metadata.snapshots)
-    _retrying(f"{name} (compaction)", lambda: _compact_iceberg(store, name))
-    expire_before = started - dt.timedelta(days=keep_days)
-    _retrying(f"{name} (snapshot expiry)", lambda: _expire_iceberg(store, name, expire_before))
-    table = store.iceberg.table(name)
-    files_before = min(expire_before, started - SAFETY_MARGIN)
-    return {
-        "data_files_before": before, "data_files_after": len(list(table.scan().plan_files())),
-        "versions": f"{snapshots} -> {len(table.metadata.snapshots)} snapshots",
-        "files_deleted": _delete_orphans(store, table, files_before),
-    }  # fmt: skip
-
-
-def maintain(store: Any, keep_days: float = 7.0, *, allow_short_retention: bool = False) -> list[dict[str, Any]]:
+def maintain(store: Output, keep_days: float = 7.0, *, allow_short_retention: bool = False) -> list[dict[str, Any]]:
     """Compact, checkpoint/expire and clean every table of ``store``; one summary row per table found.
 
     ``keep_days`` under :data:`RETENTION_FLOOR_DAYS` needs ``allow_short_retention`` (see the module doc).
@@ -262,12 +182,7 @@ def maintain(store: Any, keep_days: float = 7.0, *, allow_short_retention: bool 
     rows = []
     for name in TABLES:
         t0 = time.perf_counter()
-        if store.format == "delta":
-            done = _delta(store, name, keep_days, started)
-        elif store.format == "iceberg":
-            done = _iceberg(store, name, keep_days, started)
-        else:
-            done = None
+        done = store.backend.maintain(name, keep_days, started)
         if done is not None:
             rows.append({"table": name, **done, "seconds": round(time.perf_counter() - t0, 2)})
     return rows

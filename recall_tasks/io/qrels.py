@@ -8,6 +8,8 @@ Two formats, read through fsspec (a path, ``file://``, ``s3://``...):
 - anything else is a TREC qrels text file: ``query_id iteration doc_id relevance`` per line, whitespace-separated
   (the iteration, usually ``0``, is ignored); blank lines and lines starting with ``#`` are skipped.
 
+A name ending ``.gz``, ``.bz2``, ``.xz``, ``.zst``... is decompressed first.
+
 Ids compare as strings (``7`` and ``"7"`` are one id). A (query, doc) pair judged twice with the same relevance
 counts once; with different relevance the file is refused. Each error is one :class:`DatasetError` naming the
 file and the line (text, 1-based) or row (Parquet, 0-based): a malformed line, a relevance that is negative or not
@@ -21,14 +23,16 @@ wrong dataset); rows without judgements are not assessed (:func:`qrels_for` give
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.utils import infer_compression
 
 from recall_tasks.errors import DatasetError
 from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
@@ -36,6 +40,7 @@ from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage
 _IDS = pa.list_(pa.string())
 _GRADES = pa.list_(pa.int64())
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+Ints = npt.NDArray[np.int64]
 FORMAT = "query_id 0 doc_id relevance (TREC qrels, whitespace-separated) or Parquet with query_id, doc_id, relevance"
 
 
@@ -56,18 +61,16 @@ def read_qrels(uri: str, storage: StorageConfig | None = None) -> Qrels:
     """Read and check the qrels at ``uri`` (see the module docstring); raise one DatasetError or StorageError."""
     fs, path = filesystem(uri, storage)
     try:
-        with fs.open(path, "rb") as fh:
+        with fs.open(path, "rb", compression=infer_compression(path)) as fh:
             raw = fh.read()
     except Exception as exc:  # noqa: BLE001 - every storage failure becomes one clear message
         raise translate_storage_error(exc, uri, config=storage, fs=fs) from None
     if raw[:4] == b"PAR1" or path.lower().endswith((".parquet", ".pq")):
-        queries, docs, grades, where = _parquet(raw, uri)
-    else:
-        queries, docs, grades, where = _text(raw, uri)
-    return _group(uri, queries, docs, grades, where)
+        return _group(uri, *_parquet(raw, uri))
+    return _group(uri, *_text(raw, uri))
 
 
-def _text(raw: bytes, uri: str) -> tuple[list[str], list[str], list[int], list[str]]:
+def _text(raw: bytes, uri: str) -> tuple[pa.Array, pa.Array, Ints, Callable[[int], str]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -77,7 +80,7 @@ def _text(raw: bytes, uri: str) -> tuple[list[str], list[str], list[int], list[s
     queries: list[str] = []
     docs: list[str] = []
     grades: list[int] = []
-    where: list[str] = []
+    lines: list[int] = []
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields or fields[0].startswith("#"):
@@ -95,11 +98,16 @@ def _text(raw: bytes, uri: str) -> tuple[list[str], list[str], list[int], list[s
         queries.append(fields[0])
         docs.append(fields[2])
         grades.append(int(grade))
-        where.append(f"line {number}")
-    return queries, docs, grades, where
+        lines.append(number)
+    return (
+        pa.array(queries, pa.string()),
+        pa.array(docs, pa.string()),
+        np.array(grades, np.int64),
+        (lambda i: f"line {lines[i]}"),
+    )
 
 
-def _parquet(raw: bytes, uri: str) -> tuple[list[str], list[str], list[int], list[str]]:
+def _parquet(raw: bytes, uri: str) -> tuple[pa.Array, pa.Array, Ints, Callable[[int], str]]:
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except (pa.ArrowInvalid, OSError) as exc:
@@ -114,15 +122,15 @@ def _parquet(raw: bytes, uri: str) -> tuple[list[str], list[str], list[int], lis
     if "relevance" in table.column_names:
         grades = _grades(table.column("relevance").combine_chunks(), uri)
     else:
-        grades = [1] * table.num_rows
-    return ids[0], ids[1], grades, [f"row {i}" for i in range(table.num_rows)]
+        grades = np.ones(table.num_rows, np.int64)
+    return ids[0], ids[1], grades, lambda i: f"row {i}"
 
 
 def _first(mask: Any) -> int:
     return int(np.flatnonzero(np.asarray(mask.fill_null(True)))[0])
 
 
-def _id_strings(column: pa.Array, uri: str, name: str) -> list[str]:
+def _id_strings(column: pa.Array, uri: str, name: str) -> pa.Array:
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     typ = column.type
@@ -139,11 +147,10 @@ def _id_strings(column: pa.Array, uri: str, name: str) -> list[str]:
     empty = pc.equal(pc.binary_length(strings), 0)
     if len(strings) and pc.any(empty).as_py():
         raise DatasetError("an id is an empty string", uri=uri, column=name, row=_first(empty))
-    values: list[str] = strings.to_pylist()
-    return values
+    return strings
 
 
-def _grades(column: pa.Array, uri: str) -> list[int]:
+def _grades(column: pa.Array, uri: str) -> Ints:
     typ = column.type
     if column.null_count:
         raise DatasetError("a relevance is null", uri=uri, column="relevance", row=_first(column.is_null()))
@@ -161,37 +168,38 @@ def _grades(column: pa.Array, uri: str) -> list[int]:
         raise DatasetError(
             "a relevance is negative (0 = judged not relevant)", uri=uri, column="relevance", row=_first(negative)
         )
-    values: list[int] = grades.to_pylist()
-    return values
+    return np.asarray(grades, dtype=np.int64)
 
 
-def _group(uri: str, queries: list[str], docs: list[str], grades: list[int], where: list[str]) -> Qrels:
-    """Per query, its docs and grades in file order; conflicting duplicates refused, identical ones kept once."""
-    if not queries:
+def _group(uri: str, queries: pa.Array, docs: pa.Array, grades: Ints, where: Callable[[int], str]) -> Qrels:
+    """Per query (in order of first appearance), its docs and grades in file order; a pair judged twice with
+    different grades refused, with the same grade kept once. Vectorized: codes from hash tables, one stable sort."""
+    if not len(queries):
         raise DatasetError(f"the qrels file has no judgements; expected {FORMAT}", uri=uri)
-    judged: dict[str, dict[str, int]] = {}
-    first_seen: dict[tuple[str, str], int] = {}
-    for i, (query, doc, grade) in enumerate(zip(queries, docs, grades, strict=True)):
-        per_query = judged.setdefault(query, {})
-        earlier = per_query.get(doc)
-        if earlier is None:
-            per_query[doc] = grade
-            first_seen[(query, doc)] = i
-        elif earlier != grade:
-            j = first_seen[(query, doc)]
-            raise DatasetError(
-                f"qrels judge query {query!r} doc {doc!r} twice with different relevance: {earlier} on {where[j]}, "
-                f"{grade} on {where[i]}", uri=uri,
-            )  # fmt: skip
-    lengths = np.fromiter((len(d) for d in judged.values()), np.int64, count=len(judged))
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    doc_values = pa.array([d for per_query in judged.values() for d in per_query], pa.string())
-    grade_values = pa.array([g for per_query in judged.values() for g in per_query.values()], pa.int64())
+    q, d = pc.dictionary_encode(queries), pc.dictionary_encode(docs)
+    q_codes = np.asarray(q.indices, dtype=np.int64)
+    key = q_codes * len(d.dictionary) + np.asarray(d.indices, dtype=np.int64)
+    order = np.argsort(key, kind="stable")
+    start = np.ones(len(order), bool)
+    start[1:] = key[order][1:] != key[order][:-1]
+    first = order[np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))]  # each pair's first line/row
+    conflict = np.flatnonzero(grades[order] != grades[first])
+    if len(conflict):
+        at = conflict[np.argmin(order[conflict])]
+        i, j = int(order[at]), int(first[at])
+        raise DatasetError(
+            f"qrels judge query {queries[i].as_py()!r} doc {docs[i].as_py()!r} twice with different relevance: "
+            f"{grades[j]} on {where(j)}, {grades[i]} on {where(i)}", uri=uri,
+        )  # fmt: skip
+    kept = np.sort(order[start])
+    kept = kept[np.argsort(q_codes[kept], kind="stable")]
+    counts = np.bincount(q_codes[kept], minlength=len(q.dictionary))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
     return Qrels(
         uri=uri,
-        query_ids=pa.array(list(judged), pa.string()),
-        doc_ids=pa.ListArray.from_arrays(offsets, doc_values, type=_IDS),
-        relevance=pa.ListArray.from_arrays(offsets, grade_values, type=_GRADES),
+        query_ids=q.dictionary,
+        doc_ids=pa.ListArray.from_arrays(offsets, docs.take(pa.array(kept)), type=_IDS),
+        relevance=pa.ListArray.from_arrays(offsets, pa.array(grades[kept]), type=_GRADES),
     )
 
 

@@ -11,13 +11,16 @@ Layout under ``<output>``:
   on the same data resumes it (same run id, finished chunks reused, nothing committed twice); while an attempt
   runs, its lease (:mod:`~recall_tasks.io.lease`: one live attempt per run).
 
-Formats:
-- ``delta`` (default): a run's rows are appended to ``results`` in ONE Delta commit (readers see all of them
-  or none), then its run rows to ``runs``. New pass-through columns are merged into the table schema.
-- ``parquet``: Hive-partitioned files under ``results/dataset=<d>/run_date=<day>/``; the run's ``runs`` file is
-  written last and is the commit marker: ``read_table("results")`` only returns rows of runs listed in ``runs``.
-- ``iceberg``: tables in a pyiceberg catalog (:mod:`~recall_tasks.io.iceberg`), one catalog commit per run and
-  table; ``<output>`` keeps the caches, chunk files and reports, and records the catalog in ``_warehouse.json``.
+Formats: the tables are written, read and maintained by the output's :class:`~recall_tasks.io.tables.TableBackend`
+(:data:`BACKENDS`):
+- ``delta`` (default, :mod:`~recall_tasks.io.delta`): a run's rows are appended to ``results`` in ONE Delta commit
+  (readers see all of them or none), then its run rows to ``runs``. New pass-through columns are merged into the
+  table schema.
+- ``parquet`` (:mod:`~recall_tasks.io.parquet`): Hive-partitioned files under ``results/dataset=<d>/run_date=<day>/``;
+  the run's ``runs`` file is written last and is the commit marker: ``read_table("results")`` only returns rows of
+  runs listed in ``runs``.
+- ``iceberg`` (:mod:`~recall_tasks.io.iceberg_backend`): tables in a pyiceberg catalog, one catalog commit per run
+  and table; ``<output>`` keeps the caches, chunk files and reports, and records the catalog in ``_warehouse.json``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -33,18 +36,14 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import ConfigError, RecallBenchError
+from recall_tasks.errors import ConfigError, RecallBenchError, one_line
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import (
-    CALIBRATION_SCHEMA,
-    COMPARISON_SCHEMA,
-    ID_RESULT_FIELDS,
-    LABEL_FIELD,
-    LATE_RESULT_FIELDS,
-    RESULT_FIELDS,
-    RUN_SCHEMA,
-)
-from recall_tasks.io.storage import StorageConfig, delta_storage_options, filesystem, join_uri, translate_storage_error
+from recall_tasks.io.delta import DeltaBackend
+from recall_tasks.io.iceberg_backend import IcebergBackend
+from recall_tasks.io.parquet import ParquetBackend
+from recall_tasks.io.schemas import CALIBRATION_SCHEMA, COMPARISON_SCHEMA, LABEL_FIELD, RUN_SCHEMA
+from recall_tasks.io.storage import StorageConfig, filesystem, join_uri, translate_storage_error
+from recall_tasks.io.tables import TABLES, TableBackend, TableName
 from recall_tasks.settings import settings
 
 if TYPE_CHECKING:
@@ -52,23 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: ``results`` columns added after the table's first release (``schemas.LATE_RESULT_FIELDS``)
-LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD, *ID_RESULT_FIELDS] if f.name in LATE_RESULT_FIELDS]
-
 Format = Literal["delta", "parquet", "iceberg"]
 FORMATS: tuple[str, ...] = ("delta", "parquet", "iceberg")
-
-#: Delta commits retried after a conflict with another run's commit (fresh snapshot, schema merged again).
-COMMIT_ATTEMPTS = 4
-
-#: Delta data files of ~32 MiB: the writer buffers about one file per partition, which bounds commit memory.
-TARGET_FILE_BYTES = 32 * 1024 * 1024
-
-
-def _writer_properties() -> Any:
-    from deltalake import WriterProperties
-
-    return WriterProperties(compression="ZSTD", max_row_group_size=64 * 1024)
 
 
 @dataclass(frozen=True)
@@ -116,6 +100,7 @@ class ResultStore:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         self.fs, self.root = filesystem(self.output_uri, self.storage)
         self._iceberg: Any = None
+        self._backend: TableBackend | None = None
         self.lease: RunLease | None = None  # this attempt's hold on its run's marker (begin_run)
 
     @property
@@ -127,6 +112,13 @@ class ResultStore:
             where = resolve_location(self.fs, self.root, self.output_uri, self.catalog, self.namespace)
             self._iceberg = IcebergTables(self.output_uri, self.storage, where, self.fs, self.root)
         return self._iceberg
+
+    @property
+    def backend(self) -> TableBackend:
+        """The output's tables: written, read and maintained the way of its format."""
+        if self._backend is None:
+            self._backend = BACKENDS[self.format](self)
+        return self._backend
 
     @property
     def results_uri(self) -> str:
@@ -144,14 +136,15 @@ class ResultStore:
     def calibrations_uri(self) -> str:
         return join_uri(self.output_uri, "calibrations")
 
-    def _path(self, *parts: str) -> str:
+    def path(self, *parts: str) -> str:
+        """A path under the output on its filesystem (``fs``): ``path("reports", "x.html")``."""
         return "/".join([self.root.rstrip("/"), *parts])
 
     # -- chunk files -----------------------------------------------------------------------------
 
     def chunk_path(self, chunk_key: str, run_id: str) -> str:
         """Where a chunk's results go: keyed by its content (reusable by later runs) and the run writing it."""
-        return self._path("_chunks", chunk_key[:2], chunk_key, f"{run_id}.parquet")
+        return self.path("_chunks", chunk_key[:2], chunk_key, f"{run_id}.parquet")
 
     def write_chunk(self, path: str, table: pa.Table) -> None:
         """Write one chunk's results whole (a retried task rewrites the same file)."""
@@ -170,7 +163,7 @@ class ResultStore:
     # -- resumable runs --------------------------------------------------------------------------
 
     def _marker(self, run_key: str) -> str:
-        return self._path("_pending", f"{run_key}.json")
+        return self.path("_pending", f"{run_key}.json")
 
     def begin_run(
         self, run_key: str, new_run_id: str, started_at: dt.datetime, *, wait: bool = False
@@ -230,12 +223,17 @@ class ResultStore:
         """
         runs_table = pa.Table.from_pylist(runs, schema=RUN_SCHEMA)
         try:
-            if self.format == "delta":
-                self._commit_delta(run_id, parts, dataset, run_date, runs_table, label)
-            elif self.format == "iceberg":
-                self._commit_iceberg(run_id, parts, dataset, run_date, runs_table, label)
-            else:
-                self._commit_parquet(run_id, parts, dataset, run_date, runs_table, label)
+            backend = self.backend
+            rows = (lambda: self._run_batches(run_id, parts, dataset, run_date, label)) if parts else None
+            backend.append(
+                "results", rows, commit_id=f"recall-bench-results-{run_id}", key=("run_id", run_id),
+                partition={"dataset": dataset, "run_date": run_date},
+            )  # fmt: skip
+            crashpoint("after-results-commit")
+            backend.append(
+                "runs", lambda: runs_table, commit_id=f"recall-bench-runs-{run_id}", key=("run_id", run_id),
+                partition={"dataset": dataset},
+            )  # fmt: skip
         except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -262,182 +260,49 @@ class ResultStore:
 
         return pa.RecordBatchReader.from_batches(schema, gen())
 
-    def _delta_append(self, uri: str, data: Any, app_id: str, **kwargs: Any) -> None:
-        """Append once per ``app_id``: a Delta app transaction (``txn``) is recorded in the same commit.
-
-        The check and the write use ONE snapshot of the table (created empty first if missing): a commit that
-        lands after that snapshot with the same app id makes ours fail ("concurrent transaction"), and we then
-        find the winner's id and skip. So a rerun and two processes committing the same run at once both end
-        with the rows once, without scanning the table. A conflict with ANOTHER run's commit (two datasets with
-        different pass-through columns merging the schema at the same moment: "Metadata changed since last
-        commit") is retried on a fresh snapshot, up to :data:`COMMIT_ATTEMPTS` times. ``data`` may be a
-        callable returning a fresh reader, since a streamed reader can be written only once.
-        """
-        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-        from deltalake.exceptions import CommitFailedError, TableNotFoundError
-
-        options = delta_storage_options(self.output_uri, self.storage)
-        schema = data().schema if callable(data) else data.schema
-        try:
-            table = DeltaTable(uri, storage_options=options)
-        except TableNotFoundError:
-            try:
-                table = DeltaTable.create(
-                    uri, schema, mode="ignore", partition_by=kwargs.get("partition_by"), storage_options=options
-                )
-            except CommitFailedError:  # created by a concurrent writer
-                table = DeltaTable(uri, storage_options=options)
-        if table.transaction_version(app_id) is not None:
-            return
-        props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=1)])
-        for attempt in range(COMMIT_ATTEMPTS):
-            try:  # a reader is streamed once: each attempt gets a fresh one (memory stays bounded)
-                rows = data() if callable(data) else data
-                write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=props, **kwargs)
-                return
-            except CommitFailedError as exc:
-                table = DeltaTable(uri, storage_options=options)  # a fresh snapshot
-                if table.transaction_version(app_id) is not None:
-                    log.info("%s was committed by a concurrent writer; not appended again", app_id)
-                    return
-                if attempt == COMMIT_ATTEMPTS - 1:
-                    raise
-                # another run committed first (e.g. a schema merge of its own pass-through columns): retry
-                log.info("%s: commit conflict (%s); retrying on the new table version", app_id, exc)
-
-    def _commit_delta(
-        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
-    ) -> None:
-        if parts:
-            self._delta_append(
-                self.results_uri, lambda: self._run_batches(run_id, parts, dataset, run_date, label),
-                f"recall-bench-results-{run_id}",
-                partition_by=["dataset", "run_date"], target_file_size=TARGET_FILE_BYTES,
-                writer_properties=_writer_properties(),
-            )  # fmt: skip
-        crashpoint("after-results-commit")
-        self._delta_append(self.runs_uri, runs, f"recall-bench-runs-{run_id}")
-
-    def _commit_iceberg(
-        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
-    ) -> None:
-        if parts:
-            self.iceberg.append(
-                "results", lambda: self._run_batches(run_id, parts, dataset, run_date, label),
-                f"recall-bench-results-{run_id}", partition_by=["dataset", "run_date"], key=("run_id", run_id),
-            )  # fmt: skip
-        crashpoint("after-results-commit")
-        self.iceberg.append("runs", lambda: runs, f"recall-bench-runs-{run_id}", key=("run_id", run_id))
-
-    def _commit_parquet(
-        self, run_id: str, parts: list[ChunkPart], dataset: str, run_date: str, runs: pa.Table, label: str | None
-    ) -> None:
-        folder = self._path("results", f"dataset={dataset}", f"run_date={run_date}")
-        self.fs.makedirs(folder, exist_ok=True)
-        if parts:
-            group: list[pa.RecordBatch] = []
-            index = 0
-
-            def flush() -> None:
-                nonlocal group, index
-                table = pa.Table.from_batches(group).drop_columns(["dataset", "run_date"])
-                write_atomically(self.fs, f"{folder}/{run_id}-part-{index:05d}.parquet", table)
-                group, index = [], index + 1
-
-            for batch in self._run_batches(run_id, parts, dataset, run_date, label):
-                group.append(batch)
-                if sum(b.num_rows for b in group) >= 250_000:
-                    flush()
-            if group:
-                flush()
-        crashpoint("after-results-commit")
-        folder = self._path("runs", f"dataset={dataset}")
-        self.fs.makedirs(folder, exist_ok=True)
-        write_atomically(self.fs, f"{folder}/{run_id}.parquet", runs.drop_columns(["dataset"]))
-
     def append_comparison(self, comparison_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
         """Record a baseline comparison (overall + segment rows) unless it is already recorded."""
-        table = pa.Table.from_pylist(rows, schema=COMPARISON_SCHEMA)
-        try:
-            if self.format == "delta":
-                self._delta_append(self.comparisons_uri, table, f"recall-bench-comparison-{comparison_id}")
-            elif self.format == "iceberg":
-                self.iceberg.append(
-                    "comparisons", lambda: table, f"recall-bench-comparison-{comparison_id}",
-                    key=("comparison_id", comparison_id),
-                )  # fmt: skip
-            else:
-                folder = self._path("comparisons", f"dataset={dataset}")
-                self.fs.makedirs(folder, exist_ok=True)
-                write_atomically(self.fs, f"{folder}/{comparison_id}.parquet", table.drop_columns(["dataset"]))
-        except RecallBenchError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise translate_storage_error(exc, self.comparisons_uri) from None
+        self._record("comparisons", ("comparison_id", comparison_id), dataset, rows, COMPARISON_SCHEMA)
 
     def append_calibration(self, calibration_id: str, dataset: str, rows: list[dict[str, Any]]) -> None:
         """Record a calibration (``recall-bench calibrate``: rows per judge and segment) in ONE commit, unless it
         is recorded already; Parquet: ``calibrations/dataset=<d>/<calibration id>.parquet``, written whole."""
-        table = pa.Table.from_pylist(rows, schema=CALIBRATION_SCHEMA)
+        self._record("calibrations", ("calibration_id", calibration_id), dataset, rows, CALIBRATION_SCHEMA)
+
+    def _record(
+        self, name: TableName, key: tuple[str, str], dataset: str, rows: list[dict[str, Any]], schema: pa.Schema
+    ) -> None:
+        """Append the rows of one comparison or calibration (``key``: its id column and id) once."""
+        table = pa.Table.from_pylist(rows, schema=schema)
+        commit_id = f"recall-bench-{name.removesuffix('s')}-{key[1]}"
         try:
-            if self.format == "delta":
-                self._delta_append(self.calibrations_uri, table, f"recall-bench-calibration-{calibration_id}")
-            elif self.format == "iceberg":
-                self.iceberg.append(
-                    "calibrations", lambda: table, f"recall-bench-calibration-{calibration_id}",
-                    key=("calibration_id", calibration_id),
-                )  # fmt: skip
-            else:
-                folder = self._path("calibrations", f"dataset={dataset}")
-                self.fs.makedirs(folder, exist_ok=True)
-                write_atomically(self.fs, f"{folder}/{calibration_id}.parquet", table.drop_columns(["dataset"]))
+            self.backend.append(name, lambda: table, commit_id=commit_id, key=key, partition={"dataset": dataset})
         except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise translate_storage_error(exc, self.calibrations_uri) from None
+            raise translate_storage_error(exc, join_uri(self.output_uri, name)) from None
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def read_table(self, name: Literal["results", "runs", "comparisons", "calibrations"]) -> pads.Dataset | None:
+    def read_table(self, name: TableName) -> pads.Dataset | None:
         """A committed table as a pyarrow dataset (what ``recall-bench query`` hands to DuckDB)."""
-        if name not in ("results", "runs", "comparisons", "calibrations"):
+        if name not in TABLES:
             raise ValueError(f"unknown table {name!r}")
         uri = join_uri(self.output_uri, name)
         try:
-            if self.format == "delta":
-                from deltalake import DeltaTable
-                from deltalake.exceptions import TableNotFoundError
-
-                try:
-                    options = delta_storage_options(uri, self.storage)
-                    return DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
-                except TableNotFoundError:
-                    return None
-            if self.format == "iceberg":
-                return cast("pads.Dataset | None", self.iceberg.dataset(name))
-            path = self._path(name)
-            if not self.fs.exists(path):
-                return None
-            ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive")
-            late = [f for f in LATE_FIELDS if f.name not in ds.schema.names] if name == "results" else []
-            if late:
-                # the schema is the first file's: one written before a late column existed still shows the column
-                # (null in its rows, the values in later files)
-                schema = pa.schema([*ds.schema, *late])
-                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=schema)
-            if name != "results":  # small tables whose files span versions: every file's columns
-                schemas = [fragment.physical_schema for fragment in ds.get_fragments()]
-                unified = pa.unify_schemas([*schemas, ds.schema], promote_options="permissive")
-                ds = pads.dataset(path, filesystem=self.fs, format="parquet", partitioning="hive", schema=unified)
-            if name == "results":
-                committed = self.read_table("runs")
-                ids = [] if committed is None else committed.to_table(columns=["run_id"]).column(0).to_pylist()
-                return ds.filter(pads.field("run_id").isin(pa.array(ids, pa.string())))
-            return ds
+            return self.backend.read(name)
         except RecallBenchError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, uri) from None
+
+
+#: each format's backend, made from the store (the Iceberg one opens the catalog when first used)
+BACKENDS: dict[str, Callable[[ResultStore], TableBackend]] = {
+    "delta": lambda store: DeltaBackend(store.output_uri, store.storage),
+    "parquet": lambda store: ParquetBackend(store.fs, store.root),
+    "iceberg": lambda store: IcebergBackend(store.iceberg),
+}
 
 
 def today() -> str:
@@ -459,7 +324,7 @@ def formats_at(output_uri: str, storage: StorageConfig) -> list[Format]:
     try:
         fs, root = filesystem(output_uri, storage)
     except (ValueError, ImportError) as exc:  # an unknown protocol, a filesystem whose package is not installed
-        detail = " ".join(str(exc).split())[:200]
+        detail = one_line(exc, 200, empty="")
         raise ConfigError(f"cannot open the output {output_uri}: {detail}") from None
     base = root.rstrip("/")
     found: set[str] = set()

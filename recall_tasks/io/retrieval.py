@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.io.blocks import RowBlock, content_hash
-from recall_tasks.io.columns import DEFAULT_NAMES
+from recall_tasks.io.columns import DEFAULT_NAMES, JUDGED_ROLES
 from recall_tasks.io.storage import StorageConfig, filesystem, translate_storage_error
 
 Retriever = Callable[[list[str]], Any]
@@ -165,7 +165,7 @@ def with_contexts(block: RowBlock, contexts: pa.Array | list[list[str]]) -> RowB
     """The block with its retrieval_context replaced (row ids kept, content hashes recomputed)."""
     array = contexts if isinstance(contexts, pa.Array) else pa.array(contexts, _CONTEXT)
     table = block.table.set_column(block.table.column_names.index("retrieval_context"), "retrieval_context", array)
-    columns = [table.column(c).to_pylist() for c in ("input", "expected_output", "retrieval_context", "actual_output")]
+    columns = [table.column(c).to_pylist() for c in JUDGED_ROLES]
     hashes = [content_hash(row) for row in zip(*columns, strict=True)]
     return RowBlock(
         source=block.source, first_row=block.first_row, row_ids=block.row_ids, content_hashes=hashes, table=table,

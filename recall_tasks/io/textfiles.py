@@ -22,7 +22,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError
+from recall_tasks.errors import DatasetError, one_line
 
 TEXT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv")
 EXPECTED = (
@@ -76,7 +76,7 @@ def open_parquet(fs: Any, path: str, uri: str, fh: Any, json_columns: Iterable[s
 
 
 def _arrow_error(exc: Exception, uri: str, what: str) -> DatasetError:
-    text = " ".join(str(exc).split())[:300]
+    text = one_line(exc, empty="")
     row = re.search(r"in row (\d+)", text)
     column = re.search(r"Column\(/([^)]*)\)", text)
     return DatasetError(

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from recall_tasks._sync import run_sync
-from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.errors import ConfigError, DatasetError, one_line
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.retrieval import load_callable, with_contexts
 
@@ -144,7 +144,7 @@ class TraceContext:
             if inspect.isawaitable(out):
                 out = run_sync(_await(out))
         except Exception as exc:  # noqa: BLE001 - the user's function: one clear error naming the row
-            detail = " ".join(str(exc).split())[:200]
+            detail = one_line(exc, 200, empty="")
             raise DatasetError(
                 f"--context-extractor {self.spec} failed: {type(exc).__name__}: {detail}", **where
             ) from None

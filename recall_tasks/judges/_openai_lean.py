@@ -7,15 +7,16 @@ docs/design.md, "The judge"). It sends the same bytes on the same session, so ev
 aiohttp's (framing, 1xx replies, header limits, keep-alive expiry, redirects) and every decoded byte httpx2's:
 
 - **What it sends**: the URL and headers the SDK builds for a chat request on this client (its own
-  ``_build_request``, once, on the first call; only ``x-stainless-retry-count`` changes per attempt), and the body
+  request building, once, on the first call; only ``x-stainless-retry-count`` changes per attempt), and the body
   serialised as the SDK does (:func:`dumps`).
-- **What it keeps from the SDK**: its retry decision and delay (``_should_retry``, ``_calculate_retry_timeout``:
-  Retry-After, ``x-should-retry``, jittered backoff), its typed errors (``_make_status_error_from_response``,
-  ``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception mapping), the reply's
-  decoding and bounds and the attempt's deadline (``_openai_http.read_reply``, ``attempt_deadline``: the same
-  functions as the SDK path's transport), so :func:`~recall_tasks.judges._openai_http.translate_error`, the
-  breaker and the tests see what they saw. These are private functions of the SDK: CI runs the judge's tests
-  on the oldest ``openai`` that pyproject.toml allows too (``make test-oldest-openai``).
+- **What it keeps from the SDK**: its retry decision and delay (Retry-After, ``x-should-retry``, jittered
+  backoff), its typed errors (``APITimeoutError``/``APIConnectionError`` over the same aiohttp-to-httpx2 exception
+  mapping), the reply's decoding and bounds and the attempt's deadline (``_openai_reply.read_reply``,
+  ``attempt_deadline``), and what an attempt does (``_openai_attempts``: reserved, counted, reported to the
+  breaker, the quota rule): the same functions as the SDK path's, so :func:`~recall_tasks.judges._openai_errors.
+  translate_error`, the breaker and the tests see what they saw. The SDK's functions are private: every access
+  is in :mod:`~recall_tasks.judges._openai_compat` (CI runs the judge's tests on the oldest ``openai`` that
+  pyproject.toml allows too: ``make test-oldest-openai``).
 - **When it applies** (:func:`lean_chat`): a plain ``AsyncOpenAI`` on the aiohttp transport, without proxies
   (``HTTP(S)_PROXY`` mounts), custom auth, workload identity or a provider runtime. Azure, files and batches,
   the pre-flight probe and everything else use the SDK as before.
@@ -31,17 +32,11 @@ import aiohttp
 import httpx2
 import openai
 
+from recall_tasks.judges import _openai_compat as compat
 from recall_tasks.judges._json import dumps_compact
-from recall_tasks.judges._openai_http import (
-    _attempts,
-    attempt_deadline,
-    decoded_headers,
-    describe_failure,
-    map_reply_errors,
-    read_reply,
-    reserve_attempt,
-)
-from recall_tasks.judges.base import attempt_observer
+from recall_tasks.judges._openai_attempts import begin_attempt, mark_final_quota, reported_attempt
+from recall_tasks.judges._openai_http import ObservedTransport
+from recall_tasks.judges._openai_reply import attempt_deadline, decoded_headers, map_reply_errors, read_reply
 
 log = logging.getLogger("openai._base_client")  # the SDK's retry messages, under the SDK's logger as before
 
@@ -54,15 +49,18 @@ def dumps(body: dict[str, Any]) -> bytes:
 class LeanChat:
     """POST ``/chat/completions`` bodies on ``client``'s aiohttp session, with the SDK's retries and errors."""
 
-    def __init__(self, client: openai.AsyncOpenAI, transport: Any, observed: Any, timeout_s: float) -> None:
-        from openai._models import FinalRequestOptions
-        from openai._vendor.httpx_aiohttp.transport import map_aiohttp_exceptions
-
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        transport: compat.AiohttpTransport,
+        observed: ObservedTransport,
+        timeout_s: float,
+    ) -> None:
         self._client = client
         self._transport = transport  # the AiohttpTransport: its ``client`` is the session, made on first use
-        self._observed = observed  # the _ObservedTransport around it (endpoint and timeout for the breaker)
-        self._map = map_aiohttp_exceptions
-        self._options = FinalRequestOptions.construct(method="post", url="/chat/completions")
+        self._observed = observed  # the ObservedTransport around it (endpoint and timeout for the breaker)
+        self._map = compat.aiohttp_error_mapping()
+        self._options = compat.chat_options()
         self._timeout = aiohttp.ClientTimeout(sock_connect=timeout_s, sock_read=timeout_s, connect=timeout_s)
         self._timeout_s = timeout_s
         self._session_type = aiohttp.ClientSession
@@ -73,15 +71,7 @@ class LeanChat:
 
     async def _template(self) -> None:
         """The URL and headers of a chat request, built by the SDK as its ``request`` does before sending."""
-        from openai._base_client import get_platform
-        from openai._compat import model_copy
-
-        client = self._client
-        if client._platform is None:  # as the SDK's request(): it may do blocking I/O
-            client._platform = await asyncio.to_thread(get_platform)
-        options = await client._prepare_options(model_copy(self._options))
-        request = client._build_request(options, retries_taken=0)
-        await client._prepare_request(request)
+        request = await compat.chat_request(self._client, self._options)
         self._request = httpx2.Request("POST", request.url, headers=request.headers)
         self._url = str(request.url)
 
@@ -139,27 +129,12 @@ class LeanChat:
         max_retries = self._client.max_retries
         for retries in range(max_retries + 1):
             remaining = max_retries - retries
-            await reserve_attempt()
-            counter = _attempts.get()
-            if counter is not None:
-                counter[0] += 1
-            observer = attempt_observer.get()
-            if observer is not None:
-                observer.attempt_sent()
+            await begin_attempt(chat=True)
             try:
-                try:
-                    with map_reply_errors(), self._map():
-                        status, raw_headers, content = await self._exchange(body, retries)
-                except Exception as exc:
-                    if observer is not None:
-                        cause, timed_out = describe_failure(exc, self._observed._timeout_s)
-                        observer.attempt_failed(self._observed._endpoint, cause, timed_out=timed_out)
-                    raise
-                if observer is not None:
-                    if status >= 500:
-                        observer.attempt_failed(self._observed._endpoint, f"HTTP {status}")
-                    elif status != 429:
-                        observer.attempt_ok()
+                observed = self._observed
+                with reported_attempt(observed.endpoint, observed.timeout_s) as report, map_reply_errors(), self._map():
+                    status, raw_headers, content = await self._exchange(body, retries)
+                report.answered(status)
             except httpx2.TimeoutException as err:
                 if remaining > 0:
                     await self._sleep(remaining, retries, max_retries, None)
@@ -175,37 +150,26 @@ class LeanChat:
             reply = httpx2.Response(
                 status, headers=decoded_headers(raw_headers), content=content, request=self._request
             )
-            if status == 429 and b"insufficient_quota" in content:  # as _openai_http._quota_is_final
-                reply.headers["x-should-retry"] = "false"
-            if remaining > 0 and self._client._should_retry(reply):
+            mark_final_quota(reply)  # the SDK path's rule, in its response hook
+            if remaining > 0 and compat.should_retry(self._client, reply):
                 await self._sleep(remaining, retries, max_retries, reply.headers)
                 continue
-            raise self._client._make_status_error_from_response(reply) from None
+            raise compat.status_error(self._client, reply) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _sleep(self, remaining: int, retries: int, max_retries: int, headers: httpx2.Headers | None) -> None:
-        delay = self._client._calculate_retry_timeout(remaining, self._options, headers)
+        delay = compat.retry_delay(self._client, remaining, self._options, headers)
         log.info("Retrying request in %f seconds (retry %i of %s)", delay, retries + 1, max_retries)
         await asyncio.sleep(delay)
 
 
 def lean_chat(client: openai.AsyncOpenAI, timeout_s: float) -> LeanChat | None:
     """The lean path for ``client`` when it applies (see the module's docstring), else None."""
-    http = client._client
-    observed = http._transport
-    inner = getattr(observed, "_inner", None)
-    if type(client) is not openai.AsyncOpenAI or client.custom_auth is not None:
+    http = compat.http_client(client)
+    observed = compat.base_transport(http)
+    if not compat.plain_client(client) or compat.has_mounts(http) or not isinstance(observed, ObservedTransport):
         return None
-    if getattr(client, "_workload_identity_auth", None) is not None or getattr(client, "_provider_runtime", None):
-        return None
-    if client._idempotency_header:  # a key per request: a template cannot hold it
-        return None
-    if any(t is not None for t in http._mounts.values()):
-        return None
-    try:
-        from openai._vendor.httpx_aiohttp.transport import AiohttpTransport
-    except ImportError:
-        return None
-    if not isinstance(inner, AiohttpTransport) or inner.proxy is not None:
+    inner = compat.aiohttp_transport(observed.inner)
+    if inner is None or inner.proxy is not None:
         return None
     return LeanChat(client, inner, observed, timeout_s)

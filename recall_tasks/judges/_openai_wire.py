@@ -2,7 +2,7 @@
 
 Split from :mod:`recall_tasks.judges.openai_judge` (the judge: clients per loop, limits, costs, the Batch API,
 claims), which posts the bodies built here and hands the replies to these functions; HTTP (clients, failed
-attempts, SDK errors) is :mod:`recall_tasks.judges._openai_http`.
+attempts, SDK errors) is :mod:`recall_tasks.judges._openai_http` and the modules it names.
 
 - ``response_format`` is one of :data:`FORMATS`, in fallback order: JSON schema (strict), JSON mode, none.
 - A reply body is read tolerantly (:func:`read_completion`); an unusable verdict reply gets one repair request

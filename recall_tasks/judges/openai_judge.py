@@ -9,8 +9,10 @@ Decisions worth knowing:
 - ``response_format``: JSON schema (strict) first; if the endpoint rejects it, JSON mode, then none; the
   judge remembers what worked. Replies are parsed tolerantly, and an unusable reply gets one repair request.
   ``finish_reason == "length"`` is retried once with twice the completion budget.
+- The Batch API and claim extraction: mixins in :mod:`recall_tasks.judges._openai_extras`.
 - The wire format (request body, reading a reply, the repair request): :mod:`recall_tasks.judges._openai_wire`;
-  HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http`.
+  HTTP (clients, what a failed attempt means, SDK errors): :mod:`recall_tasks.judges._openai_http` and the
+  modules it names.
 - A verdict request is counted against the model's context window before it is sent, and refused, cut or sent
   as ``on_overlong`` says (:mod:`recall_tasks.judges.context_window`).
 - Requests and tokens per minute are limited per loop; ``max_concurrency`` bounds calls in flight. With grant
@@ -32,16 +34,10 @@ import openai
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import _openai_wire as wire
 from recall_tasks.judges import context_window, prompts
-from recall_tasks.judges._openai_http import (
-    _close_states,
-    _close_with_loop,
-    _error_text,
-    _LoopState,
-    build_client,
-    counted_attempts,
-    endpoint_host,
-    translate_error,
-)
+from recall_tasks.judges._openai_attempts import counted_attempts
+from recall_tasks.judges._openai_errors import _error_text, check_key, translate_error
+from recall_tasks.judges._openai_extras import BatchMixin, ClaimsMixin
+from recall_tasks.judges._openai_http import _close_states, _close_with_loop, _LoopState, build_client, endpoint_host
 from recall_tasks.judges._openai_lean import dumps, lean_chat
 from recall_tasks.judges.base import (
     SUBSTITUTED_FLAG,
@@ -52,35 +48,18 @@ from recall_tasks.judges.base import (
     charge,
     other_model,
 )
-from recall_tasks.judges.claims import ClaimsReply, ClaimsRetry
-from recall_tasks.judges.parsing import ParseError, parse_claims
-from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, PRICES_PER_MTOK, price_for
+from recall_tasks.judges.pricing import PRICES_PER_MTOK, price_for
 from recall_tasks.judges.ratelimit import GrantSource, RateLimiter
 from recall_tasks.secrets import register_secret
 from recall_tasks.settings import settings as env_settings
 
 if TYPE_CHECKING:
-    from recall_tasks.judges.batch import BatchClient
+    from recall_tasks.judges.capabilities import FullJudge
 
 log = logging.getLogger(__name__)
 
 
-def _check_key(key: str, model: str, azure: bool) -> None:
-    """Refuse a key with a control character (a line break from ``echo`` into a secret file, a CR/LF): sent in a
-    header it would be refused by the SDK on every request, or split the request on a less careful client."""
-    bad = next((i for i, c in enumerate(key) if ord(c) < 0x20 or ord(c) == 0x7F), None)
-    if bad is None:
-        return
-    where = "at its end" if bad == len(key) - 1 else f"at character {bad + 1} of {len(key)}"
-    name = "AZURE_OPENAI_API_KEY" if azure else "OPENAI_API_KEY"
-    raise JudgeConfigError(
-        f"the API key for the OpenAI judge holds a control character {where} (a line break from `echo` into a "
-        f"secret file?): set {name} to the key alone",
-        model=model,
-    )
-
-
-class OpenAIJudge:
+class OpenAIJudge(BatchMixin, ClaimsMixin):
     """A judge backed by any OpenAI-compatible chat-completions endpoint (OpenAI, Azure, vLLM, Ollama...)."""
 
     #: every HTTP attempt reserves the run's budget before it is sent (``judges.base.AttemptGate``)
@@ -128,7 +107,7 @@ class OpenAIJudge:
             )
         if key:
             register_secret(key)
-            _check_key(key, model, azure=azure is not None)
+            check_key(key, model, azure=azure is not None)
         self._api_key = key or ""
         self.temperature = temperature
         self.max_concurrency = max_concurrency
@@ -336,81 +315,6 @@ class OpenAIJudge:
         price = price_for(self._model, self.prices)
         return None if price is None else factor * (usage[0] * price[0] + usage[1] * price[1]) / 1e6
 
-    # -- the Batch API (see recall_tasks.judges.batch and recall_tasks.pipeline.batch) ------------
-
-    def batch_body(self, request: JudgeRequest) -> dict[str, Any]:
-        """The request body :meth:`judge` would send first for ``request``: a batch line's ``body``, byte for byte."""
-        return self._request_kwargs(prompts.messages(request, self._prompt_version), wire.verdict_budget(request))
-
-    def batch_client(self) -> BatchClient:
-        """The Batch API (files and batches) on this judge's client of the running loop."""
-        from recall_tasks.judges.batch import BatchClient
-
-        return BatchClient(self._state().client, self._translate)
-
-    async def finish_batch_reply(
-        self, request: JudgeRequest, content: str, finish_reason: str | None, batch_usage: tuple[int, int]
-    ) -> JudgeResponse:
-        """A batch line's reply as :meth:`judge` would have made it: tolerant parsing and, for an unusable reply,
-        one live repair request (a truncated reply: one live request with twice the budget, as live).
-
-        Batch tokens cost :data:`BATCH_PRICE_FACTOR` of the live price, live repair tokens the live price.
-        """
-        state = self._state()
-        msgs = prompts.messages(request, self._prompt_version)
-        budget = wire.verdict_budget(request)
-        usage = [0, 0]
-        with counted_attempts(already=1) as counter:  # the batch line was the first request
-            async with state.semaphore:
-                if finish_reason == "length":
-                    content = await self._complete(state, msgs, budget * 2, usage)
-                parsed = await wire.parse_or_repair(
-                    request, msgs, content, self._model, lambda repair: self._complete(state, repair, budget, usage)
-                )
-        batch_cost, live_cost = self._cost(list(batch_usage), BATCH_PRICE_FACTOR), self._cost(usage)
-        cost = None if batch_cost is None or live_cost is None else batch_cost + live_cost
-        total = [batch_usage[0] + usage[0], batch_usage[1] + usage[1]]
-        return wire.verdict_response(
-            request, parsed, total, 1 + counter[0], cost, model=self._model, prompt_version=self._prompt_version
-        )
-
-    # -- claim extraction (the claims units of contextual recall) -------------------------------
-
-    @property
-    def claims_prompt_version(self) -> str:
-        return prompts.CLAIMS_PROMPT_VERSION
-
-    def claims_config(self) -> dict[str, Any]:
-        """What changes extracted claims: part of the metric's fingerprint. No key, no endpoint."""
-        return {
-            "extractor": "openai",
-            "model": self._model,
-            "prompt_version": prompts.CLAIMS_PROMPT_VERSION,
-            "temperature": self.temperature,
-        }
-
-    async def extract_claims(self, reference: str, retry: ClaimsRetry | None = None) -> ClaimsReply:
-        """One request: the reference's atomic claims (``{"claims": [...]}``); an unreadable reply sets ``problem``."""
-        state = self._state()
-        if retry is None:
-            msgs = prompts.claims_messages(reference)
-        else:
-            msgs = prompts.claims_messages(reference, previous=retry.previous, problem=retry.problem, limit=retry.limit)
-        budget = 128 + len(reference) // 2
-        usage = [0, 0]
-        with self._billed_on_failure(usage), counted_attempts() as counter:
-            async with state.semaphore:
-                content = await self._complete(state, msgs, budget, usage, wire.CLAIMS)
-        try:
-            claims, problem = parse_claims(content), None
-        except ParseError as exc:
-            claims, problem = [], str(exc)
-        return ClaimsReply(
-            claims=claims, problem=problem, raw=content[:4000], model=self._model,
-            prompt_version=prompts.CLAIMS_PROMPT_VERSION, prompt_tokens=usage[0], completion_tokens=usage[1],
-            cost_usd=self._cost(usage), requests=counter[0],
-        )  # fmt: skip
-
     def _request_kwargs(
         self, msgs: list[dict[str, str]], budget: int, schema: tuple[str, dict[str, Any]] = wire.VERDICTS
     ) -> dict[str, Any]:
@@ -479,3 +383,10 @@ class OpenAIJudge:
     def _translate(self, exc: Exception) -> Exception:
         """Map SDK errors to recall-bench's typed errors with a message that says what to fix."""
         return translate_error(exc, self.endpoint, self._model, self._api_key, self.max_retries, self.timeout_s)
+
+
+if TYPE_CHECKING:
+
+    def _conforms(judge: OpenAIJudge) -> FullJudge:
+        """mypy: the judge has every capability the pipeline checks for (a renamed one is a type error here)."""
+        return judge

@@ -36,7 +36,7 @@ def endpoint_name(base_url: str | None, azure: bool = False) -> str:
 
 def connection_cause(exc: BaseException, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     """What an ``APIConnectionError`` really was (the judge's own reading of the exception chain)."""
-    from recall_tasks.judges._openai_http import describe_failure
+    from recall_tasks.judges._openai_reply import describe_failure
 
     return describe_failure(exc, timeout_s)[0]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 #: USD per million tokens (input, output). Override with ``OpenAIJudge(prices={...})``.
 PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
     "gpt-4o-mini": (0.15, 0.60),
@@ -19,7 +21,7 @@ PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
 BATCH_PRICE_FACTOR = 0.5
 
 
-def price_for(model: str, prices: dict[str, tuple[float, float]]) -> tuple[float, float] | None:
+def price_for(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[float, float] | None:
     """Exact model name first, then the longest known prefix (dated snapshots share their family's price)."""
     if model in prices:
         return prices[model]

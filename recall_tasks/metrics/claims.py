@@ -31,7 +31,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from recall_tasks.errors import JudgeConfigError
 from recall_tasks.judges.base import Spend, charge
@@ -263,3 +263,16 @@ def _spend(replies: Sequence[ClaimsReply]) -> Spend:
 def _current_cancelling() -> bool:
     task = asyncio.current_task()
     return bool(task is not None and task.cancelling())
+
+
+@runtime_checkable
+class ClaimsMetric(Protocol):
+    """A metric whose units may be claims (contextual recall): ``claim_units`` is None for code-split sentences.
+    The pipeline reads it through :func:`claim_units_of` (fingerprints, ``--dry-run``, fleet limits, guards)."""
+
+    claim_units: ClaimUnits | None
+
+
+def claim_units_of(metric: object) -> ClaimUnits | None:
+    """The claims of ``metric``'s units (None: sentences, or a metric without claims)."""
+    return metric.claim_units if isinstance(metric, ClaimsMetric) else None

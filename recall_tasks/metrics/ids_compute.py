@@ -109,6 +109,8 @@ def normalise_ids(
     if pa.types.is_dictionary(typ):
         arr = arr.dictionary_decode()
         typ = arr.type
+    if pa.types.is_null(typ):  # a column with no value at all (JSON lines infer it): no ids in any row
+        return pa.nulls(len(arr), _IDS)
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ)):
         valid = np.flatnonzero(np.asarray(arr.is_valid()))
         row = int(valid[0]) if len(valid) else 0
@@ -154,18 +156,17 @@ def _chunks_to_docs(
 ) -> pa.Array:
     """Each chunk id mapped to its document id, the pattern run once per distinct id."""
     encoded = pc.dictionary_encode(strings)
-    docs: list[str] = []
-    for position, chunk in enumerate(encoded.dictionary.to_pylist()):
-        found = pattern.search(chunk)
-        doc = found.group(1) if found else None
-        if not doc:
-            element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
-            raise DatasetError(
-                f"the chunk id {chunk[:80]!r} does not match the chunk-to-document pattern {pattern.pattern!r} "
-                "(or its group captured nothing)", uri=source, column=column,
-                row=first_row + _first_row_with(lists, element),
-            )  # fmt: skip
-        docs.append(doc)
+    chunks: list[str] = encoded.dictionary.to_pylist()
+    search = pattern.search
+    docs = [found.group(1) if (found := search(chunk)) else None for chunk in chunks]
+    if not all(docs):  # no match, or the group captured nothing; the dictionary is in order of first appearance
+        position = next(i for i, doc in enumerate(docs) if not doc)
+        element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
+        raise DatasetError(
+            f"the chunk id {chunks[position][:80]!r} does not match the chunk-to-document pattern "
+            f"{pattern.pattern!r} (or its group captured nothing)", uri=source, column=column,
+            row=first_row + _first_row_with(lists, element),
+        )  # fmt: skip
     return pa.array(docs, pa.string()).take(encoded.indices)
 
 
@@ -238,9 +239,10 @@ def normalise_relevance(
 _CHUNK_IDS = 16_384  # retrieved ids per hashing chunk: its hash tables stay in cache
 
 
-def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Floats) -> tuple[Ints, Floats, Ints]:
+def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Floats) -> tuple[Ints, Floats, Ints, Ints]:
     """One entry per (row, relevant id) pair, its highest grade kept: row, grade, and the id's rank in the row's
-    retrieved list with repeats dropped (0: not retrieved).
+    retrieved list with repeats dropped (0: not retrieved); and per row, how many distinct ids it retrieved (0 for a
+    row without judged ids).
 
     Done a chunk of rows at a time: both sides' ids get integer codes from one hash table per chunk (exact string
     equality, no global sort), a retrieved id's first occurrence in its row is its first (row, code) key, and each
@@ -251,6 +253,7 @@ def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Float
     r_values, g_values = retrieved.flatten(), relevant.flatten()
     per_chunk = max(1, _CHUNK_IDS * n // max(int(r_off[-1]), 1))
     rows_out: list[Ints] = []
+    distinct = np.zeros(n, np.int64)
     grades_out: list[Floats] = []
     ranks_out: list[Ints] = []
     for lo in range(0, n, per_chunk):
@@ -279,6 +282,7 @@ def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Float
             # the distinct (row, id) keys in order of first occurrence: the row's ranking with repeats dropped
             kept = pc.dictionary_encode(pa.array(r_rows * width + codes[: r_hi - r_lo])).dictionary
             kept_rows = np.asarray(kept, dtype=np.int64) // width
+            distinct[lo:hi] = np.bincount(kept_rows, minlength=hi - lo)
             starts = np.searchsorted(kept_rows, np.arange(hi - lo, dtype=np.int64))
             found = pc.index_in(pa.array(g_key), value_set=kept)
             hit = np.asarray(found.is_valid())
@@ -288,8 +292,32 @@ def _judged_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Float
         grades_out.append(g_grade)
         ranks_out.append(rank)
     if not rows_out:
-        return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64)
-    return np.concatenate(rows_out), np.concatenate(grades_out), np.concatenate(ranks_out)
+        return np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64), distinct
+    return np.concatenate(rows_out), np.concatenate(grades_out), np.concatenate(ranks_out), distinct
+
+
+def _top_ranks(retrieved: pa.ListArray, relevant: pa.ListArray, grades: Floats, kmax: int) -> tuple[Ints, Floats, Ints]:
+    """:func:`_judged_ranks` where only ranks up to ``kmax`` matter: each list is cut to its first ``2 * kmax`` ids,
+    and only the rows where repeats left fewer than ``kmax`` distinct ids in that head are read whole again (a rank
+    found in the head is exact: it depends only on the ids before it)."""
+    cap = 2 * kmax
+    lengths = _lengths(retrieved)
+    if not len(lengths) or int(lengths.max()) <= cap:
+        return _judged_ranks(retrieved, relevant, grades)[:3]
+    rows, grade, rank, distinct = _judged_ranks(pc.list_slice(retrieved, 0, cap), relevant, grades)
+    redo = np.flatnonzero((distinct < kmax) & (lengths > cap) & (_lengths(relevant) > 0))
+    if not len(redo):
+        return rows, grade, rank
+    take = pa.array(redo)
+    grade_lists = pa.ListArray.from_arrays(pa.array(_offsets(relevant).astype(np.int32)), pa.array(grades))
+    sub_grades = np.asarray(grade_lists.take(take).flatten(), dtype=np.float64)
+    sub = _judged_ranks(retrieved.take(take), relevant.take(take), sub_grades)
+    keep = ~np.isin(rows, redo)
+    return (
+        np.concatenate([rows[keep], redo[sub[0]]]),
+        np.concatenate([grade[keep], sub[1]]),
+        np.concatenate([rank[keep], sub[2]]),
+    )
 
 
 def _within_row_rank(rows: Ints, n: int) -> Ints:
@@ -322,7 +350,7 @@ def id_metrics(
         grades = np.asarray(relevance.flatten().cast(pa.float64()), dtype=np.float64)
         if len(grades) != int(_offsets(relevant)[-1]) or not np.array_equal(_lengths(relevance), _lengths(relevant)):
             raise ValueError("relevance lists must be aligned with the relevant ids")
-    rows, grade, rank = _judged_ranks(retrieved, relevant, grades)
+    rows, grade, rank = _top_ranks(retrieved, relevant, grades, max(ks))
     positive = grade > 0
     rows, grade, rank = rows[positive], grade[positive], rank[positive]
     num_rel = np.bincount(rows, minlength=n).astype(np.float64)

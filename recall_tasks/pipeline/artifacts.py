@@ -80,7 +80,7 @@ def browser_link(store: Any, *parts: str) -> tuple[str, str]:
     sign = getattr(store.fs, "sign", None)
     if seconds is not None and sign is not None:
         try:
-            url = str(sign(store._path(*parts), expiration=seconds))
+            url = str(sign(store.path(*parts), expiration=seconds))
         except (NotImplementedError, ValueError, TypeError, OSError):
             url = ""
         if url.startswith("http"):

@@ -24,6 +24,7 @@ from recall_tasks.io.retrieval import RetrievalResults, Retriever
 from recall_tasks.io.schemas import passthrough_name
 from recall_tasks.io.storage import StorageConfig, location_of, normalize_uri, overlap
 from recall_tasks.io.traces import TraceContext
+from recall_tasks.judges.capabilities import CostBounded, Priced
 from recall_tasks.judges.pricing import price_for
 from recall_tasks.metrics.base import Metric
 
@@ -145,20 +146,18 @@ def _comparable(t: pa.DataType, iceberg: bool = False) -> str:
 def check_priced(params: RunParams, judge: object) -> None:
     """``--max-cost-usd`` needs a price for every model the run calls: an unpriced call costs None, which no budget
     can count, so the run is refused before it starts (on every task runner), never left unbounded."""
-    prices = getattr(judge, "prices", None)
-    if not params.max_cost_usd or prices is None:  # the lexical judge has no prices: it costs nothing
+    if not params.max_cost_usd or not isinstance(judge, Priced):  # the lexical judge has no prices: it costs nothing
         return
     models = [params.model, *([params.extractor_model] if params.units == "claims" and params.extractor_model else [])]
-    unpriced = [m for m in dict.fromkeys(models) if price_for(m, prices) is None]
+    unpriced = [m for m in dict.fromkeys(models) if price_for(m, judge.prices) is None]
     if unpriced:
         raise ConfigError(
             f"--max-cost-usd {params.max_cost_usd:g} cannot bound model {', '.join(unpriced)}: recall-bench knows no "
             f"price for it; give one with --price {unpriced[0]}=IN,OUT (USD per million input and output tokens; "
             "0,0 for a free model), or bound the run with --max-requests instead"
         )
-    least = getattr(judge, "least_worst_cost", None)
-    if least is not None:
-        worst, size, limit = least()
+    if isinstance(judge, CostBounded):
+        worst, size, limit = judge.least_worst_cost()
         if params.max_cost_usd < worst:
             raise ConfigError(
                 f"--max-cost-usd {params.max_cost_usd:g} is below the worst case of one judge request ({worst:.6g} "

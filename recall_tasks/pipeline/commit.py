@@ -18,6 +18,7 @@ from recall_tasks.fleet.guards import NOT_JUDGED
 from recall_tasks.io.results import ChunkPart, today
 from recall_tasks.io.schemas import CHUNK_FIELDS
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
+from recall_tasks.metrics.claims import claim_units_of
 from recall_tasks.pipeline import ids_step
 from recall_tasks.pipeline.canary import no_canary, score_canary
 from recall_tasks.pipeline.outcome import run_outcome
@@ -97,7 +98,7 @@ def run_settings(plan: RunPlan) -> dict[str, Any]:
     config = plan.metric.judge.config()
     return {
         "judge": plan.params.judge,
-        "units": getattr(plan.metric, "units", "sentences"),
+        "units": "claims" if claim_units_of(plan.metric) is not None else "sentences",
         "schema_version": config.get("schema_version"),
         "splitter_version": SPLITTER_VERSION,
         "judge_config": metric_fingerprint(plan.metric),

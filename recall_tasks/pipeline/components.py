@@ -15,6 +15,7 @@ from recall_tasks.io.columns import parse_column_overrides
 from recall_tasks.io.datasets import Dataset, open_dataset
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import Judge
+from recall_tasks.judges.capabilities import Closable
 from recall_tasks.metrics import ContextCoverage, ContextualRecall
 from recall_tasks.metrics.base import Metric
 
@@ -103,9 +104,8 @@ def check_units(params: RunParams) -> None:
 
 def release_judge(judge: Judge) -> None:
     """Close a judge's HTTP client (it lives on the shared background loop)."""
-    close = getattr(judge, "aclose", None)
-    if close is not None:
-        run_sync(close())
+    if isinstance(judge, Closable):
+        run_sync(judge.aclose())
 
 
 def open_run_dataset(params: RunParams, storage: StorageConfig, contexts_supplied: bool) -> Dataset:

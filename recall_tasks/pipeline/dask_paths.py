@@ -23,7 +23,7 @@ import os
 from typing import Any
 
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError
+from recall_tasks.errors import ConfigError, one_line
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.storage import split_uri
 
@@ -115,7 +115,7 @@ def check_workers_see(params: RunParams, dataset: Dataset) -> None:
     try:
         client: Any = Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, CommClosedError...
-        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        detail = one_line(exc, 200)
         raise ConfigError(f"--dask-address {address}: cannot reach the Dask cluster: {detail}") from None
     try:
         paths = [p for _, p in probes]

@@ -24,11 +24,13 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import ClaimCache, RowVerdictCache
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.storage import filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
+from recall_tasks.judges.capabilities import Batching, prices_of
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.judges.prompts import claims_messages
-from recall_tasks.metrics.claims import Units, claims_key, units_from_stored
+from recall_tasks.metrics.claims import Units, claim_units_of, claims_key, units_from_stored
 from recall_tasks.metrics.recall import has_context
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 from recall_tasks.sentences import split_sentences
@@ -103,7 +105,7 @@ def estimate(params: RunParams) -> Estimate:
             cache = RowVerdictCache(cache_uri, storage, read=True)
     fingerprint = metric_fingerprint(metric)
 
-    claim_units = getattr(metric, "claim_units", None)
+    claim_units = claim_units_of(metric)
     claims_cache = None
     if claim_units is not None and cache is not None:
         claims_uri = f"{cache_uri.rstrip('/')}/{RowVerdictCache.SUBSTORE}"
@@ -113,7 +115,7 @@ def estimate(params: RunParams) -> Estimate:
 
     requests: dict[str, JudgeRequest] = {}  # the misses by row-cache key: identical rows share one request
     cached = 0
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     for block in iter_blocks(dataset, params.chunk_size):
         if trace is not None:
             block = trace.apply(block)
@@ -126,7 +128,8 @@ def estimate(params: RunParams) -> Estimate:
         cached += sum(1 for k, _ in pairs if k in hits)
         requests.update((k, r) for k, r in pairs if k not in hits)
     prompt = completion = charged = 0
-    body_of = getattr(judge, "batch_body", None)  # the lexical judge sends nothing and costs nothing
+    # the lexical judge sends nothing and costs nothing
+    body_of = judge.batch_body if isinstance(judge, Batching) else None
     for request in requests.values():
         if body_of is None:
             break
@@ -136,8 +139,8 @@ def estimate(params: RunParams) -> Estimate:
         prompt += chars // 4
         completion += COMPLETION_BASE + per * len(request.statements)
         charged += chars // 4 + int(next(v for k, v in body.items() if k.startswith("max_")))
-    model = getattr(judge, "model", params.model) if body_of is not None else "lexical"
-    price = price_for(model, {**getattr(judge, "prices", {})}) if body_of is not None else (0.0, 0.0)
+    model = judge.model if body_of is not None else "lexical"
+    price = price_for(model, {**prices_of(judge)}) if body_of is not None else (0.0, 0.0)
     extractions = _extractions(claim_units.extractor, list(to_extract)) if claim_units is not None else Extractions()
     return Estimate(dataset.num_rows, cached, len(requests) if body_of is not None else 0, prompt, completion,
                     charged, model, price, extractions,
@@ -175,7 +178,7 @@ def _extractions(extractor: Any, references: list[str]) -> Extractions:
         out.prompt_tokens += chars // 4
         out.completion_tokens += COMPLETION_BASE + reply // 4
         out.charged_tokens += chars // 4 + 128 + len(ref) // 2  # the budget extract_claims asks for
-    out.price = price_for(extractor.model, {**getattr(extractor, "prices", {})}) if references else (0.0, 0.0)
+    out.price = price_for(extractor.model, {**prices_of(extractor)}) if references else (0.0, 0.0)
     return out
 
 

@@ -45,7 +45,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import commit, dask_paths, publish, steps, workers
+from recall_tasks.pipeline import commit, dask_paths, head_start, publish, steps, workers
 from recall_tasks.pipeline.batch import finish as batch_finish
 from recall_tasks.pipeline.batch import settle as batch
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
@@ -322,6 +322,9 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
     plan = steps.plan_run(params)
     try:
         return _run_planned(params, plan, logger)
+    except BaseException:
+        head_start.settle_taken(plan)  # stopped before the chunk window took over its head starts
+        raise
     finally:  # however the attempt ends, its lease goes (a no-op once the run is committed)
         steps.let_go(plan)
 

@@ -114,6 +114,22 @@ def abandon(params: RunParams) -> int:
         steps.let_go(plan)
 
 
+def settle_taken(plan: RunPlan) -> None:
+    """The flow took the plan, then failed or was interrupted before its chunk window (which aborts and keeps what
+    was judged itself) started or while it started: announcing the run, the Batch API's settle, the task runner's
+    start-up. The head starts are still judging: cancel them and keep their rows, as the window would. Before, a
+    Ctrl-C in that gap left them judging, their rows unflushed, and the message said 0 rows were cached."""
+    if plan.settled:
+        return
+    plan.settled = True
+    steps.abort(plan)
+    settle_all(plan)
+    try:
+        steps.keep_judged(plan)
+    finally:
+        steps.release(plan)
+
+
 def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:
     """Chunk ``seq`` came from Prefect's chunk cache after all: let its head start finish, drop its file.
 

@@ -34,6 +34,7 @@ from recall_tasks.errors import (
 )
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import (
     BudgetReached,
@@ -46,9 +47,10 @@ from recall_tasks.judges.base import (
     spend_of,
     take_spend,
 )
+from recall_tasks.judges.capabilities import Prepaid, gates_attempts
 from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
-from recall_tasks.metrics.claims import Guard, NotJudged, Units
+from recall_tasks.metrics.claims import Guard, NotJudged, Units, claim_units_of
 from recall_tasks.models import RecallCase, RecallResult
 from recall_tasks.sentences import SPLITTER_VERSION
 
@@ -71,7 +73,7 @@ def metric_fingerprint(metric: Metric) -> str:
         "splitter": SPLITTER_VERSION,
         "judge": metric.judge.config(),
     }
-    claim_units = getattr(metric, "claim_units", None)
+    claim_units = claim_units_of(metric)
     if claim_units is not None:  # only then: the sentence mode's fingerprint (and its caches) stay what they were
         config["units"] = "claims"
         config["extractor"] = claim_units.extractor.claims_config()
@@ -219,7 +221,8 @@ async def score_rows(
     contexts = [await metric.resolve_context(case) for case in cases]
     token = attempt_observer.set(breaker)  # claim extractions (if any) report their attempts too
     try:
-        extractor = getattr(getattr(metric, "claim_units", None), "extractor", None)
+        claim_units = claim_units_of(metric)
+        extractor = claim_units.extractor if claim_units is not None else None
         units = await metric.resolve_units(cases, contexts, _guard(budget, breaker, extractor))
     finally:
         attempt_observer.reset(token)
@@ -282,8 +285,9 @@ async def score_rows(
         )
         return RowOutcome(result, None, spent=extracted(prepared) + (spent or Spend()))
 
-    prepaid = getattr(metric.judge, "prepaid", None)  # a collected batch's answers: paid already, never held back
-    gated = bool(getattr(metric.judge, "gates_attempts", False))  # its attempts reserve as they are sent
+    # a collected batch's answers: paid already, never held back
+    prepaid = metric.judge.prepaid if isinstance(metric.judge, Prepaid) else None
+    gated = gates_attempts(metric.judge)  # its attempts reserve as they are sent
 
     async def judge_one(i: int, prepared: Prepared, key: str) -> Shared:
         if breaker is not None and breaker.tripped_reason is not None:
@@ -395,7 +399,7 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None, extractor: Any
     async def guarded(call: Callable[[], Awaitable[ClaimsReply]]) -> ClaimsReply:
         if breaker is not None and breaker.tripped_reason is not None:
             raise NotJudged(breaker.tripped_reason)
-        gate = budget.call(bool(getattr(extractor, "gates_attempts", False))) if budget is not None else None
+        gate = budget.call(gates_attempts(extractor)) if budget is not None else None
         if budget is not None and not await budget.reserve(gate):
             raise NotJudged(budget.exhausted_reason or "budget")
         task = asyncio.current_task()
@@ -505,7 +509,7 @@ async def score_block(
     Converting the block and building its table run in a worker thread: on the event loop they would hold
     every judge reply in flight for tens of milliseconds per chunk.
     """
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     rows = await asyncio.to_thread(lambda: block.table.select(columns).to_pylist())
     outcomes = await score_rows(metric, rows, cache, budget, breaker, shared)
     return await asyncio.to_thread(results_table, block, outcomes, metric)

@@ -45,6 +45,7 @@ from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retrieve
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
+from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.metrics.base import Metric
 from recall_tasks.pipeline import dask_paths, ids_step
@@ -68,7 +69,6 @@ from recall_tasks.pipeline.components import (
     release_judge,
     share_limits,
 )
-from recall_tasks.pipeline.outcome import dominant_error as dominant_error  # re-exported: steps.dominant_error
 from recall_tasks.pipeline.scoring import SharedRequests, metric_fingerprint, score_block
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,9 @@ class RunPlan:
     layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see blocks()
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
     attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
+    #: the chunk window settled its judging (finished, or aborted and kept what was judged): from then on an
+    #: exception of the flow needs no abort (``head_start.settle_taken``)
+    settled: bool = False
 
     def prepare_block(self, block: RowBlock) -> RowBlock:
         """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
@@ -218,19 +221,22 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         if note:
             notes.append(note)
     judge = make_judge(params)
-    probe = getattr(judge, "preflight", None) if contact else None
-    if probe is not None:
-        note = probe()
-        if note:
-            notes.append(note)
-    check_priced(params, judge)
-    if params.batch:
-        from recall_tasks.pipeline.batch.checks import check_batch
+    try:  # a refusal after the probe closes the judge's client: its socket must not outlive the loop it is on
+        probe = judge.preflight if contact and isinstance(judge, Preflighted) else None
+        if probe is not None:
+            note = probe()
+            if note:
+                notes.append(note)
+        check_priced(params, judge)
+        if params.batch:
+            from recall_tasks.pipeline.batch.checks import check_batch
 
-        check_batch(params, judge, probe=contact)
-    return Checked(
-        storage, dataset, store, make_metric(params, judge), segments, retriever, retrieval, notes, trace, canary
-    )
+            check_batch(params, judge, probe=contact)
+        metric = make_metric(params, judge)
+    except BaseException:
+        release_judge(judge)
+        raise
+    return Checked(storage, dataset, store, metric, segments, retriever, retrieval, notes, trace, canary)
 
 
 #: What ``head_start.preflight`` checked, handed to :func:`plan_run` of the same parameters in the same process
@@ -252,11 +258,15 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
     """
     planned = PLANNED.pop(params.model_dump_json(), None)
     if planned is not None and run_id in (None, planned.run_id):
-        for note in planned.notes:
-            log.warning("%s", note)
-        if share:
-            share_limits(params, planned.metric)
-            _count_budget(planned)
+        try:
+            for note in planned.notes:
+                log.warning("%s", note)
+            if share:
+                share_limits(params, planned.metric)
+                _count_budget(planned)
+        except BaseException:  # not taken after all: the CLI's head_start.abandon still finds it
+            PLANNED[params.model_dump_json()] = planned
+            raise
         return planned
     checked = PREFLIGHTED.pop(params.model_dump_json(), None) or check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric

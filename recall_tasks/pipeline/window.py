@@ -132,7 +132,9 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
         while window:
             settle()
         executor.progress(tally.done_rows, total, final=True)
+        plan.settled = True
     except BaseException:
+        plan.settled = True
         steps.abort(plan)
         for handle, _, _ in window:
             handle.wait(ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited

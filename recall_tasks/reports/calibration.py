@@ -203,7 +203,7 @@ def write_reports(store: Any, cal: Calibration) -> list[str]:
     items = blocks(cal)
     uris = []
     for suffix, document in (("md", render_markdown(items)), ("html", render_html(items))):
-        path = store._path("reports", f"{cal.calibration_id}.{suffix}")
+        path = store.path("reports", f"{cal.calibration_id}.{suffix}")
         uri = join_uri(store.output_uri, "reports", f"{cal.calibration_id}.{suffix}")
         try:
             store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

@@ -126,7 +126,7 @@ def write_report(
     ``results``, ``dataset`` and ``drops``: as for :func:`render_run_report`.
     """
     document = render_run_report(store, run_id, results, dataset, drops)
-    path = store._path("reports", f"{run_id}.html")
+    path = store.path("reports", f"{run_id}.html")
     uri = join_uri(store.output_uri, "reports", f"{run_id}.html")
     try:
         store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

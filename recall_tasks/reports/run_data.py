@@ -182,8 +182,8 @@ def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None)
 
 def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
     """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
-    from recall_tasks.io.blocks import read_contexts
     from recall_tasks.io.datasets import open_dataset
+    from recall_tasks.io.lookup import read_contexts
 
     needed = {"source_file", "source_row", "content_hash"}
     if results.num_rows == 0 or not needed <= set(results.column_names):
@@ -205,8 +205,8 @@ def with_questions(
 
     Best effort, like :func:`chunks_of_worst`: a dataset moved, rewritten or unreadable leaves the drops as they are.
     """
-    from recall_tasks.io.blocks import read_questions
     from recall_tasks.io.datasets import open_dataset
+    from recall_tasks.io.lookup import read_questions
 
     if not drops or not {"row_id", "source_file", "source_row"} <= set(results.column_names):
         return drops

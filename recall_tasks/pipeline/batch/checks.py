@@ -6,6 +6,7 @@ from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.judges.base import Judge
+from recall_tasks.judges.capabilities import Batching
 
 
 def check_batch(params: RunParams, judge: Judge, *, probe: bool = True) -> None:
@@ -23,13 +24,12 @@ def check_batch(params: RunParams, judge: Judge, *, probe: bool = True) -> None:
             "--batch needs contexts that are the same at submit and collect time: a run-time --retriever or "
             "--context-extractor is not supported (use --retrieval-uri)"
         )
-    client = getattr(judge, "batch_client", None)
-    if client is None:
+    if not isinstance(judge, Batching):
         raise ConfigError("--batch needs a judge with a Batch API client (--judge openai)")
     if not probe:
         return
 
     async def probe_endpoint() -> None:
-        await client().probe()
+        await judge.batch_client().probe()
 
     run_sync(probe_endpoint())

@@ -8,14 +8,20 @@ resubmission raise a row error naming the batch and line, or are judged live wit
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from recall_tasks.errors import JudgeResponseError
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
+from recall_tasks.judges.capabilities import FullJudge, Prepaid, full_judge
 from recall_tasks.pipeline.batch.settle import Settled
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
 from recall_tasks.pipeline.steps import RunPlan
+
+if TYPE_CHECKING:
+    from recall_tasks.judges.batch import BatchClient
+    from recall_tasks.judges.ratelimit import GrantSource
 
 # -- finishing the run ------------------------------------------------------------------------------------
 
@@ -45,7 +51,13 @@ class BatchServedJudge:
     failed ones raise a row error naming the batch and line, unless ``fallback_live``."""
 
     def __init__(
-        self, live: Any, served: dict[str, JudgeResponse], fingerprint: str, settled: Settled, *, fallback_live: bool
+        self,
+        live: FullJudge,
+        served: dict[str, JudgeResponse],
+        fingerprint: str,
+        settled: Settled,
+        *,
+        fallback_live: bool,
     ) -> None:
         self.live = live
         self.served = served
@@ -65,8 +77,46 @@ class BatchServedJudge:
     def config(self) -> dict[str, Any]:
         return dict(self.live.config())
 
-    def __getattr__(self, name: str) -> Any:  # aclose, prices, endpoint...
-        return getattr(self.live, name)
+    # -- the live judge's capabilities (judges.capabilities), each forwarded by name -------------------------
+
+    @property
+    def gates_attempts(self) -> bool:
+        return self.live.gates_attempts
+
+    @property
+    def prices(self) -> Mapping[str, tuple[float, float]]:
+        return self.live.prices
+
+    @property
+    def base_url(self) -> str | None:
+        return self.live.base_url
+
+    @property
+    def endpoint(self) -> str:
+        return self.live.endpoint
+
+    def preflight(self) -> str | None:
+        return self.live.preflight()
+
+    async def aclose(self) -> None:
+        await self.live.aclose()
+
+    def least_worst_cost(self) -> tuple[float, int, int]:
+        return self.live.least_worst_cost()
+
+    def share_limits(self, rpm: tuple[GrantSource, int] | None, tpm: tuple[GrantSource, int] | None) -> None:
+        self.live.share_limits(rpm, tpm)
+
+    def batch_body(self, request: JudgeRequest) -> dict[str, Any]:
+        return self.live.batch_body(request)
+
+    def batch_client(self) -> BatchClient:
+        return self.live.batch_client()
+
+    async def finish_batch_reply(
+        self, request: JudgeRequest, content: str, finish_reason: str | None, batch_usage: tuple[int, int]
+    ) -> JudgeResponse:
+        return await self.live.finish_batch_reply(request, content, finish_reason, batch_usage)
 
     def prepaid(self, request: JudgeRequest) -> bool:
         """A collected row: paid with its batch, so the run's budget never holds it back (``scoring``)."""
@@ -88,6 +138,13 @@ class BatchServedJudge:
         return response
 
 
+if TYPE_CHECKING:
+
+    def _conforms(judge: BatchServedJudge) -> tuple[FullJudge, Prepaid]:
+        """mypy: the wrapper forwards every capability of the judge it wraps, and adds its own."""
+        return judge, judge
+
+
 def install(plan: RunPlan, settled: Settled) -> None:
     """Serve the collected rows from the row cache through the judge (see the module docstring); the run row
     gets the batch ids and the wait (``runs.batch_ids``, ``runs.batch_wait_s``)."""
@@ -106,6 +163,6 @@ def install(plan: RunPlan, settled: Settled) -> None:
         plan.budget.requests += sum(r.requests for r in served.values())
         plan.budget.cost_usd += sum(r.cost_usd or 0.0 for r in served.values())
     plan.metric.judge = BatchServedJudge(
-        plan.metric.judge, served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
+        full_judge(plan.metric.judge), served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )
     plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]

@@ -30,6 +30,7 @@ from recall_tasks._sync import run_sync
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output
+from recall_tasks.judges.capabilities import batching
 from recall_tasks.pipeline.batch import cas
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 
@@ -40,7 +41,7 @@ OPEN = frozenset({"submitting", "pending"})
 
 
 def record_file(store: Any, run_key: str) -> str:
-    path: str = store._path("_batches", f"{run_key}.json")
+    path: str = store.path("_batches", f"{run_key}.json")
     return path
 
 
@@ -156,12 +157,12 @@ def cancel(fs: Any, path: str, params: RunParams) -> tuple[Record, list[str]]:
     from recall_tasks.pipeline.components import make_judge, release_judge
 
     record = _mark(fs, path, lambda r: r.update(status="cancelled", cancelled_at=now()))
-    judge: Any = make_judge(params)
+    judge = make_judge(params)
     todo = [p for p in record["parts"] if p.get("batch_id") and (p.get("status") in ACTIVE or p.get("status") is None)]
     seen: dict[str, Any] = {}
 
     async def run() -> None:
-        client = judge.batch_client()
+        client = batching(judge).batch_client()
         for part in todo:
             seen[part["batch_id"]] = (await client.cancel(part["batch_id"])).get("status")
 

@@ -26,6 +26,7 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.io.storage import join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.batch import ACTIVE, request_line, split
+from recall_tasks.judges.capabilities import batching
 from recall_tasks.pipeline.batch import cas
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 from recall_tasks.pipeline.batch.record import read_at, record_file
@@ -68,13 +69,13 @@ def unchanged(plan: RunPlan, record: Record) -> None:
 
 
 def _input(plan: RunPlan, requests: Mapping[str, JudgeRequest], keys: list[str]) -> bytes:
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     return b"".join(request_line(k, judge.batch_body(requests[k])) for k in keys)
 
 
 def parts(plan: RunPlan, requests: Mapping[str, JudgeRequest], keys: list[str], rnd: int) -> list[dict[str, Any]]:
     """The record's parts for ``keys`` (round ``rnd``), each named by the hash of its input file's bytes."""
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     cut = split((key, request_line(key, judge.batch_body(requests[key]))) for key in keys)
     tag = "" if rnd == 1 else f"r{rnd}-"
     out = []
@@ -95,7 +96,7 @@ def metadata(plan: RunPlan, part: dict[str, Any]) -> dict[str, str]:
 
 def submit(plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest]) -> None:
     """Upload and create what the record does not have yet (see the module docstring)."""
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     todo = [p for p in record["parts"] if not p.get("batch_id")]
     if not todo:
         return
@@ -164,7 +165,7 @@ def _seen(batch: dict[str, Any]) -> dict[str, Any]:
 
 def refresh(plan: RunPlan, record: Record) -> None:
     """The parts' statuses at the provider; the record is written only when one changed."""
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
 
     async def run() -> bool:
         client = judge.batch_client()
@@ -182,7 +183,7 @@ def refresh(plan: RunPlan, record: Record) -> None:
 
 def download(plan: RunPlan, record: dict[str, Any], texts: dict[str, tuple[str, str]]) -> None:
     """The ended parts' output and error files not downloaded yet, into ``texts`` (file id -> batch id, text)."""
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     wanted = [(p[kind], p["batch_id"]) for p in record["parts"] for kind in ("output_file_id", "error_file_id")
               if p.get(kind) and p[kind] not in texts]  # fmt: skip
 

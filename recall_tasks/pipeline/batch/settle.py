@@ -13,8 +13,10 @@ from typing import Any, Literal
 from recall_tasks._sync import run_sync
 from recall_tasks.errors import JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
+from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine
+from recall_tasks.judges.capabilities import batching, prices_of
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.pipeline.batch import remote
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
@@ -44,7 +46,7 @@ def misses(plan: RunPlan) -> dict[str, JudgeRequest]:
     cache = plan.cache
     out: dict[str, JudgeRequest] = {}
 
-    columns = ["input", "expected_output", "retrieval_context", "actual_output"]
+    columns = list(JUDGED_ROLES)
     for raw in iter_blocks(plan.dataset, plan.params.chunk_size):
         block = plan.prepare_block(raw)
         pairs = run_sync(keyed_requests(metric, fingerprint, block.table.select(columns).to_pylist()))
@@ -154,8 +156,8 @@ def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str,
     params = plan.params
     if params.max_requests is None and params.max_cost_usd is None:
         return requests
-    judge: Any = plan.metric.judge
-    price = price_for(judge.model, getattr(judge, "prices", {}) or {})
+    judge = batching(plan.metric.judge)
+    price = price_for(judge.model, prices_of(judge))
     kept: dict[str, JudgeRequest] = {}
     cost = 0.0
     for key, request in requests.items():
@@ -179,10 +181,10 @@ def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str,
 
 
 def _new_record(plan: RunPlan, requests: Mapping[str, JudgeRequest], token: str | None) -> Record:
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     record = Record({
         "run_key": plan.run_key, "run_id": plan.run_id, "status": "submitting", "submitted_at": now(),
-        "submitted_ts": time.time(), "model": judge.model, "endpoint": getattr(judge, "endpoint", None),
+        "submitted_ts": time.time(), "model": judge.model, "endpoint": judge.endpoint,
         "params": stored_params(plan.params), "batch_fallback": plan.params.batch_fallback,
         "parts": remote.parts(plan, requests, list(requests), 1),
     })  # fmt: skip
@@ -242,7 +244,7 @@ def _collect(
     plan: RunPlan, record: Record, requests: Mapping[str, JudgeRequest], texts: dict[str, tuple[str, str]]
 ) -> Settled:
     """Every batch ended: parse the outputs into the row cache; the rest are failures (or judged live)."""
-    judge: Any = plan.metric.judge
+    judge = batching(plan.metric.judge)
     remote.download(plan, record, texts)
     answers, failures = outcomes(record, texts)
 
