@@ -416,3 +416,14 @@ def test_a_retriever_returning_contexts_and_ids_feeds_the_id_metrics(prefect_har
     assert fake_openai.requests == [] and summary["scored"] == 10  # the lexical judge: judged, offline
     assert summary["id_rows"] == 10 and summary["id_metrics"] is not None
     assert summary["id_metrics"]["recall@10"] == pytest.approx(recall_at(id_rows(10), 10))
+
+
+def test_one_side_of_the_ids_is_kept_with_the_types_a_run_with_both_stores():
+    """A judged run whose rows have relevant ids but no retrieved ones computes no id metric; its integer ids are
+    stored as strings all the same, so the ``results`` table keeps one type per column across runs."""
+    from recall_tasks.pipeline.ids_step import _as_stored
+
+    table = pa.table({"row_id": ["a"], "reference_context_ids": [[7, 8]], "reference_context_relevance": [[2.0, 1.0]]})
+    stored = _as_stored(table)
+    assert stored.column("reference_context_ids").to_pylist() == [["7", "8"]]
+    assert stored.schema.field("reference_context_relevance").type == pa.list_(pa.int64())

@@ -242,10 +242,23 @@ def _with(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
 def with_id_metrics(plan: Any, block: RowBlock, table: pa.Table) -> pa.Table:
     """A judged chunk's result table with its rows' id metrics and normalised ids (unchanged without ids)."""
     setup = setup_of(plan)
-    if setup is None:
-        return table
+    if setup is None:  # one side of the ids only: kept, with the types of a run that has both (ids as strings)
+        return _as_stored(table)
     ids = block_ids(setup, block)
     return _add_ids(table, ids)
+
+
+def _as_stored(table: pa.Table) -> pa.Table:
+    """Id columns of a run without id metrics, cast to the types ``_add_ids`` stores (``list<string>`` ids,
+    ``list<int64>`` grades) so that the ``results`` table keeps one type per column across runs."""
+    for role, typ in ((RETRIEVED, _IDS), (RELEVANT, _IDS), (RELEVANCE, pa.list_(pa.int64()))):
+        name = passthrough_name(role)
+        if name in table.column_names and table.column(name).type != typ:
+            try:
+                table = _with(table, name, pc.cast(table.column(name), typ))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                table = table.drop_columns([name])  # not ids (the schema check let it through as a pass-through)
+    return table
 
 
 def _add_ids(table: pa.Table, ids: BlockIds) -> pa.Table:
