@@ -427,3 +427,15 @@ def test_one_side_of_the_ids_is_kept_with_the_types_a_run_with_both_stores():
     stored = _as_stored(table)
     assert stored.column("reference_context_ids").to_pylist() == [["7", "8"]]
     assert stored.schema.field("reference_context_relevance").type == pa.list_(pa.int64())
+
+
+def test_a_retrieval_ids_run_on_worker_processes_scores_as_in_threads(prefect_harness, fake_openai, tmp_path):
+    rows = id_rows(40)
+    data = write(tmp_path / "data" / "eval.parquet", rows)
+    common = {"dataset_uri": data, "metric": "retrieval_ids", "id_pattern": "^(.+)::", "chunk_size": 10}
+    threads = recall_benchmark(RunParams(**common, output_uri=str(tmp_path / "a")))
+    processes = recall_benchmark(RunParams(**common, output_uri=str(tmp_path / "b"), task_runner="processes",
+                                           workers=2))  # fmt: skip
+    assert fake_openai.requests == []
+    assert processes["id_metrics"] == threads["id_metrics"] and processes["mean_score"] == threads["mean_score"]
+    assert threads["mean_score"] == pytest.approx(recall_at(rows, 10))
