@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from recall_tasks.cli.evaluation import Evaluation, a_evaluate, evaluate
     from recall_tasks.errors import (
         ConfigError,
         DatasetError,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from recall_tasks.sentences import split_sentences
 
 _WHERE = {
+    "recall_tasks.cli.evaluation": ["Evaluation", "a_evaluate", "evaluate"],
     "recall_tasks.errors": [
         "ConfigError", "DatasetError", "JudgeConfigError", "JudgeError", "JudgeResponseError", "JudgeTransientError",
         "MissingInputError", "RecallBenchError", "StorageError",
@@ -57,6 +59,7 @@ __all__ = [
     "ContextCoverage",
     "ContextualRecall",
     "DatasetError",
+    "Evaluation",
     "Judge",
     "JudgeConfigError",
     "JudgeError",
@@ -73,5 +76,7 @@ __all__ = [
     "ResultMetadata",
     "StorageError",
     "Verdict",
+    "a_evaluate",
+    "evaluate",
     "split_sentences",
 ]

@@ -329,8 +329,8 @@ def test_trend_axis_ends_at_the_scale(results: pa.Table) -> None:
         [run_row(f"run-{i}", i, 0.95 + 0.01 * i, ci_high=1.0, ci_low=0.9) for i in range(4)], schema=RUN_SCHEMA
     )
     trend = render_report("run-3", near_one, results).split("<h2>Trend</h2>", 1)[1].split("</svg>", 1)[0]
-    ticks = [float(v) for v in re.findall(r'text-anchor="end">(\d+\.\d{3})</text>', trend)]
-    assert len(ticks) == 5 and max(ticks) == 1.0, ticks
+    ticks = [float(v) for v in re.findall(r'<text class="tick"[^>]*>([\d.]+)</text>', trend)]  # round ticks (#43)
+    assert len(ticks) >= 3 and max(ticks) == 1.0, ticks
 
 
 def test_largest_drops_show_the_question_beside_the_id(runs: pa.Table, results: pa.Table) -> None:

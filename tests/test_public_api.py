@@ -5,10 +5,10 @@ from __future__ import annotations
 import recall_tasks
 
 PUBLIC = {
-    "ConfigError", "ContextCoverage", "ContextualRecall", "DatasetError", "Judge", "JudgeConfigError", "JudgeError",
-    "JudgeRequest", "JudgeResponse", "JudgeResponseError", "JudgeTransientError", "LexicalJudge",
+    "ConfigError", "ContextCoverage", "ContextualRecall", "DatasetError", "Evaluation", "Judge", "JudgeConfigError",
+    "JudgeError", "JudgeRequest", "JudgeResponse", "JudgeResponseError", "JudgeTransientError", "LexicalJudge",
     "MissingInputError", "OpenAIJudge", "RecallBenchError", "RecallCase", "RecallResult", "ResultMetadata",
-    "StorageError", "Verdict", "split_sentences",
+    "StorageError", "Verdict", "a_evaluate", "evaluate", "split_sentences",
 }  # fmt: skip
 
 

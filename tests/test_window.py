@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,12 +142,9 @@ def test_a_chunk_the_cache_served_with_failures_is_scored_again(data: str, tmp_p
 def test_an_error_aborts_the_run_and_flushes_what_was_judged(data: str, tmp_path: Path) -> None:
     plan = plan_for(data, tmp_path / "out")
     told: list[int] = []
-    steps.add_abort_listener(told.append)
-    try:
-        with pytest.raises(ValueError, match="chunk 3 broke"):
-            score_chunks(plan, PoolExecutor(plan, fail_seq=3))
-    finally:
-        steps.remove_abort_listener(told.append)
+    observer = SimpleNamespace(progress=lambda done, total: None, aborted=told.append)
+    with pytest.raises(ValueError, match="chunk 3 broke"):
+        score_chunks(plan, PoolExecutor(plan, fail_seq=3), observer)
     assert plan.scope.cancelled  # judge calls in flight are cancelled, later chunks refuse to start
     assert told and told[0] >= 5  # the rows judged before the error are in the row cache
     with pytest.raises(RunInterrupted):
@@ -194,21 +192,21 @@ def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_resul
 
     monkeypatch.setattr(steps, "score_block", counting)
     params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=5)
-    head_start.preflight(params)
-    ahead = head_start.plan_ahead(params)
+    prepared = head_start.preflight(params)
+    ahead = head_start.plan_ahead(prepared)
     assert sorted(ahead.head_starts) == [0, 1, 2, 3]  # a window of chunks: --max-workers (4)
     # offline chunks send no request: plan_ahead waited for them; judged before any flow exists
     ahead_reports = {seq: h.future.result(timeout=30) for seq, h in ahead.head_starts.items()}
     assert sorted(judged) == [f"r{i:04d}" for i in range(20)]
 
-    plan = steps.plan_run(params)  # what the flow calls: it takes the plan made ahead
+    plan = steps.plan_run(params, prepared=prepared)  # what the flow calls: it takes the plan made ahead
     assert plan is ahead
     tally = score_chunks(plan, PoolExecutor(plan))
     assert plan.head_starts == {}  # each taken by its chunk's task
     assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: no chunk was judged again
     assert [p.path for p in tally.parts[:4]] == [ahead_reports[seq].path for seq in range(4)]
     assert tally.done_rows == 45
-    assert head_start.abandon(params) == 0  # nothing left to abandon once the flow took the plan
+    assert head_start.abandon(prepared) == 0  # nothing left to abandon once the flow took the plan
 
 
 def test_the_head_start_returns_once_its_first_request_is_out(
@@ -225,15 +223,15 @@ def test_the_head_start_returns_once_its_first_request_is_out(
         dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
         chunk_size=5, max_retries=0,
     )  # fmt: skip
-    head_start.preflight(params)
-    ahead = head_start.plan_ahead(params)
+    prepared = head_start.preflight(params)
+    ahead = head_start.plan_ahead(prepared)
     try:
         assert ahead.head_starts
         assert ahead.breaker is not None and ahead.breaker.first_sent.is_set()  # going out as plan_ahead returned
         assert fake_openai.wait_for_requests(1, timeout=5)  # a real request on the wire
         assert not any(h.future.done() for h in ahead.head_starts.values())  # none answered: the wait ends there
     finally:
-        assert head_start.abandon(params) == 0  # cancelled in flight: nothing judged, nothing kept
+        assert head_start.abandon(prepared) == 0  # cancelled in flight: nothing judged, nothing kept
 
 
 @pytest.mark.concurrency  # the SDK's platform headers run uname; the flow runs on the test's Prefect server
@@ -255,24 +253,21 @@ def test_a_flow_stopped_before_its_window_keeps_what_the_head_start_judged(
         dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
         chunk_size=5, max_concurrency=4, max_retries=0,
     )  # fmt: skip
-    head_start.preflight(params)
-    ahead = head_start.plan_ahead(params)
+    prepared = head_start.preflight(params)
+    ahead = head_start.plan_ahead(prepared)
     assert fake_openai.wait_for_requests(9, timeout=30)  # the first 4 answered, the next 4 or more in flight
 
     def broken(*args: object) -> None:
         raise RuntimeError("announce failed")
 
     kept: list[int] = []
-    steps.add_abort_listener(kept.append)
+    observer = SimpleNamespace(progress=lambda done, total: None, aborted=kept.append)
     monkeypatch.setattr(flow, "announce", broken)
-    try:
-        with pytest.raises(RuntimeError, match="announce failed"):
-            flow.recall_benchmark(params)
-    finally:
-        steps.remove_abort_listener(kept.append)
+    with flow.handing_off(prepared, observer), pytest.raises(RuntimeError, match="announce failed"):
+        flow.recall_benchmark(params)
     assert ahead.scope.cancelled  # the head start's calls were cancelled
     sent = len(fake_openai.requests)
     assert len(kept) == 1 and 4 <= kept[0] < sent <= 45
     assert ahead.cache is not None and ahead.cache.stored == kept[0]  # flushed: a rerun finds them
-    assert head_start.abandon(params) == 0  # the flow had taken the plan: nothing left for the CLI
+    assert head_start.abandon(prepared) == 0  # the flow had taken the plan: nothing left for the CLI
     assert not fake_openai.wait_for_requests(sent + 1, timeout=1.0)  # and nothing more is sent

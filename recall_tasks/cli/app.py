@@ -36,7 +36,7 @@ from recall_tasks.cli.common import (
     err,
 )
 from recall_tasks.cli.outcome import judge_line_of, print_summary
-from recall_tasks.cli.run_flow import INTERRUPTED, _run, execute, one_line_errors
+from recall_tasks.cli.run_flow import Session, _run, execute, one_line_errors
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline import events
@@ -320,8 +320,9 @@ def console_main() -> None:
 
     from recall_tasks.cli.runtime import freeze_heap
 
-    code = _main(sys.argv[1:])
-    if code in (130, 143) and INTERRUPTED:
+    session = Session()
+    code = _main(sys.argv[1:], session)
+    if code in (130, 143) and session.interrupted is not None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -329,12 +330,13 @@ def console_main() -> None:
     sys.exit(code)
 
 
-def _main(args: list[str]) -> int:
+def _main(args: list[str], session: Session | None = None) -> int:
     """The Typer app on ``args``; returns the exit code. A usage error is one line, as every other error:
     ``error: No such option: --concurrency (Possible options: --max-concurrency); see recall-bench run --help``,
-    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel)."""
+    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel). ``session``: click's context object,
+    where an interrupted command says so (``run_flow.mark_interrupted``)."""
     try:
-        rv = app(args, prog_name="recall-bench", standalone_mode=False)
+        rv = app(args, prog_name="recall-bench", standalone_mode=False, obj=session)
     except typer.TyperException as exc:  # Typer's click errors: usage errors (exit 2) and the like
         if type(exc).__name__ == "NoArgsIsHelpError":  # `recall-bench` alone: the help, as before
             exc.show()  # type: ignore[attr-defined]

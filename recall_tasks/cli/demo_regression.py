@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 from rich.text import Text
 
 from recall_tasks.cli.common import _store, console
+from recall_tasks.cli.losses import print_losses
 from recall_tasks.cli.outcome import print_outcome
 from recall_tasks.cli.run_flow import _run
-from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
 
 V1, V2 = "index-v1", "index-v2"
@@ -31,16 +31,6 @@ def degraded_contexts(rows: list[dict[str, Any]]) -> pa.Table:
     contexts = [r["retrieval_context"][1:] if len(r["retrieval_context"]) > 1 else r["retrieval_context"] for r in rows]
     row_ids = [r["row_id"] for r in rows]
     return pa.table({"row_id": row_ids, "retrieval_context": pa.array(contexts, pa.list_(pa.string()))})
-
-
-def lost_rows_sql(v1_run: str, v2_run: str) -> str:
-    """The rows whose score dropped from one run to the other, most first (run ids are ``[0-9TZ-a-f]`` only)."""
-    return (
-        "SELECT cur.row_id, round(base.score, 4) AS index_v1, round(cur.score, 4) AS index_v2, "
-        "round(cur.score - base.score, 4) AS delta "
-        f"FROM results cur JOIN results base USING (row_id) WHERE cur.run_id = '{v2_run}' AND base.run_id = "
-        f"'{v1_run}' AND cur.score < base.score ORDER BY delta, cur.row_id"
-    )
 
 
 def run_two_index_versions(dataset: Path, rows: list[dict[str, Any]], output: str, debug: bool) -> int:
@@ -67,6 +57,5 @@ def run_two_index_versions(dataset: Path, rows: list[dict[str, Any]], output: st
     if second["status"] == "batch_pending" or second["status"] == "batch_idle":
         raise RuntimeError(f"the demo run ended {second['status']}")
     print_outcome(second, output)
-    console.print("\nThe rows index v2 lost (the report lists the sentences each lost):", soft_wrap=True)
-    _print_query(_store(output, "delta", None), output, lost_rows_sql(first["run_id"], second["run_id"]), 20, "table")
+    print_losses(second, output, _store(output, "delta", None))  # what a regressed `run` prints too
     return 0

@@ -11,12 +11,16 @@ import contextlib
 import gc
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import click
 import typer
 from pydantic import ValidationError
 
 from recall_tasks.cli.common import _fail, _fail_unexpected, err, plain
+from recall_tasks.cli.losses import print_run_losses
 from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_pending
 from recall_tasks.cli.runtime import (
     _check_reachable,
@@ -41,8 +45,46 @@ from recall_tasks.errors import (
 )
 from recall_tasks.summaries import FlowSummary
 
-#: Set by ``_run`` once an interrupt's clean-up is done (``app.console_main`` then exits at once).
-INTERRUPTED: list[int] = []
+if TYPE_CHECKING:
+    from recall_tasks.pipeline.run import Prepared
+
+
+@dataclass
+class Session:
+    """One ``recall-bench`` invocation, as click's context object (``app.console_main`` passes it): what the command
+    leaves for the process around it."""
+
+    #: the signal of an interrupt whose clean-up is done (``console_main`` then exits at once)
+    interrupted: int | None = None
+
+
+def mark_interrupted(sig: int) -> None:
+    """Tell ``console_main`` that this command's interrupt clean-up is done (no-op outside ``console_main``)."""
+    ctx = click.get_current_context(silent=True)
+    session = ctx.find_root().obj if ctx is not None else None
+    if isinstance(session, Session):
+        session.interrupted = sig
+
+
+@dataclass
+class _Watch:
+    """The CLI's :class:`~recall_tasks.pipeline.run.RunObserver`: the progress bar (once drawn) and the rows an
+    abort left cached (the interrupt message sums them: the flow's abort and a head start no flow took)."""
+
+    cached: list[int] = field(default_factory=list)
+    bar: Callable[[int, int], None] | None = None
+    row_bar: Callable[[int, int | None], None] | None = None
+
+    def progress(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar(done, total)
+
+    def rows(self, seq: int, n: int | None) -> None:
+        if self.row_bar is not None:
+            self.row_bar(seq, n)
+
+    def aborted(self, rows_cached: int) -> None:
+        self.cached.append(rows_cached)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -77,31 +119,32 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recall_tasks.pipeline import head_start, steps
+    from recall_tasks.pipeline import head_start
+    from recall_tasks.pipeline.progress import RowProgress
 
-    cached: list[int] = []
+    watch = _Watch()
+    prepared = None
     with _interrupts() as state, contextlib.ExitStack() as stack:
         pause_gc()  # until Prefect is imported (freeze_heap below)
         stack.callback(gc.enable)
         try:
-            steps.add_abort_listener(cached.append)
-            stack.callback(steps.remove_abort_listener, cached.append)
             if params.wait_for_lock:
                 from recall_tasks.io import lease
 
                 lease.wait_listeners.append(_print_wait)
                 stack.callback(lease.wait_listeners.remove, _print_wait)
             if preflight:
-                for note in _preflight(params):
+                prepared = _preflight(params)
+                for note in prepared.notes:
                     _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {plain(note)}")
                 # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
                 if os.environ.get("PREFECT_API_URL"):
                     _check_reachable(os.environ["PREFECT_API_URL"])
-                head_start.plan_ahead(params)  # the first chunk's judge calls overlap Prefect's start-up
-                stack.callback(head_start.abandon, params)  # a no-op once the flow took the plan
+                head_start.plan_ahead(prepared, watch)  # the first chunk's judge calls overlap Prefect's start-up
+                stack.callback(head_start.abandon, prepared, watch)  # a no-op once the flow took the plan
             stack.enter_context(_prefect_api())
-            from recall_tasks.pipeline.flow import recall_benchmark
+            from recall_tasks.pipeline.flow import handing_off, recall_benchmark
 
             freeze_heap()  # what start-up imported: no collection walks it again
             stack.enter_context(_quiet_prefect_console(debug))
@@ -117,23 +160,28 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                 )
             )
             bar = progress.add_task("rows", total=None)
+            rows = RowProgress()  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
 
-            def listener(done: int, total: int) -> None:
-                progress.update(bar, completed=done, total=total)
+            def draw(done: int, total: int) -> None:
+                progress.update(bar, completed=rows.chunks(done, total), total=total)
 
-            steps.add_progress_listener(listener)
-            stack.callback(steps.remove_progress_listener, listener)
-            return recall_benchmark(params)
+            def draw_rows(seq: int, n: int | None) -> None:
+                progress.update(bar, completed=rows.rows(seq, n))
+
+            watch.bar, watch.row_bar = draw, draw_rows
+            with handing_off(prepared, watch):  # what this process prepared reaches the flow it calls
+                return recall_benchmark(params)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
                 raise
             sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
-            head_start.abandon(params)  # interrupted before the flow took the plan: its rows count below
+            if prepared is not None:  # interrupted before the flow took the plan: its rows count below
+                head_start.abandon(prepared, watch)
             err.print(
-                f"interrupted: rerun the same command to resume ({sum(cached)} rows judged so far are cached)",
+                f"interrupted: rerun the same command to resume ({sum(watch.cached)} rows judged so far are cached)",
                 highlight=False,
             )
-            INTERRUPTED.append(int(sig))
+            mark_interrupted(int(sig))
             raise typer.Exit(code=128 + int(sig)) from None
 
 
@@ -150,6 +198,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             summary = _run(params, debug, preflight=True)
         except RegressionDetected as exc:
             print_outcome(exc.summary, output)
+            print_run_losses(params, exc.summary, output)
             err.print(f"[bold red]regression:[/] {plain(exc)}")
             raise typer.Exit(code=3) from None
         except RunFailed as exc:
@@ -174,10 +223,11 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             ), debug)  # fmt: skip
         return print_pending(summary)
     print_outcome(summary, output)
+    print_run_losses(params, summary, output)  # a regressed verdict: the segments and rows that lost most
 
 
-def _preflight(params: RunParams) -> list[str]:
-    """The run's checks before Prefect starts (the flow repeats them for deployments); returns notes."""
+def _preflight(params: RunParams) -> Prepared:
+    """The run's checks before Prefect starts (the flow repeats them for deployments): their result and notes."""
     from recall_tasks.pipeline import head_start
 
     return head_start.preflight(params)

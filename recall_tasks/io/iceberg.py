@@ -27,16 +27,17 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from recall_tasks.errors import ConfigError
+from recall_tasks.errors import ConfigError, StorageError
 from recall_tasks.io.storage import StorageConfig, split_uri
 from recall_tasks.io.tables import retry_commits, row_groups
 from recall_tasks.secrets import looks_secret, register_secret
@@ -195,6 +196,31 @@ def load_catalog(output_uri: str, storage: StorageConfig, where: Location) -> An
     return pyiceberg_load(where.catalog, **props)
 
 
+#: pyiceberg's errors of a catalog that refused the caller (HTTP 401/403, an expired token, a failed OAuth)
+_REFUSALS = frozenset({"UnauthorizedError", "ForbiddenError", "AuthorizationExpiredError", "OAuthError"})
+
+
+def catalog_error(exc: BaseException, catalog: str | None) -> StorageError:
+    """``exc`` of the REST catalog ``catalog`` as one line naming it and its URI (the configured one)."""
+    from pyiceberg.utils.config import Config
+
+    from recall_tasks.secrets import redact
+
+    uri = (Config().get_catalog_config(catalog) or {}).get("uri") if catalog else None
+    where = f"the Iceberg catalog {catalog} ({uri or 'no uri configured'})"
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    if type(exc).__name__ in _REFUSALS:
+        name = f"PYICEBERG_CATALOG__{(catalog or '').upper()}__"
+        msg = (
+            f"{where} rejected the credentials ({detail}): check the catalog's own settings in .pyiceberg.yaml or "
+            f"{name}* (credential, token, rest.sigv4-enabled with its signing name and region) and, for SigV4, "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        )
+    else:
+        msg = f"{where} answered with an error: {detail}"
+    return StorageError(redact(msg))
+
+
 def _created_schema(schema: pa.Schema, partition_by: list[str]) -> tuple[Any, Any]:
     """The Iceberg schema of a new table (fresh field ids) and its identity partition spec."""
     from pyiceberg.catalog import Catalog
@@ -250,9 +276,21 @@ class IcebergTables:
         if self.where.catalog is None and self._catalog is None and not self.fs.exists(self._embedded_db()):
             return None  # no table yet: reading must not create the catalog's database
         try:
-            return self.catalog.load_table(self.identifier(name))
+            with self.catalog_calls():
+                return self.catalog.load_table(self.identifier(name))
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+
+    @contextlib.contextmanager
+    def catalog_calls(self) -> Iterator[None]:
+        """A REST catalog's refusal as one :class:`StorageError` naming the catalog and its URI (pyiceberg's own
+        ``UnauthorizedError`` read as a storage error on the output's bucket, which accepted the credentials)."""
+        from pyiceberg.exceptions import RESTError
+
+        try:
+            yield
+        except RESTError as exc:
+            raise catalog_error(exc, self.where.catalog) from None
 
     def _embedded_db(self) -> str:
         return f"{self.root.rstrip('/')}/{CATALOG_DB}"
@@ -263,9 +301,13 @@ class IcebergTables:
         self.fs.makedirs(self.root, exist_ok=True)
         if read_marker(self.fs, self.root) is None:
             write_marker(self.fs, self.root, self.where)
-        self.catalog.create_namespace_if_not_exists(self.where.namespace)
         iceberg_schema, spec = _created_schema(schema, partition_by)
         location = join_uri(self.output_uri, name) if self.where.catalog is None else None
+        with self.catalog_calls():
+            self.catalog.create_namespace_if_not_exists(self.where.namespace)
+            return self._create_table(name, iceberg_schema, spec, location)
+
+    def _create_table(self, name: str, iceberg_schema: Any, spec: Any, location: str | None) -> Any:
         return self.catalog.create_table_if_not_exists(
             self.identifier(name), iceberg_schema, location=location, partition_spec=spec,
             properties={
@@ -303,7 +345,7 @@ class IcebergTables:
                 if n:
                     log.info("%s was committed by a concurrent writer; not appended again", commit_id)
                 return
-            with table.transaction() as tx:
+            with self.catalog_calls(), table.transaction() as tx:
                 known = {f.name for f in table.schema().fields}
                 if any(f.name not in known for f in rows.schema):
                     with tx.update_schema() as update:

@@ -33,7 +33,8 @@ from recall_tasks.io.labels import LabelledRow, LabelledSet
 from recall_tasks.judges.base import Judge
 from recall_tasks.metrics.base import Metric
 from recall_tasks.pipeline.components import make_metric
-from recall_tasks.pipeline.scoring import RowCache, RowOutcome, score_rows
+from recall_tasks.pipeline.results_table import RowOutcome
+from recall_tasks.pipeline.scoring import RowCache, score_rows
 
 __all__ = ["calibrate", "calibrate_judge", "parse_judges"]
 

@@ -31,7 +31,8 @@ from recall_tasks.io.labels import LabelledRow, LabelledSet, load_labels
 from recall_tasks.io.schemas import CANARY_FIELDS
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import JudgeResponse
-from recall_tasks.pipeline.scoring import RowCache, RowOutcome, score_rows
+from recall_tasks.pipeline.results_table import RowOutcome
+from recall_tasks.pipeline.scoring import RowCache, score_rows
 
 __all__ = ["Canary", "canary_columns", "no_canary", "open_canary", "score_canary"]
 

@@ -22,8 +22,8 @@ from recall_tasks.metrics.claims import claim_units_of
 from recall_tasks.pipeline import ids_step
 from recall_tasks.pipeline.canary import no_canary, score_canary
 from recall_tasks.pipeline.outcome import run_outcome
+from recall_tasks.pipeline.run import RunPlan
 from recall_tasks.pipeline.scoring import metric_fingerprint
-from recall_tasks.pipeline.steps import RunPlan
 from recall_tasks.sentences import SPLITTER_VERSION
 from recall_tasks.summaries import RunRow
 
@@ -33,9 +33,15 @@ _SUMMARY_COLUMNS = [
 ]  # fmt: skip
 
 
-def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None) -> RunRow:
-    """Aggregate the run's chunk files, commit results and run rows; returns the overall run row."""
-    columns = _SUMMARY_COLUMNS + plan.segment_columns
+def commit_run(
+    plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = None, batch: dict[str, Any] | None = None
+) -> RunRow:
+    """Aggregate the run's chunk files, commit results and run rows; returns the overall run row.
+
+    ``batch``: a ``--batch`` run's ``batch_ids`` and ``batch_wait_s`` (``batch.finish.batch_columns``). The row
+    cache is closed (compacted) here, before the tables are written: a rerun finds it in place.
+    """
+    columns = [*_SUMMARY_COLUMNS, *plan.segment_columns]
     if parts:
         batches = plan.store.read_parts(parts, columns=[*columns, "reason"])
         table = pa.Table.from_batches([_not_judged_flag(b) for b in batches])
@@ -49,8 +55,7 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
     if plan.canary is not None:  # judged before the cache closes; fresh when the run judged anything afresh
         fresh = stats["requests"] > 0 or stats["scored"] > stats["cached"]
         canary, spend = score_canary(plan, plan.canary, fresh=fresh)
-    if plan.cache is not None:
-        plan.cache.close()
+    plan.resources.close_cache()
     p = plan.params
     judge = plan.metric.judge
     base = {
@@ -60,7 +65,7 @@ def commit_run(plan: RunPlan, parts: list[ChunkPart], flow_run_id: str | None = 
         "index_version": p.index_version or p.label, "metric": p.metric, "judge_model": judge.model,
         "prompt_version": judge.prompt_version, "threshold": p.threshold, "scale": p.scale,
         "wall_seconds": time.perf_counter() - plan.started_clock,
-        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **plan.batch_columns, **no_canary(),
+        **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **(batch or {}), **no_canary(),
         "reply_models": None, "substituted_rows": None,
     }  # fmt: skip
     base.update(run_outcome(plan, table, stats))

@@ -228,4 +228,26 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # noqa: BLE001 - connection errors of any kind: say so, exit non-zero
             typer.echo(f"error: could not send the event to {_api_url()}: {type(exc).__name__}: {exc}", err=True)
             raise typer.Exit(code=1) from None
-        typer.echo(str(event.id))
+        typer.echo(str(event.id))  # stdout: the id alone, for scripts; what to watch goes to stderr
+        for line in what_to_watch(index_version, dataset, output, event_id=str(event.id), api_url=_api_url()):
+            typer.echo(line, err=True)
+
+
+def what_to_watch(
+    index_version: str, dataset: str, output: str | None, *, event_id: str, api_url: str | None
+) -> list[str]:
+    """What ``emit-index-built`` tells a person: where the event went and how to see the run it triggers."""
+    name = f"recall-{dataset.rstrip('/').split('/')[-1]}-index-{index_version}"  # the flow's flow_run_name
+    ui = (api_url or "").removesuffix("/").removesuffix("/api")
+    history = f"recall-bench history -o {output}" if output else "recall-bench history -o <the deployment's output>"
+    lines = [
+        f"sent {EVENT_NAME} (event {event_id}) to {api_url or 'the configured Prefect API'}",
+        "the index-built-recall deployment's trigger starts a flow run for it, picked up by a worker of "
+        "recall-pool (none running: it waits as Scheduled). Watch it:",
+        "  prefect flow-run ls --flow-name recall-benchmark --state-type RUNNING --state-type COMPLETED --limit 3",
+        f"    # the run {name}, Running then Completed (before: Scheduled, waiting for a worker)",
+    ]
+    if ui.startswith("http"):
+        lines.append(f"  {ui}/runs   # the UI; its Event Feed shows the event and the automation that acted on it")
+    lines.append(f"  {history}   # its row once committed (label index-{index_version})")
+    return lines

@@ -1,12 +1,20 @@
-"""The Prefect adapter and the benchmark flow: the one library module that imports Prefect (besides ``events``).
+"""The Prefect adapter and the benchmark flow: with ``flow_tasks`` the library modules that import Prefect
+(besides ``events`` and the fleet limits).
 
-The flow reads as its steps: plan, score the chunks (``window.score_chunks`` through :class:`PrefectChunks`),
-commit, publish, finish. What Prefect adds here and nowhere else:
+:func:`run_benchmark` is the run as plain steps: plan (or take the CLI's plan), score the chunks
+(``window.score_chunks`` through :class:`PrefectChunks`), commit, publish, finish; the ``@flow``
+:func:`recall_benchmark` is a thin wrapper around it. What Prefect adds here and nowhere else:
 
 - each chunk is a task with retries for transient failures and Prefect's cache keyed on the chunk's content
-  (``steps.chunk_key``), in the run's result storage (:func:`chunk_cache_storage`);
+  (``steps.chunk_key``), in the run's result storage (``flow_tasks``);
 - the cache pre-check reads the same record the task engine would, without creating a task run;
 - the progress artifact, the artifacts and events of :class:`~recall_tasks.pipeline.publish.Publication`.
+
+The CLI's preparation reaches the flow through :data:`HANDOFF`, one ``ContextVar`` set around its call of the flow
+(:func:`handing_off`): not a flow parameter (Prefect would persist it, and the deployments' parameter schema stays
+``params`` alone), not a module global. Prefect runs a flow called from Python in the caller's thread and context
+(``flow_engine.run_flow_sync``), so the flow function sees it; the chunk tasks of ``--task-runner processes|dask``
+run elsewhere and need none of it (Prefect sends them its own contexts only, ``prefect.context.serialize_context``).
 
 ``flows/recall_flow.py`` (the deployments' entrypoint) re-exports :func:`recall_benchmark`, so a deployment
 runs exactly the flow the CLI runs.
@@ -15,17 +23,18 @@ runs exactly the flow the CLI runs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
-import hashlib
 import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
-from prefect import Flow, flow, get_run_logger, task
+from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -33,8 +42,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.cache_policies import NO_CACHE
-from prefect.context import TaskRunContext, get_run_context
+from prefect.context import get_run_context
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
 from prefect.results import get_result_store
@@ -43,14 +51,13 @@ from prefect.utilities.annotations import quote
 
 from recall_tasks import _logging
 from recall_tasks.config import RunParams
-from recall_tasks.errors import ConfigError, JudgeTransientError, StorageError, WorkerDied
+from recall_tasks.errors import ConfigError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import commit, dask_paths, head_start, publish, steps, workers
-from recall_tasks.pipeline.batch import finish as batch_finish
-from recall_tasks.pipeline.batch import settle as batch
-from recall_tasks.pipeline.steps import ChunkReport, RunPlan
-from recall_tasks.pipeline.window import score_chunks
-from recall_tasks.pipeline.workers import ChunkSpec
+from recall_tasks.pipeline import publish, workers
+from recall_tasks.pipeline.conduct import conduct
+from recall_tasks.pipeline.flow_tasks import _CACHE_PREFIX, chunk_task
+from recall_tasks.pipeline.flow_tasks import score_chunk_spec as score_chunk_spec  # tests take the task from here
+from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, Prepared, RunObserver, RunPlan
 from recall_tasks.reports import alerts
 from recall_tasks.summaries import FlowSummary
 
@@ -58,105 +65,6 @@ _logging.install("prefect.flow_runs", "prefect.task_runs")  # dataset values nev
 
 #: Progress artifact updates are API calls (~50 ms each): at most one per interval, plus the last.
 PROGRESS_INTERVAL_S = 2.0
-
-_CACHE_PREFIX = "recall-chunk-"
-
-
-def _transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a chunk only for failures that may pass: storage hiccups and judge transients."""
-    try:
-        state.result()
-    except (StorageError, JudgeTransientError, ConnectionError, TimeoutError):
-        return True
-    except Exception:  # noqa: BLE001 - configuration errors and bugs are not retried
-        return False
-    return False
-
-
-def _chunk_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """Prefect's chunk cache key: the chunk's content address (rows, pass-through values, judge config)."""
-    return _CACHE_PREFIX + str(parameters["key"])
-
-
-#: The chunk task's name and retry rule, shared by its cached and uncached forms.
-_CHUNK_TASK: dict[str, Any] = {
-    "name": "score-chunk", "retries": 2, "retry_delay_seconds": [2, 10], "retry_condition_fn": _transient,
-}  # fmt: skip
-
-
-@task(**_CHUNK_TASK, cache_key_fn=_chunk_cache_key, persist_result=True)
-def score_chunk(plan: RunPlan, seq: int, key: str) -> ChunkReport:
-    """Score one chunk of rows and write its result file (a retry rewrites the same file).
-
-    The rows are not a task parameter: Prefect keeps task parameters referenced after the run, which grew the
-    flow by ~1 MB per chunk. The flow parks each chunk in ``plan.pending_blocks`` until its task settles.
-    """
-    return steps.score_chunk(plan, seq, plan.pending_blocks[seq], key)
-
-
-#: ``--no-cache``: the same task function without Prefect's cache. Not ``score_chunk.with_options(cache_policy=
-#: NO_CACHE)``: ``with_options`` cannot drop ``cache_key_fn``, and Prefect then warned on every such run that both
-#: ``cache_policy`` and ``cache_key_fn`` were set. Same name, retries and retry rule.
-score_chunk_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk.fn)
-
-
-def _spec_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """The same cache key as :func:`_chunk_cache_key`: a threads run and a processes run share the chunk cache."""
-    return _CACHE_PREFIX + str(parameters["spec"].key)
-
-
-@task(**_CHUNK_TASK, cache_key_fn=_spec_cache_key, persist_result=True)
-def score_chunk_spec(spec: ChunkSpec) -> ChunkReport:
-    """Score one chunk in a worker process (``--task-runner processes|dask``): see ``pipeline/workers.py``."""
-    return workers.score_spec(spec)
-
-
-score_chunk_spec_uncached = task(**_CHUNK_TASK, cache_policy=NO_CACHE, persist_result=False)(score_chunk_spec.fn)
-
-
-def chunk_cache_storage(params: RunParams) -> Any:
-    """Prefect result storage for the chunk cache: ``block:<slug>``, an fsspec URL, or a local path.
-
-    Prefect only accepts saved blocks as result storage, so a URL or path is saved as a block named after it,
-    WITHOUT credentials: s3fs (or gcsfs/adlfs) reads them from the worker's environment at run time.
-    """
-    from prefect.filesystems import LocalFileSystem, RemoteFileSystem, WritableFileSystem
-
-    spec = cast(str, workers.cache_storage(params))
-    if spec.startswith("block:"):
-        return WritableFileSystem.load(spec.removeprefix("block:"))
-    name = "recall-chunk-cache-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
-    block: Any
-    if "://" in spec and not spec.startswith("file://"):
-        settings: dict[str, Any] = {}
-        if spec.startswith(("s3://", "s3a://")):
-            storage = StorageConfig.from_options(params.storage_options)
-            if storage.endpoint_url:
-                settings["endpoint_url"] = storage.endpoint_url
-            if storage.region:
-                settings["client_kwargs"] = {"region_name": storage.region}
-        block = RemoteFileSystem(basepath=spec, settings=settings)
-    else:
-        block = LocalFileSystem(basepath=os.path.abspath(spec.removeprefix("file://")))
-    block.save(name, overwrite=True)
-    return block
-
-
-def chunk_task(params: RunParams) -> Any:
-    """The chunk task with this run's cache settings (storage, expiry, refresh, or no cache).
-
-    ``threads``: the task takes the plan in memory; ``processes``/``dask``: a :class:`ChunkSpec`.
-    """
-    in_process = params.task_runner == "threads"
-    if not params.cache:
-        return score_chunk_uncached if in_process else score_chunk_spec_uncached
-    options: dict[str, Any] = {
-        "cache_expiration": dt.timedelta(days=params.chunk_cache_days),
-        "refresh_cache": params.refresh_cache,
-    }
-    if workers.cache_storage(params):
-        options["result_storage"] = chunk_cache_storage(params)
-    return (score_chunk if in_process else score_chunk_spec).with_options(**options)
 
 
 def task_runner(params: RunParams) -> TaskRunner[Any] | None:
@@ -241,7 +149,7 @@ class PrefectChunks:
         submit = self.task.with_options(refresh_cache=True) if refresh and self.plan.params.cache else self.task
         if self.runner is None:
             return _TaskHandle(submit.submit(quote(self.plan), seq, key))
-        spec = workers.chunk_spec(self.plan, seq, self.plan.pending_blocks[seq], key)
+        spec = workers.chunk_spec(self.plan, seq, self.plan.window.pending[seq], key)
         return _TaskHandle(self.runner.submit(submit, {"spec": spec}), self.plan)
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
@@ -310,6 +218,28 @@ def _flow_run_name() -> str:
     return f"recall-{name}-{get('label') or 'adhoc'}"
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """What the CLI hands the flow of its process: its preparation for these parameters and its observer."""
+
+    prepared: Prepared | None
+    observer: RunObserver = NO_OBSERVER
+
+
+#: The CLI's :class:`Handoff` to the flow it calls, for the length of the call (:func:`handing_off`).
+HANDOFF: contextvars.ContextVar[Handoff | None] = contextvars.ContextVar("recall_bench_handoff", default=None)
+
+
+@contextlib.contextmanager
+def handing_off(prepared: Prepared | None, observer: RunObserver = NO_OBSERVER) -> Iterator[None]:
+    """Set :data:`HANDOFF` around a call of :func:`recall_benchmark` in this thread."""
+    token = HANDOFF.set(Handoff(prepared, observer))
+    try:
+        yield
+    finally:
+        HANDOFF.reset(token)
+
+
 @flow(
     name="recall-benchmark",
     flow_run_name=_flow_run_name,
@@ -317,50 +247,54 @@ def _flow_run_name() -> str:
 )
 def recall_benchmark(params: RunParams) -> FlowSummary:
     """Score a dataset's contextual recall and commit per-row results and run aggregates."""
-    logger = get_run_logger()
-    params = dask_paths.absolute(params)  # a deployment's relative paths: this process's folder, not the workers'
-    plan = steps.plan_run(params)
-    try:
-        return _run_planned(params, plan, logger)
-    except BaseException:
-        head_start.settle_taken(plan)  # stopped before the chunk window took over its head starts
-        raise
-    finally:  # however the attempt ends, its lease goes (a no-op once the run is committed)
-        steps.let_go(plan)
+    handoff = handed_off()
+    return run_benchmark(params, prepared=handoff.prepared, observer=handoff.observer)
 
 
-def _run_planned(params: RunParams, plan: RunPlan, logger: Any) -> FlowSummary:
-    """The flow's steps once the run is planned and this attempt holds its lease."""
-    announce(plan, logger)
-    if params.batch:  # the Batch API first: a pending run returns here, nothing committed
-        settled = batch.settle(plan)
-        if settled.pending is not None:  # pending, or nothing to collect (batch_collect_only): nothing committed
-            if settled.pending["status"] == batch.IDLE and not plan.resumed:
-                steps.finish_run(plan)  # no attempt to resume: the marker begin_run wrote goes
-            steps.release(plan)
-            return settled.pending
-        batch_finish.install(plan, settled)
-    try:
-        with chunk_runner(params, logger) as runner:
-            tally = score_chunks(plan, PrefectChunks(plan, runner))
-    except WorkerDied as exc:  # nothing committed, but a person is told (the run.failed alert)
-        died = alerts.alert_for_worker_death(plan.dataset.name, plan.run_id, params.label, plan.dataset.uri, str(exc))
-        emit_event(died.name, resource=died.resource, payload=died.payload)
-        raise
-    except StorageError as exc:  # mid-run: the checks had reached it. Judged rows kept by the abort (keep_judged)
-        raise steps.store_outage(plan, exc) from None
-    if tally.served_from_cache:
-        logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
-    steps.check_lease(plan)
-    try:
-        committed = commit.commit_run(plan, tally.parts, flow_run_id())
-    except StorageError as exc:  # the rows are judged and cached (or spilled): the rerun commits them unpaid
-        raise steps.store_outage(plan, exc) from None
-    summary, publication = publish.publish_run(plan, committed, logger)
-    send(publication)
-    steps.finish_run(plan)
-    publish.raise_for_outcome(plan, summary)
-    return summary
+def handed_off() -> Handoff:
+    """What the caller handed this flow (:func:`handing_off`), or nothing.
+
+    A function, not :data:`HANDOFF` read in the flow's body: Prefect sends the flow object with the context of
+    every ``processes``/``dask`` task, cloudpickle sends its function by value with the globals it names, and a
+    ``ContextVar`` does not pickle (modules and functions go by reference).
+    """
+    return HANDOFF.get() or Handoff(None)
+
+
+def run_benchmark(
+    params: RunParams, *, prepared: Prepared | None = None, observer: RunObserver = NO_OBSERVER
+) -> FlowSummary:
+    """The run inside a flow run: :func:`~recall_tasks.pipeline.conduct.conduct`'s steps, hosted by Prefect."""
+    return conduct(params, PrefectHost(get_run_logger()), prepared=prepared, observer=observer)
+
+
+class PrefectHost:
+    """:class:`~recall_tasks.pipeline.conduct.RunHost` in a flow run: chunk tasks, artifacts, events."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+
+    def announce(self, plan: RunPlan) -> None:
+        announce(plan, self.logger)
+
+    @contextlib.contextmanager
+    def chunks(self, plan: RunPlan) -> Iterator[PrefectChunks]:
+        try:
+            with chunk_runner(plan.params, self.logger) as runner:
+                yield PrefectChunks(plan, runner)
+        except WorkerDied as exc:  # nothing committed, but a person is told (the run.failed alert)
+            params = plan.params
+            died = alerts.alert_for_worker_death(
+                plan.dataset.name, plan.run_id, params.label, plan.dataset.uri, str(exc)
+            )
+            emit_event(died.name, resource=died.resource, payload=died.payload)
+            raise
+
+    def flow_run_id(self) -> str | None:
+        return flow_run_id()
+
+    def send(self, publication: publish.Publication) -> None:
+        send(publication)
 
 
 def _serialize_parameters(parameters: dict[str, Any]) -> dict[str, Any]:

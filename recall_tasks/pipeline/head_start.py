@@ -1,8 +1,9 @@
 """The CLI's ad-hoc path before Prefect starts: the pre-flight checks and the head start on the first chunks.
 
-Deployment runs use neither: their flow checks and plans the run itself. What these functions build is handed
-to the flow's :func:`~recall_tasks.pipeline.steps.plan_run` through ``steps.PREFLIGHTED`` and ``steps.PLANNED``
-(same parameters, same process).
+Deployment runs use neither: their flow checks and plans the run itself. What these functions build is one
+:class:`~recall_tasks.pipeline.run.Prepared`, which the CLI hands to ``flow.run_benchmark`` (through
+``flow.HANDOFF`` around its call of the Prefect flow); the flow's
+:func:`~recall_tasks.pipeline.steps.plan_run` takes the plan from it, or :func:`abandon` does when no flow did.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ from concurrent.futures import Future
 from recall_tasks.config import RunParams
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.pipeline import steps
-from recall_tasks.pipeline.steps import PLANNED, PREFLIGHTED, ChunkReport, HeadStart, RunPlan
+from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, HeadStart, Prepared, RunObserver, RunPlan
 
 
-def preflight(params: RunParams) -> list[str]:
-    """The checks of ``steps.check_run`` (the CLI runs them before Prefect starts); returns the notes."""
-    checked = steps.check_run(params)
-    PREFLIGHTED.clear()
-    PREFLIGHTED[params.model_dump_json()] = checked
-    return checked.notes
+def preflight(params: RunParams) -> Prepared:
+    """The checks of ``steps.check_run`` (the CLI runs them before Prefect starts); their notes: ``.notes``."""
+    return Prepared(params, steps.check_run(params))
 
 
-def plan_ahead(params: RunParams) -> RunPlan:
+def plan_ahead(prepared: Prepared, observer: RunObserver | None = None) -> RunPlan:
     """The CLI's head start: plan the run and start judging its first chunks before Prefect is imported.
 
     Importing Prefect and creating the flow run take ~2 s of an ad-hoc run's start-up; the first chunks' judge
@@ -39,8 +37,11 @@ def plan_ahead(params: RunParams) -> RunPlan:
     retriever (its calls would run twice). If the flow never takes the plan (Prefect could not start, an
     interrupt), :func:`abandon` cancels and keeps what was judged. Deployment runs do not plan ahead.
     """
-    plan = steps.plan_run(params, log_notes=False, share=False)  # the flow's plan_run shares the limits (Prefect's up)
-    PLANNED[params.model_dump_json()] = plan
+    params = prepared.params
+    # the flow's plan_run shares the limits (Prefect's up)
+    plan = steps.plan_run(params, prepared=prepared, log_notes=False, share=False)
+    plan.window.observer = observer  # the head start's rows move the CLI's bar too
+    prepared.plan = plan
     # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every
     # response and broke on the half-imported module ("partially initialized module 'httpx'") in 5 runs of 6.
     # Imported here first, it is complete before the two threads overlap (Prefect would import it anyway).
@@ -56,7 +57,7 @@ def plan_ahead(params: RunParams) -> RunPlan:
             block = plan.prepare_block(block)
             key = steps.chunk_key(plan, block)
             future: Future[ChunkReport] = Future()
-            plan.head_starts[seq] = HeadStart(key, future)
+            plan.window.head_starts[seq] = HeadStart(key, future)
             futures.append(future)
             threading.Thread(
                 target=_score_ahead, args=(plan, seq, block, key, future), name=f"recall-bench-head-start-{seq}",
@@ -76,7 +77,7 @@ def _score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str, future: Fut
 
 def settle_all(plan: RunPlan) -> None:
     """Give every head start still held :data:`steps.ABORT_WAIT_S` to settle (after an abort cancelled them)."""
-    for head in list(plan.head_starts.values()):
+    for head in list(plan.window.head_starts.values()):
         with contextlib.suppress(BaseException):
             head.future.exception(timeout=steps.ABORT_WAIT_S)
 
@@ -100,34 +101,19 @@ def _wait_for_first_request(plan: RunPlan, futures: list[Future[ChunkReport]]) -
         pass
 
 
-def abandon(params: RunParams) -> int:
-    """A plan made ahead that no flow took: cancel its judge calls, keep what was judged; rows cached."""
-    plan = PLANNED.pop(params.model_dump_json(), None)
+def abandon(prepared: Prepared, observer: RunObserver = NO_OBSERVER) -> int:
+    """A plan made ahead that no flow took: cancel its judge calls, keep what was judged (the observer is told);
+    returns the rows cached (0 once a flow took the plan: the flow keeps and closes it)."""
+    plan = prepared.abandon_plan()
     if plan is None:
         return 0
     steps.abort(plan)
     settle_all(plan)
     try:
-        return steps.keep_judged(plan)
+        return steps.keep_judged(plan, observer)
     finally:
         steps.release(plan)
         steps.let_go(plan)
-
-
-def settle_taken(plan: RunPlan) -> None:
-    """The flow took the plan, then failed or was interrupted before its chunk window (which aborts and keeps what
-    was judged itself) started or while it started: announcing the run, the Batch API's settle, the task runner's
-    start-up. The head starts are still judging: cancel them and keep their rows, as the window would. Before, a
-    Ctrl-C in that gap left them judging, their rows unflushed, and the message said 0 rows were cached."""
-    if plan.settled:
-        return
-    plan.settled = True
-    steps.abort(plan)
-    settle_all(plan)
-    try:
-        steps.keep_judged(plan)
-    finally:
-        steps.release(plan)
 
 
 def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:
@@ -135,7 +121,7 @@ def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:
 
     Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
     """
-    head = plan.head_starts.pop(seq, None)
+    head = plan.window.head_starts.pop(seq, None)
     if head is None:
         return
     try:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -35,7 +35,6 @@ from recall_tasks.errors import (
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.columns import JUDGED_ROLES
-from recall_tasks.io.schemas import CHUNK_FIELDS, passthrough_name
 from recall_tasks.judges.base import (
     BudgetReached,
     JudgeRequest,
@@ -51,7 +50,10 @@ from recall_tasks.judges.capabilities import Prepaid, gates_attempts
 from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.metrics.base import Metric, Missing, Prepared
 from recall_tasks.metrics.claims import Guard, NotJudged, Units, claim_units_of
-from recall_tasks.models import RecallCase, RecallResult
+from recall_tasks.models import RecallCase
+from recall_tasks.pipeline import progress
+from recall_tasks.pipeline.results_table import RowOutcome, results_table
+from recall_tasks.pipeline.shared import SHARED_FLAG, Shared, SharedRequests
 from recall_tasks.sentences import SPLITTER_VERSION
 
 
@@ -89,88 +91,6 @@ def request_key(fingerprint: str, r: JudgeRequest) -> str:
     """:func:`row_cache_key` of a bare request (what a judge sees; the Batch API's ``custom_id``)."""
     payload = json.dumps([fingerprint, r.question, r.statements, r.evidence], ensure_ascii=False)
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-
-
-#: The flag of a row that took the verdict of an identical row's request (same row-cache key) in this run.
-SHARED_FLAG = "verdict shared with an identical row of this run (no request of its own)"
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What a row's judge request ended with, for the identical rows waiting on it: the response and its latency,
-    or the error, or why it was not judged."""
-
-    response: JudgeResponse | None = None
-    latency_ms: float = 0.0
-    error: str | None = None
-    not_judged: str | None = None
-    cached: bool = False  # the response came from the row cache
-
-
-class SharedRequests:
-    """The judge requests in flight in this process by row-cache key: one request per key, however many rows.
-
-    A run's chunks share one (``RunPlan.shared``) and one event loop, so a row whose key is already being judged by
-    another chunk waits for that request instead of sending its own. An entry goes when its request ends: later
-    rows find the verdict in the row cache (errors are never shared past the request: a rerun judges them again).
-    """
-
-    def __init__(self) -> None:
-        self._inflight: dict[str, asyncio.Future[Shared]] = {}
-
-    def lead(self, key: str) -> asyncio.Future[Shared] | None:
-        """None: the caller judges ``key`` (and says by which task: :meth:`led_by`); else the request to wait for."""
-        found = self._inflight.get(key)
-        if found is not None:
-            return found
-        self._inflight[key] = asyncio.get_running_loop().create_future()
-        return None
-
-    def served(self, key: str, response: JudgeResponse) -> None:
-        """The leader of ``key`` found it in the row cache: its waiters take that."""
-        self._resolve(key, Shared(response=response, cached=True))
-
-    def drop(self, key: str) -> None:
-        """The leader of ``key`` stopped before judging it: its waiters are cancelled."""
-        future = self._inflight.pop(key, None)
-        if future is not None and not future.done():
-            future.cancel()
-
-    def _resolve(self, key: str, result: Shared) -> None:
-        future = self._inflight.pop(key, None)
-        if future is not None and not future.done():
-            future.set_result(result)
-
-    def led_by(self, key: str, task: asyncio.Task[Shared]) -> None:
-        """``task`` judges ``key``: when it ends (also cancelled before it started), its waiters get its end."""
-        task.add_done_callback(lambda done: self._settle(key, done))
-
-    def _settle(self, key: str, task: asyncio.Task[Shared]) -> None:
-        future = self._inflight.pop(key, None)
-        if future is None or future.done():
-            return
-        if task.cancelled():
-            future.cancel()
-        elif task.exception() is not None:
-            future.set_exception(task.exception())  # type: ignore[arg-type]
-            future.exception()  # retrieved: a key nobody waited for logs no "exception was never retrieved"
-        else:
-            future.set_result(task.result())
-
-
-@dataclass
-class RowOutcome:
-    """The result of one row, or its error; ``spent``: what the row cost beyond its result's metadata (the
-    attempts of a row that got no verdict, its claim extraction when it was not judged)."""
-
-    result: RecallResult | None
-    error: str | None
-    cached: bool = False
-    spent: Spend = field(default_factory=Spend)
-
-    @property
-    def requests(self) -> int:
-        return self.spent.requests
 
 
 def _case(row: dict[str, Any]) -> RecallCase:
@@ -260,6 +180,7 @@ async def score_rows(
         else:
             waiting.append((i, prepared, request))
     to_judge = []
+    tell = progress.rows_settled.get()
     try:
         hits = await asyncio.to_thread(cache.get_many, [k for _, _, k in leaders]) if cache and leaders else {}
         owed = getattr(cache, "owed", None)  # judged by an earlier attempt of this run: its spend is this run's
@@ -274,6 +195,8 @@ async def score_rows(
         for _, _, key in leaders:
             shared.drop(key)
         raise
+    if tell is not None:
+        tell(len(rows) - len(to_judge) - len(waiting))  # settled without a judge call
 
     def extracted(prepared: Prepared) -> Spend:
         """The claim extraction a row paid for: recorded whether or not the row is then judged."""
@@ -375,10 +298,13 @@ async def score_rows(
         token = attempt_observer.set(breaker)  # the judge tasks started below report their attempts to it
         try:
             async with asyncio.TaskGroup() as group:
+                tasks: list[asyncio.Task[Any]] = []
                 for i, prepared, key in to_judge:
-                    shared.led_by(key, group.create_task(judge_one(i, prepared, key)))
+                    tasks.append(group.create_task(judge_one(i, prepared, key)))
+                    shared.led_by(key, tasks[-1])
                 for i, prepared, request in waiting:
-                    group.create_task(wait_for(i, prepared, request))
+                    tasks.append(group.create_task(wait_for(i, prepared, request)))
+                progress.tell_each(tasks, tell)
         except BaseExceptionGroup as group_error:  # the first configuration error stops the block
             raise group_error.exceptions[0] from None
         finally:
@@ -439,61 +365,6 @@ def _guard(budget: Budget | None, breaker: CircuitBreaker | None, extractor: Any
                 budget.release(requests, cost, gate)
 
     return guarded
-
-
-def results_table(block: RowBlock, outcomes: list[RowOutcome], metric: Metric) -> pa.Table:
-    """The per-row result table of a block (result columns, then pass-through columns), without ``run_id``."""
-    cols: dict[str, list[Any]] = {f.name: [] for f in CHUNK_FIELDS}
-    for i, out in enumerate(outcomes):
-        r = out.result
-        md = r.metadata if r else None
-        cols["row_id"].append(block.row_ids[i])
-        cols["content_hash"].append(block.content_hashes[i])
-        source, source_row = block.where(i)
-        cols["source_file"].append(source)
-        cols["source_row"].append(source_row)
-        cols["metric"].append(metric.task)
-        cols["score"].append(r.score if r else None)
-        cols["success"].append(r.success if r else None)
-        cols["threshold"].append(metric.threshold)
-        cols["reason"].append(r.reason if r else None)
-        cols["verdicts"].append(  # the fields of VERDICT_TYPE (model_dump(include=...) was ~40 % of this loop)
-            [
-                {"statement": v.statement, "verdict": v.verdict, "reason": v.reason, "chunk_ids": v.chunk_ids}
-                for v in r.verdicts
-            ]
-            if r
-            else []
-        )
-        cols["sentence_count"].append(md.sentence_count if md else None)
-        cols["attributed_count"].append(md.attributed_count if md else None)
-        cols["context_count"].append(md.context_count if md else None)
-        cols["context_precision"].append(md.context_precision if md and r and r.score is not None else None)
-        cols["chunks_used"].append(md.chunks_used if md and r and r.score is not None else None)
-        cols["first_relevant_rank"].append(md.first_relevant_rank if md and r and r.score is not None else None)
-        cols["skipped"].append(bool(r and r.skipped))
-        cols["error"].append(out.error)
-        cols["cached"].append(out.cached)
-        cols["judge_model"].append(md.judge_model if md else metric.judge.model)
-        cols["prompt_version"].append(md.prompt_version if md else metric.judge.prompt_version)
-        # what the row paid: its result's calls (none when cached) plus those that gave it no verdict (``spent``)
-        paid = Spend()
-        if not out.cached:
-            paid = out.spent
-            if md is not None:
-                paid += Spend(md.requests, md.prompt_tokens, md.completion_tokens, md.cost_usd if md.requests else 0.0)
-        cols["prompt_tokens"].append(paid.prompt_tokens)
-        cols["completion_tokens"].append(paid.completion_tokens)
-        cols["requests"].append(paid.requests)
-        cols["cost_usd"].append(paid.cost_usd if paid.requests or out.cached else (md.cost_usd if md else None))
-        cols["latency_ms"].append(md.latency_ms if md else None)
-        cols["flags"].append(md.flags if md else [])
-        cols["reply_model"].append(md.reply_model if md else None)
-    table = pa.table(cols, schema=pa.schema(CHUNK_FIELDS))
-    for name in block.table.column_names:
-        if name not in ("expected_output", "retrieval_context", "actual_output"):
-            table = table.append_column(passthrough_name(name), block.table.column(name))
-    return table
 
 
 async def score_block(

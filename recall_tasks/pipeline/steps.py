@@ -2,8 +2,10 @@
 
 ``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
 judge configuration and reachability, the baseline reference: :func:`check_run`, the checks themselves in
-:mod:`~recall_tasks.pipeline.checks`) before any judge call or write; ``head_start.preflight`` runs the same checks
-for the CLI before Prefect starts. ``score_chunk`` scores one block and stages its results.
+:mod:`~recall_tasks.pipeline.checks`) before any judge call or write, and builds the run object
+(:mod:`~recall_tasks.pipeline.run`: spec, resources, window); ``head_start.preflight`` runs the same checks for
+the CLI before Prefect starts and hands them over in a ``Prepared``. ``score_chunk`` scores one block and stages
+its results.
 :func:`~recall_tasks.pipeline.commit.commit_run` aggregates the staged results, commits them and the run rows at
 once, with the run's status decided by :func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``,
 ``budget_exhausted`` or ``completed``).
@@ -19,14 +21,11 @@ import logging
 import os
 import secrets as pysecrets
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import pyarrow.compute as pc
 
-from recall_tasks._sync import Cancelled, CancelScope
+from recall_tasks._sync import Cancelled
 from recall_tasks.config import (
     BATCH_CONTROL_FIELDS,
     GATE_CONTROL_FIELDS,
@@ -37,20 +36,18 @@ from recall_tasks.config import (
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
-from recall_tasks.io.blocks import Layout, RowBlock, iter_layout, plan_layout
+from recall_tasks.io.blocks import RowBlock, iter_layout, plan_layout
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore, check_format
-from recall_tasks.io.retrieval import RetrievalResults, Retriever, load_retriever, with_retrieved
+from recall_tasks.io.retrieval import RetrievalResults, load_retriever
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
-from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.metrics.base import Metric
-from recall_tasks.pipeline import dask_paths, ids_step
+from recall_tasks.pipeline import dask_paths, ids_step, progress
 from recall_tasks.pipeline.artifacts import report_link_seconds
-from recall_tasks.pipeline.canary import Canary, open_canary
+from recall_tasks.pipeline.canary import open_canary
 from recall_tasks.pipeline.checks import (
     Checked,
     check_baseline_reference,
@@ -69,39 +66,18 @@ from recall_tasks.pipeline.components import (
     release_judge,
     share_limits,
 )
-from recall_tasks.pipeline.scoring import SharedRequests, metric_fingerprint, score_block
+from recall_tasks.pipeline.run import (
+    NO_OBSERVER,
+    ChunkReport,
+    Prepared,
+    RunObserver,
+    RunPlan,
+    RunResources,
+    RunSpec,
+)
+from recall_tasks.pipeline.scoring import metric_fingerprint, score_block
 
 log = logging.getLogger(__name__)
-
-ProgressListener = Callable[[int, int], None]
-_listeners: list[ProgressListener] = []
-AbortListener = Callable[[int], None]
-_abort_listeners: list[AbortListener] = []
-
-
-def add_progress_listener(fn: ProgressListener) -> None:
-    """Register ``fn(done_rows, total_rows)``; the CLI draws its progress bar with it."""
-    _listeners.append(fn)
-
-
-def remove_progress_listener(fn: ProgressListener) -> None:
-    if fn in _listeners:
-        _listeners.remove(fn)
-
-
-def notify_progress(done: int, total: int) -> None:
-    for fn in list(_listeners):
-        fn(done, total)
-
-
-def add_abort_listener(fn: AbortListener) -> None:
-    """Register ``fn(rows_cached)``, called when a run is aborted; the CLI's interrupt message uses it."""
-    _abort_listeners.append(fn)
-
-
-def remove_abort_listener(fn: AbortListener) -> None:
-    if fn in _abort_listeners:
-        _abort_listeners.remove(fn)
 
 
 def new_run_id() -> str:
@@ -109,72 +85,16 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + pysecrets.token_hex(3)
 
 
-@dataclass
-class HeadStart:
-    """One of the first chunks, scored in a thread from before Prefect starts until its task takes the result."""
-
-    key: str
-    future: Future[ChunkReport]
-
-
-@dataclass
-class RunPlan:
-    """A validated run: everything ``score_chunk`` and ``commit.commit_run`` need."""
-
-    params: RunParams
-    run_id: str
-    run_key: str
-    resumed: bool
-    dataset: Dataset
-    metric: Metric
-    store: ResultStore
-    started_at: dt.datetime
-    started_clock: float
-    segment_columns: list[str] = field(default_factory=list)
-    cache: RowVerdictCache | None = None
-    budget: Budget | None = None
-    breaker: CircuitBreaker | None = None
-    config_hash: str = ""
-    retriever: Retriever | None = None
-    retrieval: RetrievalResults | None = None
-    pending_blocks: dict[int, RowBlock] = field(default_factory=dict)  # chunks submitted, not yet settled
-    scope: CancelScope = field(default_factory=CancelScope)  # every judge call of the run: abort cancels them
-    shared: SharedRequests = field(default_factory=SharedRequests)  # requests in flight by row-cache key
-    #: the first chunks (the flow's window) by sequence number, judged while Prefect starts (see plan_ahead)
-    head_starts: dict[int, HeadStart] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)  # pre-flight notes (logged by the flow if planned ahead)
-    trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
-    batch_columns: dict[str, Any] = field(default_factory=dict)  # --batch: runs.batch_ids, batch_wait_s
-    canary: Canary | None = None  # --canary: judged at the commit (pipeline/canary.py)
-    #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
-    budget_counters: dict[str, str] = field(default_factory=dict)
-    layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see blocks()
-    #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
-    attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
-    #: the chunk window settled its judging (finished, or aborted and kept what was judged): from then on an
-    #: exception of the flow needs no abort (``head_start.settle_taken``)
-    settled: bool = False
-
-    def prepare_block(self, block: RowBlock) -> RowBlock:
-        """Fill the block's contexts from the run-time retriever, the retrieval results or the traces, if configured."""
-        if self.trace is not None:
-            return self.trace.apply(block)
-        if self.retrieval is not None:
-            return self.retrieval.apply(block)
-        if self.retriever is not None:
-            return with_retrieved(block, self.retriever)
-        return block
-
-
 def blocks(plan: RunPlan) -> Iterator[RowBlock]:
     """The run's chunks in order (before ``prepare_block``): identical rows land in one chunk, so they share one
     judge request whatever process scores it (``io/blocks.plan_layout``, planned on first use)."""
-    if plan.layout is None:
-        plan.layout = plan_layout(plan.dataset, plan.params.chunk_size)
-        if plan.layout.repeats:
+    window = plan.window
+    if window.layout is None:
+        window.layout = plan_layout(plan.dataset, plan.params.chunk_size)
+        if window.layout.repeats:
             log.info("%d row(s) repeat an earlier row: each set of identical rows is judged once, in one chunk",
-                     plan.layout.repeats)  # fmt: skip
-    return iter_layout(plan.dataset, plan.layout, plan.params.chunk_size)
+                     window.layout.repeats)  # fmt: skip
+    return iter_layout(plan.dataset, window.layout, plan.params.chunk_size)
 
 
 def _run_key(params: RunParams, dataset: Dataset) -> str:
@@ -239,36 +159,35 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
     return Checked(storage, dataset, store, metric, segments, retriever, retrieval, notes, trace, canary)
 
 
-#: What ``head_start.preflight`` checked, handed to :func:`plan_run` of the same parameters in the same process
-#: (the CLI's ad-hoc runs), so the dataset footers and the judge endpoint are not checked twice seconds apart.
-#: Deployment runs have no pre-flight and check in the flow.
-PREFLIGHTED: dict[str, Checked] = {}
-
-#: Plans ``head_start.plan_ahead`` built for the flow about to run in this process (the CLI's ad-hoc path).
-PLANNED: dict[str, RunPlan] = {}
-
 #: How long an aborted run waits for each chunk in flight to settle after cancelling its judge calls.
 ABORT_WAIT_S = 2.0
 
 
-def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = True, share: bool = True) -> RunPlan:
+def plan_run(
+    params: RunParams,
+    run_id: str | None = None,
+    *,
+    prepared: Prepared | None = None,
+    log_notes: bool = True,
+    share: bool = True,
+) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise.
 
+    ``prepared`` (the CLI's ad-hoc runs, ``head_start``): its plan made ahead for these parameters is taken as is
+    (its head starts judging), else its checks are not repeated; deployment runs check here.
     ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
     """
-    planned = PLANNED.pop(params.model_dump_json(), None)
-    if planned is not None and run_id in (None, planned.run_id):
-        try:
-            for note in planned.notes:
-                log.warning("%s", note)
-            if share:
-                share_limits(params, planned.metric)
-                _count_budget(planned)
-        except BaseException:  # not taken after all: the CLI's head_start.abandon still finds it
-            PLANNED[params.model_dump_json()] = planned
-            raise
+    # taken even if what follows raises: the flow's run_benchmark then aborts it through ``prepared``
+    planned = prepared.take(params) if prepared is not None and run_id is None else None
+    if planned is not None:
+        for note in planned.notes:
+            log.warning("%s", note)
+        if share:
+            share_limits(params, planned.metric)
+            _count_budget(planned)
         return planned
-    checked = PREFLIGHTED.pop(params.model_dump_json(), None) or check_run(params)
+    ready = prepared is not None and prepared.plan is None and prepared.params == params
+    checked = prepared.checked if prepared is not None and ready else check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
     if share:
         share_limits(params, metric)
@@ -291,18 +210,21 @@ def plan_run(params: RunParams, run_id: str | None = None, *, log_notes: bool = 
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
         "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
     }  # fmt: skip
-    plan = RunPlan(
-        params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, metric=metric,
-        store=store, started_at=started, started_clock=time.perf_counter(), segment_columns=checked.segments,
-        cache=cache,
-        budget=Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent),
-        breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
+    spec = RunSpec(
+        params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, store=store,
+        started_at=started, started_clock=time.perf_counter(), segment_columns=tuple(checked.segments),
         config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        retriever=checked.retriever, retrieval=checked.retrieval, notes=checked.notes, trace=checked.trace,
+        retriever=checked.retriever, retrieval=checked.retrieval, notes=tuple(checked.notes), trace=checked.trace,
         canary=checked.canary,
     )  # fmt: skip
+    resources = RunResources(
+        metric, cache,
+        Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent),
+        CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
+    )  # fmt: skip
     if cache is not None:  # the entries it puts name this attempt: a resumed attempt counts them as its spend
-        cache.attempt = f"{plan.run_id}/{plan.attempt}"
+        cache.attempt = f"{spec.run_id}/{spec.attempt}"
+    plan = RunPlan(spec, resources)
     if share:
         _count_budget(plan)
     return plan
@@ -315,7 +237,7 @@ def _count_budget(plan: RunPlan) -> None:
     if not plan.budget_counters and params.task_runner != "threads" and (params.max_requests or params.max_cost_usd):
         from recall_tasks.fleet import budget as fleet_budget
 
-        plan.budget_counters = fleet_budget.create_counters(params, plan.run_id)
+        plan.budget_counters.update(fleet_budget.create_counters(params, plan.run_id))
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -335,37 +257,6 @@ def chunk_key(plan: RunPlan, block: RowBlock) -> str:
 _ROLE_COLUMNS = {"input", "expected_output", "retrieval_context", "actual_output"}
 
 
-@dataclass
-class ChunkReport:
-    """What a chunk task returns: small, so Prefect never holds row data (and can cache it).
-
-    ``not_judged``: rows the budget or the circuit breaker kept from the judge. ``None`` in reports cached
-    before the field existed: unknown, so such a report is not reused (see :attr:`reusable`).
-    """
-
-    seq: int
-    rows: int
-    errors: int
-    scored: int
-    path: str
-    not_judged: int | None = None
-    pid: int | None = None  # the process that scored the chunk (another one with --task-runner processes|dask)
-    stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
-    budget: str | None = None  # a worker process's exhausted --max-requests or --max-cost-usd, carried back likewise
-    substituted: int = 0  # rows a reply from another model judged (never cached: judged again next time)
-
-    @property
-    def reusable(self) -> bool:
-        """Only successes are cached: a report with an errored or not-judged row is never served whole.
-
-        A row judged by a reply from another model than the one asked for counts as a failure here.
-        Prefect persists every task result under the chunk's key (a cache policy cannot see the result), so
-        the flow checks this before using a cached report; such a chunk goes through its task again (its
-        good rows then come from the row cache, which only holds parsed verdicts) and refreshes the record.
-        """
-        return self.errors == 0 and self.not_judged == 0 and self.substituted == 0
-
-
 def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     """Score one block (async judge calls on the shared loop) and write its result file.
 
@@ -373,9 +264,9 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     A chunk the head start is judging (same sequence number and key) waits for it instead, once; a retry scores
     it afresh.
     """
-    head = plan.head_starts.get(seq)
+    head = plan.window.head_starts.get(seq)
     if head is not None and head.key == key:
-        del plan.head_starts[seq]
+        del plan.window.head_starts[seq]
         return head.future.result()
     return _score_chunk(plan, seq, block, key)
 
@@ -387,11 +278,14 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
-        if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)
-            table = ids_step.score_ids_block(plan, block)
-        else:
-            judged = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
-            table = ids_step.with_id_metrics(plan, block, judged)
+        with progress.counting_rows(seq, plan.window.observer):  # the rows as they settle, for the CLI's bar
+            if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)
+                table = ids_step.score_ids_block(plan, block)
+            else:
+                judged = plan.scope.run(
+                    score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared)
+                )
+                table = ids_step.with_id_metrics(plan, block, judged)
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
@@ -425,11 +319,15 @@ def abort(plan: RunPlan) -> None:
     plan.scope.cancel()
 
 
-def keep_judged(plan: RunPlan) -> int:
-    """After an abort, once the chunk tasks have settled: flush the row cache; tell the abort listeners.
+def keep_judged(plan: RunPlan, observer: RunObserver = NO_OBSERVER) -> int:
+    """After an abort, once the chunk tasks have settled: flush the row cache; tell the observer.
 
-    Returns how many rows this run judged and cached: a rerun of the same command resumes with them.
+    Returns how many rows this run judged and cached: a rerun of the same command resumes with them. Once per run:
+    the chunk loop and the flow around it both call it on an abort (the flow also for an interrupt that lands
+    before the loop started), the first one keeps and tells, a later call returns 0.
     """
+    if not plan.resources.keep_once():
+        return 0
     cached = 0
     if plan.cache is not None:
         try:
@@ -438,8 +336,7 @@ def keep_judged(plan: RunPlan) -> int:
             log.warning("could not save the row cache after the interrupt: %s", exc)
         cached = plan.cache.stored
     _record_spend(plan)
-    for fn in list(_abort_listeners):
-        fn(cached)
+    observer.aborted(cached)
     return cached
 
 
@@ -467,8 +364,8 @@ def _record_spend(plan: RunPlan) -> None:
 
 
 def release(plan: RunPlan) -> None:
-    """Close the run's judge."""
-    release_judge(plan.metric.judge)
+    """Close the run's resources (judge, row cache, budget), each once: :meth:`RunResources.close`."""
+    plan.resources.close()
 
 
 def let_go(plan: RunPlan) -> None:

@@ -9,9 +9,14 @@ each chunk as a cached Prefect task, a test can run them on a thread pool. What 
 - **Judged again**: a record with failures or a pruned file goes through its task with the cache refreshed; the
   good rows come from the row cache, so only the failures reach the judge.
 - **Bounded memory**: a task's parameters stay in memory until it finishes, so at most ``max_workers`` chunks are
-  in flight (not one ``.map`` over the dataset); the rows themselves wait in ``plan.pending_blocks``.
+  in flight (not one ``.map`` over the dataset); the rows themselves wait in the window's state
+  (``plan.window.pending``, :class:`~recall_tasks.pipeline.run.ChunkWindow`).
 - **Abort**: on any exception (an interrupt, a configuration error) the run's judge calls are cancelled, the
-  chunks in flight get :data:`ABORT_WAIT_S` to settle, the row cache is flushed, and the exception goes on.
+  chunks in flight get :data:`ABORT_WAIT_S` to settle, the row cache is flushed (the observer is told how many
+  rows it holds), and the exception goes on.
+
+The loop closes nothing: the run's resources are closed once by their owner (``flow.run_benchmark``, through
+:class:`~recall_tasks.pipeline.run.RunResources`), after the commit that still uses the judge and the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Protocol
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import head_start, steps
-from recall_tasks.pipeline.steps import ABORT_WAIT_S, ChunkReport, RunPlan
+from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, RunObserver, RunPlan
+from recall_tasks.pipeline.steps import ABORT_WAIT_S
 
 #: While waiting for a chunk, the flow's thread wakes this often: Python runs a signal handler only when the
 #: main thread executes bytecode, and the kernel may deliver SIGINT/SIGTERM to a chunk thread while this one
@@ -51,7 +57,7 @@ class ChunkExecutor(Protocol):
         ...
 
     def submit(self, seq: int, key: str, *, refresh: bool) -> ChunkHandle:
-        """Score the chunk parked in ``plan.pending_blocks[seq]``; ``refresh`` overwrites its cache record."""
+        """Score the chunk parked in ``plan.window.pending[seq]``; ``refresh`` overwrites its cache record."""
         ...
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
@@ -87,18 +93,20 @@ def needs_rescore(plan: RunPlan, report: ChunkReport, from_cache: bool) -> bool:
     return not report.reusable or (is_reused(plan, report) and not plan.store.exists(report.path))
 
 
-def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
+def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver = NO_OBSERVER) -> ChunkTally:
     """Score every chunk of the dataset through ``executor``; see the module docstring for the rules."""
     params = plan.params
     total = plan.dataset.num_rows
     tally = ChunkTally()
+    parked = plan.window.pending
     window: deque[tuple[ChunkHandle, int, str]] = deque()
+    observer.progress(0, total)  # the total is known from the start: a bar shows 0/N, not 0/?
 
     def record(seq: int, report: ChunkReport, reused: bool) -> None:
-        plan.pending_blocks.pop(seq, None)
+        parked.pop(seq, None)
         tally.parts.append(ChunkPart(report.path, reused=reused))
         tally.done_rows += report.rows
-        steps.notify_progress(tally.done_rows, total)
+        observer.progress(tally.done_rows, total)
         executor.progress(tally.done_rows, total, final=False)
 
     def settle() -> None:
@@ -125,22 +133,18 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor) -> ChunkTally:
                 tally.served_from_cache += 1
                 record(seq, cached, reused=is_reused(plan, cached))
                 continue
-            plan.pending_blocks[seq] = block
+            parked[seq] = block
             window.append((executor.submit(seq, key, refresh=cached is not None), seq, key))
             while len(window) >= params.max_workers:
                 settle()
         while window:
             settle()
         executor.progress(tally.done_rows, total, final=True)
-        plan.settled = True
     except BaseException:
-        plan.settled = True
         steps.abort(plan)
         for handle, _, _ in window:
             handle.wait(ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited
         head_start.settle_all(plan)
-        steps.keep_judged(plan)
+        steps.keep_judged(plan, observer)
         raise
-    finally:
-        steps.release(plan)
     return tally

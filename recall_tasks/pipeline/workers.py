@@ -1,7 +1,7 @@
 """Chunks scored in other processes (``--task-runner processes|dask``): a picklable spec, a per-process plan.
 
-With the default ``threads`` runner the chunk task takes the flow's :class:`~recall_tasks.pipeline.steps.RunPlan`
-in memory (judge, caches, the block parked in ``plan.pending_blocks``, the head start). None of that pickles, and a
+With the default ``threads`` runner the chunk task takes the flow's :class:`~recall_tasks.pipeline.run.RunPlan`
+in memory (judge, caches, the block parked in its window, the head start). None of that pickles, and a
 worker process has no access to the flow's memory. Here the task takes a :class:`ChunkSpec` instead: the run's
 parameters and identity, the chunk's sequence number and content key, and the block's coordinates
 (file, first row, row count, and the duplicate counts that make its ``~N`` row ids). Rows never travel.
@@ -10,7 +10,7 @@ Each worker process builds, once per run attempt, a plan of its own (:func:`chec
 metric, row cache, result store, contexts from retrieval results or traces) without the run's pre-flight and
 without ``begin_run``: the run id comes from the spec. It re-reads exactly the block, checks that its content key
 is the spec's (the dataset did not change under the run), scores it like the threads path and returns the same
-small :class:`~recall_tasks.pipeline.steps.ChunkReport`.
+small :class:`~recall_tasks.pipeline.run.ChunkReport`.
 
 Per process and run attempt (the cache's key is :attr:`ChunkSpec.attempt`, so a resumed run, which keeps its run
 id, starts with a fresh plan): the judge's concurrency, the circuit breaker (a tripped worker reports its reason
@@ -50,7 +50,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri
 from recall_tasks.metrics import ContextualRecall
 from recall_tasks.pipeline import components, steps
 from recall_tasks.pipeline.checks import check_context_source
-from recall_tasks.pipeline.steps import ChunkReport, RunPlan
+from recall_tasks.pipeline.run import ChunkReport, RunPlan, RunResources, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -185,15 +185,17 @@ def build_plan(spec: ChunkSpec) -> RunPlan:
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims
         cache.attempt = f"{spec.run_id}/{spec.attempt}"  # as the flow's plan (steps.plan_run)
-    return RunPlan(
-        params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset, metric=metric,
+    run = RunSpec(
+        params=params, run_id=spec.run_id, run_key=spec.run_key, resumed=False, dataset=dataset,
         store=ResultStore(params.output_uri, storage, params.format, params.catalog, params.namespace),
-        started_at=dt.datetime.now(dt.UTC),
-        started_clock=time.perf_counter(), cache=cache, budget=_budget(spec),
-        breaker=CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), config_hash=spec.config_hash,
+        started_at=dt.datetime.now(dt.UTC), started_clock=time.perf_counter(), config_hash=spec.config_hash,
         retrieval=RetrievalResults(params.retrieval_uri, storage) if params.retrieval_uri else None,
         trace=check_context_source(params, dataset),
     )  # fmt: skip
+    budget = _budget(spec)
+    close_budget = (lambda: run_sync(budget.aclose())) if isinstance(budget, FleetBudget) else None
+    breaker = CircuitBreaker(timeout_threshold=max(3, params.max_concurrency))
+    return RunPlan(run, RunResources(metric, cache, budget, breaker, close_budget=close_budget))
 
 
 def _budget(spec: ChunkSpec) -> Budget:
@@ -269,11 +271,5 @@ def local_cache_warning(params: RunParams, storage: str | None) -> str | None:
 
 
 def _close(plan: RunPlan) -> None:
-    try:
-        if plan.cache is not None:
-            plan.cache.close()
-        if isinstance(plan.budget, FleetBudget):
-            run_sync(plan.budget.aclose())
-        steps.release(plan)
-    except Exception as exc:  # noqa: BLE001 - an old run's clean-up never fails a new run's chunk
-        log.warning("could not close run %s's worker state: %s", plan.run_id, exc)
+    """An old run's clean-up never fails a new run's chunk: ``RunResources.close`` logs what it cannot close."""
+    plan.resources.close()

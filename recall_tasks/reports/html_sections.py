@@ -178,6 +178,21 @@ def histogram_section(scores: np.ndarray, scale: float, figures: dict[str, Any])
     return "<h2>Score distribution</h2>\n" + "\n".join(out) + f'\n<p class="muted">{note}</p>'
 
 
+def round_ticks(lo: float, hi: float, most: int = 5) -> tuple[float, float, list[float]]:
+    """An axis over ``[lo, hi]`` widened to round ticks: a step of 1, 2, 2.5 or 5 times a power of ten, at most
+    ``most`` ticks (0, 0.25, 0.5, 0.75, 1 rather than 0.219, 0.438...). Returns the axis ends and the ticks."""
+    span = hi - lo if hi > lo else max(abs(hi), 1.0)
+    power = 10.0 ** math.floor(math.log10(span / (most - 1)))
+
+    def count(step: float) -> int:
+        return math.ceil(hi / step - 1e-9) - math.floor(lo / step + 1e-9) + 1
+
+    step = next((m * power for m in (1, 2, 2.5, 5, 10) if count(m * power) <= most), 20 * power)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    ticks = [round(k * step, 10) for k in range(first, max(last, first + 1) + 1)]
+    return ticks[0], ticks[-1], ticks
+
+
 def trend_section(series: list[dict[str, Any]], run_id: str) -> str:
     values = [v for r in series for k in ("mean_score", "ci_low", "ci_high") if (v := finite(r.get(k))) is not None]
     if not values:
@@ -186,8 +201,10 @@ def trend_section(series: list[dict[str, Any]], run_id: str) -> str:
     pad = max((hi - lo) * 0.15, 0.02 * max(abs(hi), 1.0))
     y0, y1 = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
     top_score = max((s for r in series if (s := finite(r.get("scale"))) is not None and s > 0), default=1.0)
+    y0, y1, ticks = round_ticks(y0, y1)
     if hi <= top_score:  # scores end at the scale (1.0): an axis above it shows values no run can have
         y1 = min(y1, top_score)
+        ticks = [t for t in ticks if t <= y1 + 1e-12]
     width, height, left, top, bottom = 640, 260, 56, 12, 88
     plot_w, plot_h = width - left - 12, height - top - bottom
     step = plot_w / len(series)
@@ -196,10 +213,9 @@ def trend_section(series: list[dict[str, Any]], run_id: str) -> str:
         return top + plot_h * (1 - (v - y0) / (y1 - y0))
 
     out = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
-    for k in range(5):
-        v = y0 + (y1 - y0) * k / 4
+    for v in ticks:
         out.append(f'<line class="grid" x1="{left}" y1="{y(v):.1f}" x2="{left + plot_w}" y2="{y(v):.1f}"/>'
-                   f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.3f}</text>')  # fmt: skip
+                   f'<text class="tick" x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')  # fmt: skip
     configs: dict[tuple[Any, ...], int] = {}
     lines: dict[int, list[str]] = {}
     marks: list[str] = []

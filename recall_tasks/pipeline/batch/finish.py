@@ -8,7 +8,10 @@ resubmission raise a row error naming the batch and line, or are judged live wit
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recall_tasks.errors import JudgeResponseError
@@ -16,8 +19,8 @@ from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.capabilities import FullJudge, Prepaid, full_judge
 from recall_tasks.pipeline.batch.settle import Settled
+from recall_tasks.pipeline.run import RunCache, RunPlan
 from recall_tasks.pipeline.scoring import metric_fingerprint, request_key
-from recall_tasks.pipeline.steps import RunPlan
 
 if TYPE_CHECKING:
     from recall_tasks.judges.batch import BatchClient
@@ -26,12 +29,33 @@ if TYPE_CHECKING:
 # -- finishing the run ------------------------------------------------------------------------------------
 
 
-class _HideCollected:
+class HideCollected:
     """The run's row cache without the keys collected from its batches (the judge below serves them)."""
 
-    def __init__(self, inner: Any, collected: set[str]) -> None:
+    def __init__(self, inner: RunCache, collected: set[str]) -> None:
         self.inner = inner
         self.collected = collected
+
+    @property
+    def stored(self) -> int:
+        return self.inner.stored
+
+    @property
+    def spilled(self) -> int:
+        return self.inner.spilled
+
+    @property
+    def spill(self) -> Path:
+        return self.inner.spill
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def owed(self, key: str, response: JudgeResponse) -> bool:
+        return self.inner.owed(key, response)
 
     def get_many(self, keys: list[str]) -> dict[str, JudgeResponse]:
         found: dict[str, JudgeResponse] = self.inner.get_many([k for k in keys if k not in self.collected])
@@ -40,9 +64,6 @@ class _HideCollected:
     def put_many(self, entries: dict[str, JudgeResponse], *, flush: bool = True) -> bool:
         ready: bool = self.inner.put_many({k: v for k, v in entries.items() if k not in self.collected}, flush=flush)
         return ready
-
-    def __getattr__(self, name: str) -> Any:  # flush, close, stored, claims...
-        return getattr(self.inner, name)
 
 
 class BatchServedJudge:
@@ -145,15 +166,17 @@ if TYPE_CHECKING:
         return judge, judge
 
 
-def install(plan: RunPlan, settled: Settled) -> None:
-    """Serve the collected rows from the row cache through the judge (see the module docstring); the run row
-    gets the batch ids and the wait (``runs.batch_ids``, ``runs.batch_wait_s``)."""
-    if settled.batch_ids:
-        plan.batch_columns = {"batch_ids": settled.batch_ids, "batch_wait_s": settled.wait_s}
-    if plan.cache is None or not (settled.collected or settled.failures):
-        return
-    fingerprint = metric_fingerprint(plan.metric)
+def batch_columns(settled: Settled) -> dict[str, Any]:
+    """The run row's batch ids and wait (``runs.batch_ids``, ``runs.batch_wait_s``), for ``commit.commit_run``."""
+    return {"batch_ids": settled.batch_ids, "batch_wait_s": settled.wait_s} if settled.batch_ids else {}
+
+
+def install(plan: RunPlan, settled: Settled) -> RunPlan:
+    """The plan serving the collected rows from the row cache through the judge (see the module docstring)."""
     real = plan.cache
+    if not isinstance(real, RowVerdictCache) or not (settled.collected or settled.failures):
+        return plan
+    fingerprint = metric_fingerprint(plan.metric)
     if settled.served is not None:  # collected by this process: served from memory (also with --refresh-cache)
         served = {k: v for k, v in settled.served.items() if k in settled.collected}
     else:  # a resumed finish: one read per row group, not one per row; --refresh-cache opens a reading cache
@@ -162,7 +185,9 @@ def install(plan: RunPlan, settled: Settled) -> None:
     if plan.budget is not None:  # what the batch spent counts toward --max-requests / --max-cost-usd
         plan.budget.requests += sum(r.requests for r in served.values())
         plan.budget.cost_usd += sum(r.cost_usd or 0.0 for r in served.values())
-    plan.metric.judge = BatchServedJudge(
+    metric = copy.copy(plan.metric)  # the same metric (claim units, thresholds) with the serving judge
+    metric.judge = BatchServedJudge(
         full_judge(plan.metric.judge), served, fingerprint, settled, fallback_live=plan.params.batch_fallback == "live"
     )
-    plan.cache = _HideCollected(real, settled.collected)  # type: ignore[assignment]
+    resources = plan.resources.serving(metric, HideCollected(real, settled.collected))
+    return dataclasses.replace(plan, resources=resources)

@@ -30,7 +30,7 @@ from recall_tasks.judges.capabilities import batching
 from recall_tasks.pipeline.batch import cas
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 from recall_tasks.pipeline.batch.record import read_at, record_file
-from recall_tasks.pipeline.steps import RunPlan
+from recall_tasks.pipeline.run import RunPlan
 
 log = logging.getLogger("recall_tasks.pipeline.batch.settle")  # one logger for the run's batch steps
 

@@ -21,8 +21,8 @@ from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.pipeline.batch import remote
 from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, stored_params
+from recall_tasks.pipeline.run import RunPlan
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
-from recall_tasks.pipeline.steps import RunPlan
 from recall_tasks.summaries import IdleSummary, PendingSummary
 
 log = logging.getLogger(__name__)

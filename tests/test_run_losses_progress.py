@@ -1,0 +1,91 @@
+"""A regressed ``run`` prints the segments and rows that lost most (as ``demo --regression`` does); the progress
+shown during a run starts at 0 of the known total and moves with the rows, not in 500-row chunk steps."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from recall_tasks.cli import app as cli
+from recall_tasks.cli.demo_regression import degraded_contexts
+from recall_tasks.config import RunParams
+from recall_tasks.pipeline import progress
+from recall_tasks.pipeline.local_run import run_in_process
+from tests.test_pipeline import make_rows, write_parquet
+
+SAMPLE = [
+    json.loads(line)
+    for line in resources.files("recall_tasks").joinpath("data", "sample.jsonl").read_text("utf-8").splitlines()
+    if line
+]
+
+
+def test_a_regressed_run_prints_the_segments_and_rows_that_lost_most(prefect_harness, tmp_path: Path) -> None:
+    data = tmp_path / "data" / "sample.parquet"
+    data.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist(SAMPLE), data)
+    retrieval = tmp_path / "data" / "v2.parquet"
+    pq.write_table(degraded_contexts(SAMPLE), retrieval)
+    out = str(tmp_path / "out")
+    common = [str(data), "-o", out, "--on-missing", "skip", "--segment-by", "category"]
+    first = CliRunner().invoke(cli.app, ["run", *common, "--label", "v1"], env={"COLUMNS": "200"})
+    assert first.exit_code == 0, first.output
+    assert "lost most" not in first.output  # no baseline: nothing lost
+    second = CliRunner().invoke(
+        cli.app, ["run", *common, "--label", "v2", "--retrieval-uri", str(retrieval)], env={"COLUMNS": "200"}
+    )
+    assert second.exit_code == 0, second.output
+    assert ": regressed (" in second.output
+    segments = second.output.split("Segments that lost most:", 1)[1]
+    assert re.search(r"│ category\s+│ geography\s+│ too_few_rows\s+│ -0\.5\s+│ 3\s+│ 2\s+│", segments), segments
+    rows = second.output.split("Rows that lost most (the HTML report lists the sentences each lost):", 1)[1]
+    assert re.search(r"┃ row_id\s+┃ baseline\s+┃ current\s+┃ delta\s+┃", rows), rows
+    assert re.search(r"│ moon-1\s+│ 0\.6667\s+│ 0\.0\s+│ -0\.6667\s+│", rows), rows
+    assert "5 of 11 shown; all: recall-bench query" in rows
+    gated = CliRunner().invoke(
+        cli.app,
+        [
+            "run",
+            *common,
+            "--label",
+            "v2",
+            "--retrieval-uri",
+            str(retrieval),
+            "--fail-on-regression",
+            "--baseline",
+            "label:v1",
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert gated.exit_code == 3, gated.output
+    assert "Rows that lost most" in gated.output and "moon-1" in gated.output
+
+
+def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Path) -> None:
+    data = write_parquet(tmp_path / "d.parquet", make_rows(1200))
+    shown: list[tuple[int, int | None]] = []
+    bar = progress.RowProgress()
+
+    class Watch:
+        def progress(self, done: int, total: int) -> None:
+            shown.append((bar.chunks(done, total), bar.total))
+
+        def rows(self, seq: int, n: int | None) -> None:
+            shown.append((bar.rows(seq, n), bar.total))
+
+        def aborted(self, rows_cached: int) -> None:
+            raise AssertionError("not aborted")
+
+    run_in_process(
+        RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=500), Watch()
+    )
+    assert shown[0] == (0, 1200)  # 0 of the known total before any row settles (was: nothing until 500)
+    values = [v for v, _ in shown]
+    assert values == sorted(values) and values[-1] == 1200
+    assert len({v for v in values if v % 500}) > 100, values  # between the chunk steps: it moves with the rows
