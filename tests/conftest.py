@@ -83,6 +83,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # the session, outside tests/), which the guard must tell apart from a test's own servers
     if not config.pluginmanager.has_plugin("recall-concurrency-guard"):
         config.pluginmanager.register(concurrency_guard, "recall-concurrency-guard")
+    # Prefect's vendored croniter runs `file -b <python>` once, when first imported (platform.architecture()): in
+    # whichever test imports it first, which the guard then fails for a subprocess it never asked for (the test that
+    # imported prefect.cli.deploy first, depending on the worker's order). Imported here, before any test.
+    import prefect._vendor.croniter  # noqa: F401
 
 
 #: Tests that need a real server process (Prefect, SeaweedFS) or run the CLI in subprocesses: ``integration``.

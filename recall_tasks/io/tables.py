@@ -21,10 +21,11 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-import pyarrow as pa
-import pyarrow.dataset as pads
+if TYPE_CHECKING:  # pyarrow (and numpy) stay out of the CLI's start-up: `maintain` imports this module
+    import pyarrow as pa
+    import pyarrow.dataset as pads
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def retry_commits(
 
 def row_groups(batches: Iterable[pa.RecordBatch], schema: pa.Schema, rows: int = BATCH_ROWS) -> Iterator[pa.Table]:
     """``batches`` gathered into tables of at least ``rows`` rows (the last one smaller), in order."""
+    import pyarrow as pa
+
     group: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
