@@ -31,7 +31,7 @@ from recall_tasks.fleet.guards import Budget, CircuitBreaker
 from recall_tasks.io.blocks import Layout, RowBlock
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore
-from recall_tasks.io.retrieval import RetrievalResults, Retriever, retrieve, with_contexts
+from recall_tasks.io.retrieval import RetrievalResults, Retriever, with_retrieved
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.metrics.base import Metric
@@ -107,10 +107,9 @@ class RunSpec:
         if self.trace is not None:
             return self.trace.apply(block)
         if self.retrieval is not None:
-            return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
+            return self.retrieval.apply(block)
         if self.retriever is not None:
-            questions = [q or "" for q in block.table.column("input").to_pylist()]
-            return with_contexts(block, retrieve(self.retriever, questions))
+            return with_retrieved(block, self.retriever)
         return block
 
 

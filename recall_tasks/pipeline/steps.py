@@ -45,7 +45,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.pipeline import dask_paths, progress
+from recall_tasks.pipeline import dask_paths, ids_step, progress
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import open_canary
 from recall_tasks.pipeline.checks import (
@@ -133,6 +133,7 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     check_results_schema(dataset, store)
+    ids_step.check_ids(params, dataset, storage, retrieval, retriever is not None)  # before any write
     check_baseline_reference(params, store, dataset)
     notes = []
     if retrieval is not None:
@@ -211,7 +212,7 @@ def plan_run(
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
     }  # fmt: skip
     spec = RunSpec(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, store=store,
@@ -282,7 +283,13 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
         with progress.counting_rows(seq, plan.window.observer):  # the rows as they settle, for the CLI's bar
-            table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
+            if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)
+                table = ids_step.score_ids_block(plan, block)
+            else:
+                judged = plan.scope.run(
+                    score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared)
+                )
+                table = ids_step.with_id_metrics(plan, block, judged)
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
