@@ -11,8 +11,9 @@ import re
 from typing import Literal
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from recall_tasks.id_params import IdParams
 from recall_tasks.secrets import looks_secret, redact
 
 #: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
@@ -49,7 +50,7 @@ def namespace_problem(value: str) -> str | None:
     return None
 
 
-class RunParams(BaseModel):
+class RunParams(IdParams):
     """Everything a run needs; every field is a CLI option and a deployment parameter."""
 
     # a refused value is never echoed (pydantic's ``input_value=...``): it may hold a credential
@@ -59,8 +60,8 @@ class RunParams(BaseModel):
         min_length=1, description="Parquet file, folder or glob: s3://, gs://, az://, file:// or a path"
     )
     output_uri: str = Field("recall-output", description="Where the results/ and runs/ tables live")
-    metric: Literal["contextual_recall", "context_coverage"] = Field(
-        "contextual_recall", description="contextual_recall | context_coverage"
+    metric: Literal["contextual_recall", "context_coverage", "retrieval_ids"] = Field(
+        "contextual_recall", description="contextual_recall | context_coverage | retrieval_ids (id metrics only)"
     )
     judge: Literal["lexical", "openai"] = Field(
         "lexical", description="lexical (offline approximation, no key) | openai (any OpenAI-compatible endpoint)"
@@ -301,7 +302,7 @@ class RunParams(BaseModel):
             raise ValueError(f"the output location {value!r} names no folder or bucket")
         return stripped
 
-    @field_validator("dataset_uri", "output_uri", "retrieval_uri", "cache_uri", "canary", mode="after")
+    @field_validator("dataset_uri", "output_uri", "retrieval_uri", "cache_uri", "canary", "qrels_uri", mode="after")
     @classmethod
     def _no_unrendered_template(cls, value: str | None) -> str | None:
         if value is not None and "{{" in value:
@@ -323,6 +324,8 @@ class RunParams(BaseModel):
         "dask_address",
         "rate_limit_key",
         "canary",
+        "qrels_uri",
+        "id_pattern",
         mode="before",
     )
     @classmethod

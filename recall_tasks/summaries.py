@@ -87,6 +87,11 @@ class RunRow(TypedDict):
     canary_cost_usd: float | None
     canary_detail: list[dict[str, Any]] | None
     not_judged: int | None
+    verdict_metric: str | None
+    id_rows: int | None
+    id_metrics: dict[str, float] | None
+    id_metrics_low: dict[str, float] | None
+    id_metrics_high: dict[str, float] | None
 
 
 class RunSummary(RunRow, total=False):

@@ -857,7 +857,12 @@ PARAMS = [
     pytest.param({"dataset_uri": ""}, "dataset_uri", "at least 1 character", id="empty-dataset-uri"),
     pytest.param({"output_uri": "s3://"}, "output_uri", "names no folder or bucket", id="output-without-path"),
     pytest.param({"on_missing": "ignore"}, "on_missing", "'error', 'zero' or 'skip'", id="on-missing-invalid"),
-    pytest.param({"metric": "recall"}, "metric", "'contextual_recall' or 'context_coverage'", id="unknown-metric"),
+    pytest.param(
+        {"metric": "recall"},
+        "metric",
+        "'contextual_recall', 'context_coverage' or 'retrieval_ids'",
+        id="unknown-metric",
+    ),
     pytest.param({"treshold": 0.3}, "treshold", "Extra inputs are not permitted", id="misspelt-parameter"),
     pytest.param(
         {"storage_options": {"aws_secret_access_key": CLI_SECRET}},

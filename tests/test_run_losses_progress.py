@@ -82,6 +82,9 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
         def aborted(self, rows_cached: int) -> None:
             raise AssertionError("not aborted")
 
+        def waiting(self, message: str) -> None:
+            raise AssertionError(f"not waiting: {message}")
+
     run_in_process(
         RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=500), Watch()
     )

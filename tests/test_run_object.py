@@ -44,6 +44,9 @@ class Watch:
     def aborted(self, rows_cached: int) -> None:
         self.aborted_with.append(rows_cached)
 
+    def waiting(self, message: str) -> None:
+        raise AssertionError(f"no other attempt holds the run: {message}")
+
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Counter:

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.dataset as pads
 
 from recall_tasks.analysis.baseline import earlier_statuses, find_baseline, no_baseline_text
+from recall_tasks.analysis.ids_regression import attach, compare_ids
 from recall_tasks.analysis.regression import Comparison, compare_runs
 from recall_tasks.analysis.worst_rows import WorstRow, lost_statements
 from recall_tasks.summaries import RunRow
@@ -64,8 +65,15 @@ def compare_with_baseline(plan: Any, summary: RunRow) -> Comparison | None:
         segment_columns=plan.segment_columns,
     )  # fmt: skip
     fill_lost(results, plan.run_id, baseline["run_id"], comparison.worst_rows)
-    plan.store.append_comparison(comparison.comparison_id, plan.dataset.name, comparison.to_rows())
+    ids = compare_ids(results, summary, baseline, tolerance=plan.params.tolerance, segment_columns=plan.segment_columns)
+    id_rows = attach(comparison, ids, _recall_name(plan.params))  # after: it may add the explanation to the main row
+    plan.store.append_comparison(comparison.comparison_id, plan.dataset.name, [*comparison.to_rows(), *id_rows])
     return comparison
+
+
+def _recall_name(params: Any) -> str:
+    """The id recall a judged verdict is set beside: recall at the ``--verdict-metric``'s k."""
+    return "recall@" + str(params.verdict_metric).rpartition("@")[2]
 
 
 def why_no_baseline(plan: Any) -> str:

@@ -113,6 +113,8 @@ def budget_line(summary: RunSummary) -> str:
 
 
 def judge_line_of(params: RunParams) -> str:
+    if params.metric == "retrieval_ids":
+        return "judge: none (--metric retrieval_ids scores rows from their document ids: no request)"
     return redact(judge_line(params.judge, params.model, params.base_url))
 
 

@@ -264,8 +264,8 @@ def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
     """
     verdicts: dict[str, dict[str, Any]] = {}
     if comparisons is not None:
-        for c in comparisons.to_pylist():
-            if c.get("segment_column") is None:
+        for c in comparisons.to_pylist():  # an id metric's row ("recall@10", issue 41) is not the run's verdict
+            if c.get("segment_column") is None and "@" not in str(c.get("metric") or ""):
                 verdicts[c["current_run_id"]] = c
     records = []
     for r in runs.to_pylist():

@@ -86,6 +86,9 @@ class _Watch:
     def aborted(self, rows_cached: int) -> None:
         self.cached.append(rows_cached)
 
+    def waiting(self, message: str) -> None:
+        _print_wait(message)
+
 
 def _validation_message(exc: ValidationError) -> str:
     parts = []
@@ -128,11 +131,6 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
         pause_gc()  # until Prefect is imported (freeze_heap below)
         stack.callback(gc.enable)
         try:
-            if params.wait_for_lock:
-                from recall_tasks.io import lease
-
-                lease.wait_listeners.append(_print_wait)
-                stack.callback(lease.wait_listeners.remove, _print_wait)
             if preflight:
                 prepared = _preflight(params)
                 for note in prepared.notes:

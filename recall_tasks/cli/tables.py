@@ -97,6 +97,9 @@ def history(
     storage_option: StorageOption = None,
     limit: Annotated[int, typer.Option(help="Print the latest runs only, at most this many; 0 for all")] = 30,
     output_format: OutputFormatOption = "table",
+    metric: Annotated[
+        str | None, typer.Option(help="An id metric (recall@10, ndcg@5...): its means, intervals and verdicts")
+    ] = None,
 ) -> None:
     """List the series of runs, each with its verdict.
 
@@ -131,6 +134,10 @@ def history(
             if runs.num_rows == 0:
                 raise ConfigError(f"no runs of dataset {dataset!r} recorded under {output}")
         comparisons = comparisons_ds.to_table() if comparisons_ds is not None else None
+        if metric:
+            from recall_tasks.cli.id_history import metric_view
+
+            runs, comparisons = metric_view(runs, comparisons, metric)
     except RecallBenchError as exc:
         _fail(exc)
     records = history_records(runs, comparisons)

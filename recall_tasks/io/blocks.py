@@ -114,8 +114,8 @@ def role_block(
             arrays[role] = pa.nulls(part.num_rows, typ)
         else:
             arrays[role] = part.column(col).cast(typ)
-    if "messages" in role_cols:  # as stored: list<struct> or JSON text (read by io/traces.py)
-        arrays["messages"] = part.column(role_cols["messages"])
+    for role in sorted(role_cols.keys() - {*arrays, "row_id"}):  # as stored: messages (io/traces.py), ids (ids_step)
+        arrays[role] = part.column(role_cols[role])
     content = list(
         zip(
             *(arrays[r].to_pylist() for r in JUDGED_ROLES),

@@ -34,7 +34,9 @@ from recall_tasks.errors import DatasetError
 
 #: the role columns a judge reads, in the order a row's content hash takes them (``RowBlock``)
 JUDGED_ROLES = ("input", "expected_output", "retrieval_context", "actual_output")
-ROLES = (*JUDGED_ROLES, "row_id", "messages")
+#: The id roles (ragas' names): retrieved ids in rank order, relevant ids, their graded relevance (issue 41)
+ID_ROLES = ("retrieved_context_ids", "reference_context_ids", "reference_context_relevance")
+ROLES = (*JUDGED_ROLES, "row_id", "messages", *ID_ROLES)
 
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "input": ("input", "user_input", "question", "query"),
@@ -43,11 +45,13 @@ DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
     "actual_output": ("actual_output", "response", "output", "answer"),
     "row_id": ("row_id",),
     "messages": ("messages",),  # an agent trace; a role only with --context-from/--context-extractor (io/traces.py)
+    **{role: (role,) for role in ID_ROLES},
 }
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "contextual_recall": ("expected_output", "retrieval_context"),
     "context_coverage": ("actual_output", "retrieval_context"),
+    "retrieval_ids": (),  # the ids may come from --qrels, --retrieval-uri or --retriever: pipeline/ids_step.py
 }
 
 
@@ -212,6 +216,8 @@ def resolve_columns(
                     f"messages: expected list<struct> (chat messages) or string (their JSON), found {type_name(t)}",
                     uri=uri, column=col,
                 )  # fmt: skip
+        elif role in ID_ROLES:
+            _check_ids(role, t, uri, col)
         elif role == "retrieval_context":
             if not _is_string_list(t):
                 raise DatasetError(f"{role}: expected list<string>, found {type_name(t)}", uri=uri, column=col)
@@ -221,6 +227,19 @@ def resolve_columns(
         elif not (_is_string(t) or pa.types.is_null(t)):
             raise DatasetError(f"{role}: expected string, found {type_name(t)}", uri=uri, column=col)
     return columns
+
+
+def _check_ids(role: str, t: pa.DataType, uri: str, col: str) -> None:
+    """Ids: a list of strings or integers (they compare as strings); relevance: a list of integers (whole floats
+    pass here, a fraction is refused when the values are read: ``metrics/ids_compute.normalise_relevance``)."""
+    item = t.value_type if any(f(t) for f in _LIST_TYPES) else None
+    if role == "reference_context_relevance":
+        if item is None or not (pa.types.is_integer(item) or pa.types.is_floating(item) or pa.types.is_null(item)):
+            raise DatasetError(f"{role}: expected list<int64> (grades), found {type_name(t)}", uri=uri, column=col)
+    elif item is None or not (_is_string(item) or pa.types.is_integer(item) or pa.types.is_null(item)):
+        raise DatasetError(
+            f"{role}: expected list<string> or list<int64> (document ids), found {type_name(t)}", uri=uri, column=col
+        )
 
 
 def check_unique_names(schema: pa.Schema, uri: str) -> None:

@@ -56,10 +56,6 @@ WAIT_POLL_S = 2.0
 
 Clock = Callable[[], dt.datetime]
 
-#: Told once when an attempt starts waiting for a live lease (``--wait-for-lock``); the CLI prints it. Without
-#: one, the wait is logged.
-wait_listeners: list[Callable[[str], None]] = []
-
 
 class RunInProgress(ConfigError):
     """Another attempt of the same run holds a live lease: refused before any judge call (exit 2)."""
@@ -209,10 +205,18 @@ class RunLease:
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, self.uri) from None
 
-    def acquire(self, new_run_id: str, started_at: dt.datetime, *, wait: bool = False) -> tuple[str, dt.datetime, bool]:
+    def acquire(
+        self,
+        new_run_id: str,
+        started_at: dt.datetime,
+        *,
+        wait: bool = False,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> tuple[str, dt.datetime, bool]:
         """The run id for this key: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded), with
         this attempt's lease on it. A live lease of another attempt: :class:`RunInProgress`, or with ``wait``
-        polled every :data:`WAIT_POLL_S` until it is let go of, expires or its run is committed."""
+        polled every :data:`WAIT_POLL_S` until it is let go of, expires or its run is committed; ``on_wait`` is told
+        once that it waits (default: a warning in the log)."""
         said = False
         record: dict[str, Any]
         while True:
@@ -233,8 +237,8 @@ class RunLease:
                         hint = "nothing judged: rerun with --wait-for-lock to wait for it, or once it has ended"
                         raise RunInProgress(f"{message}; {hint}")
                     if not said:
-                        for listener in wait_listeners or [lambda m: log.warning("%s", m)]:
-                            listener(f"{message}; waiting until it ends or its lease expires")
+                        told = f"{message}; waiting until it ends or its lease expires"
+                        on_wait(told) if on_wait is not None else log.warning("%s", told)
                         said = True
                     time.sleep(WAIT_POLL_S)
                     continue

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from recall_tasks.io.cache import write_atomically
-from recall_tasks.io.schemas import LABEL_FIELD, LATE_RESULT_FIELDS, RESULT_FIELDS
+from recall_tasks.io.schemas import ID_RESULT_FIELDS, LABEL_FIELD, LATE_RESULT_FIELDS, RESULT_FIELDS
 from recall_tasks.io.tables import Rows, TableName, row_groups
 
 #: ``results`` columns added after the table's first release (``schemas.LATE_RESULT_FIELDS``)
-LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD] if f.name in LATE_RESULT_FIELDS]
+LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD, *ID_RESULT_FIELDS] if f.name in LATE_RESULT_FIELDS]
 
 
 @dataclass

@@ -166,7 +166,13 @@ class ResultStore:
         return self.path("_pending", f"{run_key}.json")
 
     def begin_run(
-        self, run_key: str, new_run_id: str, started_at: dt.datetime, *, wait: bool = False
+        self,
+        run_key: str,
+        new_run_id: str,
+        started_at: dt.datetime,
+        *,
+        wait: bool = False,
+        on_wait: Callable[[str], None] | None = None,
     ) -> tuple[str, dt.datetime, bool]:
         """The run id for ``run_key``: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded), with
         this attempt's lease on the marker, renewed until :meth:`end_run` or :meth:`release_run`
@@ -174,7 +180,7 @@ class ResultStore:
         from recall_tasks.io.lease import RunLease
 
         self.lease = RunLease(self.fs, self._marker(run_key), self.output_uri)
-        run_id, started, resumed = self.lease.acquire(new_run_id, started_at, wait=wait)
+        run_id, started, resumed = self.lease.acquire(new_run_id, started_at, wait=wait, on_wait=on_wait)
         self.lease.start_renewing()
         return run_id, started, resumed
 

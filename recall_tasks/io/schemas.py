@@ -51,13 +51,24 @@ RESULT_FIELDS: list[pa.Field] = [
 ]
 #: Result columns added after the table's first release: older tables evolve by taking them (Delta's schema merge,
 #: Iceberg's union by name, Parquet files without them read null).
-LATE_RESULT_FIELDS = ("reply_model", "label")
+LATE_RESULT_FIELDS = ("reply_model", "label", "id_metrics", "retrieved_context_ids", "reference_context_ids",
+                      "reference_context_relevance")  # fmt: skip
+#: ``results.id_metrics``: the row's id-based retrieval metrics (``"recall@10" -> 0.8``; a metric not assessed is
+#: absent, a row with none is null), and its ids as compared (normalised: strings, chunk ids mapped to documents).
+#: Only in runs whose rows have ids (docs/warehouse.md, "Id-based retrieval metrics").
+ID_METRICS_FIELD = pa.field("id_metrics", pa.map_(pa.string(), pa.float64()))
+ID_RESULT_FIELDS: list[pa.Field] = [
+    ID_METRICS_FIELD,
+    pa.field("retrieved_context_ids", pa.list_(pa.string())),
+    pa.field("reference_context_ids", pa.list_(pa.string())),
+    pa.field("reference_context_relevance", pa.list_(pa.int64())),
+]
 CHUNK_FIELDS = RESULT_FIELDS[1:]  # a chunk file is run-independent: run_id is added at commit
 #: ``results.label``: the run's ``--label`` on each row (filter results by label without a join to ``runs``). Added
 #: at commit, after ``dataset`` and ``run_date``: the last column, so older tables evolve by appending it (Delta's
 #: schema merge, Iceberg's union by name, Parquet files without it read null).
 LABEL_FIELD = pa.field("label", pa.string())
-RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date", LABEL_FIELD.name}
+RESERVED = {f.name for f in RESULT_FIELDS} | {"dataset", "run_date", LABEL_FIELD.name, ID_METRICS_FIELD.name}
 _RESERVED_LOWER = {n.lower() for n in RESERVED}
 
 
@@ -129,6 +140,17 @@ CANARY_FIELDS: list[pa.Field] = [
     pa.field("canary_detail", pa.list_(CANARY_ROW_TYPE)),
 ]
 
+#: The ``runs`` columns of the id metrics (issue 41), appended last (null in runs written before them, and in runs
+#: without ids): the metric that decides the run's verdict, the rows the id metrics assessed, and per id metric
+#: (``"recall@10"``) the mean over those rows with its 95 % interval.
+ID_RUN_FIELDS: list[pa.Field] = [
+    pa.field("verdict_metric", pa.string()),
+    pa.field("id_rows", pa.int64()),
+    pa.field("id_metrics", pa.map_(pa.string(), pa.float64())),
+    pa.field("id_metrics_low", pa.map_(pa.string(), pa.float64())),
+    pa.field("id_metrics_high", pa.map_(pa.string(), pa.float64())),
+]
+
 RUN_FIELDS: list[pa.Field] = [
     pa.field("run_id", pa.string(), nullable=False),
     pa.field("flow_run_id", pa.string()),
@@ -185,6 +207,7 @@ RUN_FIELDS: list[pa.Field] = [
     *CANARY_FIELDS,
     # the last column: older tables evolve by appending it (null in runs written before it)
     pa.field("not_judged", pa.int64()),
+    *ID_RUN_FIELDS,
 ]
 RUN_SCHEMA = pa.schema(RUN_FIELDS)
 """Schema of the ``runs`` table: one row per run (``segment_column`` null) plus one per segment value.

@@ -19,6 +19,7 @@ from recall_tasks.io.results import ChunkPart, today
 from recall_tasks.io.schemas import CHUNK_FIELDS
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.metrics.claims import claim_units_of
+from recall_tasks.pipeline import ids_step
 from recall_tasks.pipeline.canary import no_canary, score_canary
 from recall_tasks.pipeline.outcome import run_outcome
 from recall_tasks.pipeline.run import RunPlan
@@ -75,6 +76,7 @@ def commit_run(
     for col in plan.segment_columns:
         for value, stats in summarize_segments(table, col):
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
+    ids_step.add_run_columns(plan, parts, runs)  # the id metrics' means and intervals (issue 41)
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs, label=plan.params.label)
     return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
 

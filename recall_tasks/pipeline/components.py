@@ -22,6 +22,10 @@ from recall_tasks.metrics.base import Metric
 
 def make_judge(params: RunParams) -> Judge:
     """The judge a run asks for; keys come from the environment, never from parameters."""
+    if params.metric == "retrieval_ids":  # no judge: one that is never asked (metrics/retrieval_ids.py)
+        from recall_tasks.metrics.retrieval_ids import NoJudge
+
+        return NoJudge({"k": params.k, "id_pattern": params.id_pattern, "verdict_metric": params.verdict_metric})
     if params.judge == "lexical":
         from recall_tasks.judges.lexical import LexicalJudge
 
@@ -61,6 +65,10 @@ def make_metric(params: RunParams, judge: Judge) -> Metric:
         "judge": judge, "threshold": params.threshold, "scale": params.scale,
         "include_reason": params.include_reason, "strict_mode": params.strict_mode, "on_missing": params.on_missing,
     }  # fmt: skip
+    if params.metric == "retrieval_ids":
+        from recall_tasks.metrics.retrieval_ids import RetrievalIds
+
+        return RetrievalIds(**common)
     if params.metric != "contextual_recall":
         return ContextCoverage(**common)
     if params.units == "claims":

@@ -68,7 +68,7 @@ def conduct(
     plan: RunPlan | None = None
     try:
         try:
-            plan = steps.plan_run(params, prepared=prepared)
+            plan = steps.plan_run(params, prepared=prepared, on_wait=observer.waiting)
             plan.window.observer = observer
             judged = _judge(params, plan, host, observer)
         except BaseException:

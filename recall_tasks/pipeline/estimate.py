@@ -25,7 +25,6 @@ from recall_tasks.errors import ConfigError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import ClaimCache, RowVerdictCache
 from recall_tasks.io.columns import JUDGED_ROLES
-from recall_tasks.io.retrieval import with_contexts
 from recall_tasks.io.storage import filesystem, join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.capabilities import Batching, prices_of
@@ -121,7 +120,7 @@ def estimate(params: RunParams) -> Estimate:
         if trace is not None:
             block = trace.apply(block)
         elif retrieval is not None:
-            block = with_contexts(block, retrieval.contexts_for(block.row_ids))
+            block = retrieval.apply(block)
         rows = block.table.select(columns).to_pylist()
         units = _claims_of(claim_units, claims_cache, rows, to_extract) if claim_units is not None else None
         pairs = run_sync(keyed_requests(metric, fingerprint, rows, units))

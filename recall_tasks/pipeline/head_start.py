@@ -39,7 +39,8 @@ def plan_ahead(prepared: Prepared, observer: RunObserver | None = None) -> RunPl
     """
     params = prepared.params
     # the flow's plan_run shares the limits (Prefect's up)
-    plan = steps.plan_run(params, prepared=prepared, log_notes=False, share=False)
+    on_wait = observer.waiting if observer is not None else None
+    plan = steps.plan_run(params, prepared=prepared, log_notes=False, share=False, on_wait=on_wait)
     plan.window.observer = observer  # the head start's rows move the CLI's bar too
     prepared.plan = plan
     # Prefect imports httpx while the head start judges; the openai SDK peeks at sys.modules["httpx"] on every

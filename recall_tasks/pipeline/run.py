@@ -2,16 +2,15 @@
 
 - :class:`RunSpec` (frozen): the run's configuration and identity, decided by ``steps.plan_run`` and never changed.
 - :class:`RunResources` (a context manager): what the run opens and must close (judge, row cache, budget, circuit
-  breaker) plus the cancel scope and the shared requests of its judge calls; each is closed exactly once, however
-  the run ends.
-- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, head starts, the layout).
+  breaker), the cancel scope and shared requests of its judge calls; each closed exactly once, however it ends.
+- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, head starts, layout, observer).
 - :class:`RunPlan` holds the three; its read-only properties are what the steps read (``plan.params``,
   ``plan.cache``...), never a place to store anything.
 
 How the CLI's preparation reaches the flow: a :class:`Prepared` (the checks' result, and the plan made ahead with
-its head starts) and a :class:`RunObserver` (progress, abort) passed to ``flow.run_benchmark``; the Prefect flow
-gets them from ``flow.HANDOFF``, one ``ContextVar`` the CLI sets around its call. No module-level registry: a
-process running two flows at once (tests, a library user) never mixes their plans or listeners.
+its head starts) and a :class:`RunObserver` (progress, rows, abort, lock wait) passed to ``flow.run_benchmark``;
+the Prefect flow gets them from ``flow.HANDOFF``, one ``ContextVar`` the CLI sets around its call. No module-level
+registry: a process running two flows at once (tests, a library user) never mixes their plans or listeners.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from recall_tasks.fleet.guards import Budget, CircuitBreaker
 from recall_tasks.io.blocks import Layout, RowBlock
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore
-from recall_tasks.io.retrieval import RetrievalResults, Retriever, retrieve, with_contexts
+from recall_tasks.io.retrieval import RetrievalResults, Retriever, with_retrieved
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.metrics.base import Metric
@@ -108,10 +107,9 @@ class RunSpec:
         if self.trace is not None:
             return self.trace.apply(block)
         if self.retrieval is not None:
-            return with_contexts(block, self.retrieval.contexts_for(block.row_ids))
+            return self.retrieval.apply(block)
         if self.retriever is not None:
-            questions = [q or "" for q in block.table.column("input").to_pylist()]
-            return with_contexts(block, retrieve(self.retriever, questions))
+            return with_retrieved(block, self.retriever)
         return block
 
 
@@ -340,6 +338,10 @@ class RunObserver(Protocol):
         """The run was aborted; ``rows_cached`` rows it judged are in the row cache (a rerun resumes with them)."""
         ...
 
+    def waiting(self, message: str) -> None:
+        """``--wait-for-lock``: this attempt waits for another attempt of the same run (said once)."""
+        ...
+
 
 class NoObserver:
     """Nobody watching: deployment runs, tests, library calls."""
@@ -349,6 +351,9 @@ class NoObserver:
 
     def rows(self, seq: int, n: int | None) -> None:
         pass
+
+    def waiting(self, message: str) -> None:
+        log.warning("%s", message)
 
     def aborted(self, rows_cached: int) -> None:
         pass

@@ -21,7 +21,7 @@ import logging
 import os
 import secrets as pysecrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow.compute as pc
 
@@ -45,7 +45,7 @@ from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.judges.capabilities import Preflighted
 from recall_tasks.metrics import ContextualRecall
-from recall_tasks.pipeline import dask_paths, progress
+from recall_tasks.pipeline import dask_paths, ids_step, progress
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import open_canary
 from recall_tasks.pipeline.checks import (
@@ -133,6 +133,7 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     check_results_schema(dataset, store)
+    ids_step.check_ids(params, dataset, storage, retrieval, retriever is not None)  # before any write
     check_baseline_reference(params, store, dataset)
     notes = []
     if retrieval is not None:
@@ -169,12 +170,14 @@ def plan_run(
     prepared: Prepared | None = None,
     log_notes: bool = True,
     share: bool = True,
+    on_wait: Callable[[str], None] | None = None,
 ) -> RunPlan:
     """Validate the run before anything is judged or written; raise one clear error otherwise.
 
     ``prepared`` (the CLI's ad-hoc runs, ``head_start``): its plan made ahead for these parameters is taken as is
     (its head starts judging), else its checks are not repeated; deployment runs check here.
     ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
+    ``on_wait``: told once when ``--wait-for-lock`` waits for another attempt of the run (the observer's ``waiting``).
     """
     # taken even if what follows raises: the flow's run_benchmark then aborts it through ``prepared``
     planned = prepared.take(params) if prepared is not None and run_id is None else None
@@ -196,7 +199,9 @@ def plan_run(
     run_key = _run_key(params, dataset)
     started = dt.datetime.now(dt.UTC)
     # the lease first: an attempt that waited for another opens the row cache as that one left it
-    the_run_id, started, resumed = store.begin_run(run_key, run_id or new_run_id(), started, wait=params.wait_for_lock)
+    the_run_id, started, resumed = store.begin_run(
+        run_key, run_id or new_run_id(), started, wait=params.wait_for_lock, on_wait=on_wait
+    )
     cache = None
     if params.cache:
         cache_uri = params.cache_uri or join_uri(params.output_uri, "cache")
@@ -207,7 +212,7 @@ def plan_run(
     config = {
         "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
         "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION,
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
     }  # fmt: skip
     spec = RunSpec(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, store=store,
@@ -278,7 +283,13 @@ def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
 def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
         with progress.counting_rows(seq, plan.window.observer):  # the rows as they settle, for the CLI's bar
-            table = plan.scope.run(score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared))
+            if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)
+                table = ids_step.score_ids_block(plan, block)
+            else:
+                judged = plan.scope.run(
+                    score_block(plan.metric, block, plan.cache, plan.budget, plan.breaker, plan.shared)
+                )
+                table = ids_step.with_id_metrics(plan, block, judged)
     except Cancelled:
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:

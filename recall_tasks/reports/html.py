@@ -27,6 +27,7 @@ from recall_tasks.io.storage import join_uri, translate_storage_error
 from recall_tasks.reports import html_sections as sections
 from recall_tasks.reports import run_data
 from recall_tasks.reports.html_sections import BINS
+from recall_tasks.reports.ids_section import ids_section
 
 __all__ = ["BINS", "render_report", "render_run_report", "write_report"]
 
@@ -41,11 +42,13 @@ def render_report(
     worst: int = 15,
     drops: list[dict[str, Any]] | None = None,
     chunks: dict[tuple[str, int], list[str]] | None = None,
+    lost: list[tuple[str, list[str]]] | None = None,
 ) -> str:
     """The HTML report of ``run_id``. ``results`` and ``runs`` may hold other runs and datasets (filtered here).
 
     ``drops``: the rows that lost most against the baseline (``tracking.largest_drops``); ``chunks``: retrieved
-    chunks of the worst rows by (source file, row) (``blocks.read_contexts``).
+    chunks of the worst rows by (source file, row) (``blocks.read_contexts``); ``lost``: the rows that lost relevant
+    documents against the baseline, with the ids lost (``run_data.lost_ids``).
     """
     if "run_id" in results.column_names and results.num_rows:
         results = results.filter(pc.equal(results.column("run_id"), run_id))
@@ -60,6 +63,7 @@ def render_report(
     scale = scale if scale > 0 else max(1.0, float(finite.max()) if finite.size else 1.0)
     cmp, deltas = run_data.latest_comparison(comparisons, run_id)
     worst_rows = run_data.with_chunks(run_data.worst_result_rows(results, scores, worst), chunks)
+    base = next((r for r in reversed(overall) if cmp is not None and r["run_id"] == cmp.get("baseline_run_id")), None)
     title = f"Recall report – {run.get('dataset') or 'unknown dataset'} – {run_id}"
     return sections.document(
         title,
@@ -71,6 +75,7 @@ def render_report(
             sections.drops_section(drops or []),
             sections.segments_section(run_data.segment_rows(all_runs, run_id), deltas),
             sections.worst_section(worst_rows, "input" in results.column_names),
+            ids_section(run, base, lost or []),
         ],
     )
 
@@ -105,7 +110,8 @@ def render_run_report(
     run = next(r for r in runs.to_pylist() if r["run_id"] == run_id and r.get("segment_column") is None)
     chunks = run_data.chunks_of_worst(store, run, results, dataset)
     drops = run_data.with_questions(store, run, results, drops, dataset)
-    return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks)
+    lost = run_data.lost_ids(store, run_id, comparisons)
+    return render_report(run_id, runs, results, comparisons, drops=drops, chunks=chunks, lost=lost)
 
 
 def write_report(

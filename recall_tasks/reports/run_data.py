@@ -136,6 +136,7 @@ def latest_comparison(
     deltas: dict[tuple[Any, Any], dict[str, Any]] = {}
     if comparisons is not None and comparisons.num_rows and "current_run_id" in comparisons.column_names:
         mine = comparisons.filter(pc.equal(comparisons.column("current_run_id"), run_id)).to_pylist()
+        mine = [r for r in mine if "@" not in str(r.get("metric") or "")]  # not an id metric's rows (issue 41)
         mine.sort(key=lambda r: timestamp(r.get("compared_at")))
         tops = [r for r in mine if r.get("segment_column") is None]
         cmp = tops[-1] if tops else None
@@ -170,7 +171,9 @@ def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None)
 
     if comparisons is None or comparisons.num_rows == 0:
         return []
-    overall = [r for r in comparisons.to_pylist() if r.get("segment_column") is None]
+    overall = [
+        r for r in comparisons.to_pylist() if r.get("segment_column") is None and "@" not in str(r.get("metric"))
+    ]
     if not overall:
         return []
     latest = max(overall, key=lambda r: timestamp(r.get("compared_at")))
@@ -220,3 +223,20 @@ def with_questions(
     except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its questions
         return drops
     return [{**d, "question": questions.get(str(d.get("row_id")))} for d in drops]
+
+
+def lost_ids(store: ResultStore, run_id: str, comparisons: pa.Table | None) -> list[tuple[str, list[str]]]:
+    """The rows of ``run_id`` that lost relevant documents its latest baseline retrieved, with the ids lost (none
+    without ids or a baseline: ``reports/ids_section.lost_documents``)."""
+    from recall_tasks.reports.ids_section import lost_documents
+
+    cmp, _ = latest_comparison(comparisons, run_id)
+    ds = cast(Any, store).read_table("results") if cmp is not None else None
+    columns = ["row_id", "retrieved_context_ids", "reference_context_ids"]
+    if cmp is None or ds is None or not set(columns) <= set(ds.schema.names):
+        return []
+
+    def rows_of(rid: str) -> pa.Table:
+        return cast(pa.Table, ds.to_table(columns=columns, filter=pads.field("run_id") == rid))
+
+    return lost_documents(rows_of(run_id), rows_of(str(cmp["baseline_run_id"])))
