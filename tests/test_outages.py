@@ -15,10 +15,16 @@ from deltalake import DeltaTable
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import JudgeTransientError, RunFailed
-from recall_tasks.fleet.guards import CircuitBreaker
-from recall_tasks.judges.base import JudgeRequest
+from recall_tasks.fleet.guards import NOT_JUDGED, CircuitBreaker
+from recall_tasks.judges._openai_attempts import begin_attempt, counted_attempts, reported_attempt
+from recall_tasks.judges.base import JudgeRequest, JudgeResponse, attempt_observer, spend_of
+from recall_tasks.judges.claims import ClaimsReply
 from recall_tasks.judges.openai_judge import OpenAIJudge
+from recall_tasks.metrics.claims import NotJudged
+from recall_tasks.metrics.recall import ContextualRecall
 from recall_tasks.pipeline.flow import recall_benchmark
+from recall_tasks.pipeline.results_table import RowOutcome
+from recall_tasks.pipeline.scoring import _guard, score_rows
 from tests import judge_script
 from tests.fake_openai import Content, Delay, Reset, Status
 from tests.s3_server import closed_port
@@ -191,3 +197,64 @@ def test_breaker_counts_attempts_and_resets_on_an_answer():
     timeouts.attempt_failed("h:1", "no answer within 60 s", timed_out=True)
     timeouts.attempt_failed("h:1", "no answer within 60 s", timed_out=True)
     assert timeouts.tripped_reason is not None and "no answer within 60 s" in timeouts.tripped_reason
+
+
+class _InFlightJudge:
+    """A judge whose one HTTP attempt goes out (counted and reported as sent, as the OpenAI judge's) and is never
+    answered: it is in flight when the breaker trips."""
+
+    model = "in-flight"
+    prompt_version = "v1"
+
+    def __init__(self) -> None:
+        self.sent = asyncio.Event()
+
+    def config(self) -> dict[str, str]:
+        return {"judge": self.model}
+
+    async def attempt(self) -> None:
+        with counted_attempts():
+            await begin_attempt(chat=True)
+            with reported_attempt("h:1", 60.0):
+                self.sent.set()
+                await asyncio.Event().wait()  # the endpoint has the request and has not answered
+
+    async def judge(self, request: JudgeRequest) -> JudgeResponse:
+        await self.attempt()
+        raise AssertionError("never answered")
+
+    async def extract_claims(self) -> ClaimsReply:
+        await self.attempt()
+        raise AssertionError("never answered")
+
+
+def test_a_call_cancelled_by_the_breaker_counts_its_attempt_in_flight():
+    """An attempt sent and not answered when the breaker trips (another call's failure) reached the endpoint: the
+    row cancelled counts it (it counted only the attempts answered or failed: one POST fewer than the server had)."""
+    row = {"input": "", "expected_output": "Bees make honey.", "retrieval_context": ["Bees make honey daily."]}
+
+    async def judged() -> RowOutcome:
+        breaker, judge = CircuitBreaker(), _InFlightJudge()
+        scoring = asyncio.create_task(score_rows(ContextualRecall(judge=judge), [row], breaker=breaker))
+        await judge.sent.wait()
+        breaker.trip("down")
+        return (await scoring)[0]
+
+    out = asyncio.run(judged())
+    assert out.result is not None and out.result.metadata.flags == [NOT_JUDGED + "down"]
+    assert out.requests == 1
+
+    async def extracted() -> BaseException:
+        breaker, judge = CircuitBreaker(), _InFlightJudge()
+        token = attempt_observer.set(breaker)  # as score_rows sets it around the claim extractions
+        try:
+            extraction = asyncio.create_task(_guard(None, breaker)(judge.extract_claims))
+        finally:
+            attempt_observer.reset(token)
+        await judge.sent.wait()
+        breaker.trip("down")
+        with pytest.raises(NotJudged) as stopped:
+            await extraction
+        return stopped.value
+
+    assert spend_of(asyncio.run(extracted())).requests == 1

@@ -245,19 +245,20 @@ class CircuitBreaker:
             self._attempts[task] = self._attempts.get(task, 0) + 1
 
     def attempts_of(self, task: asyncio.Task[Any]) -> int:
-        """HTTP attempts ``task`` made (a call cancelled while waiting for its turn made none)."""
+        """HTTP attempts ``task`` sent, the one in flight included (a call cancelled while waiting for its turn sent
+        none). Counted as each goes out (:meth:`attempt_sent`), not as it ends: an attempt in flight when the breaker
+        trips reached the endpoint, which bills it, and is never told how it ended (its call is cancelled)."""
         return self._attempts.get(task, 0)
 
     def attempt_sent(self) -> None:
+        self._count()
         if not self.first_sent.is_set():
             self.first_sent.set()
 
     def attempt_ok(self) -> None:
-        self._count()
         self.failures = self.timeouts = 0
 
     def attempt_failed(self, endpoint: str, cause: str, *, timed_out: bool = False) -> None:
-        self._count()
         if self.tripped_reason is not None:
             return
         self.failures += 1
