@@ -261,7 +261,9 @@ def test_a_flow_stopped_before_its_window_keeps_what_the_head_start_judged(
         raise RuntimeError("announce failed")
 
     kept: list[int] = []
-    observer = SimpleNamespace(progress=lambda done, total: None, aborted=kept.append)
+    observer = SimpleNamespace(
+        progress=lambda done, total: None, rows=lambda seq, n: None, aborted=kept.append, waiting=print
+    )
     monkeypatch.setattr(flow, "announce", broken)
     with flow.handing_off(prepared, observer), pytest.raises(RuntimeError, match="announce failed"):
         flow.recall_benchmark(params)
