@@ -7,9 +7,11 @@ import json
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from recall_tasks.cli import app as cli
@@ -17,6 +19,7 @@ from recall_tasks.cli.demo_regression import degraded_contexts
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline import progress
 from recall_tasks.pipeline.local_run import run_in_process
+from tests import judge_script
 from tests.test_pipeline import make_rows, write_parquet
 
 SAMPLE = [
@@ -92,3 +95,34 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
     values = [v for v, _ in shown]
     assert values == sorted(values) and values[-1] == 1200
     assert len({v for v in values if v % 500}) > 100, values  # between the chunk steps: it moves with the rows
+
+
+@pytest.mark.concurrency  # a subprocess starts during an openai-judged CLI run (tests/concurrency_guard.py)
+def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
+    prefect_harness, fake_openai, tmp_path: Path, monkeypatch
+) -> None:
+    """`recall-bench run` through Prefect: the first chunks are judged before Prefect is up (the head start), and
+    their rows moved a bar whose total came only with the flow's chunk loop (a terminal showed 33/?, 64/?, ...
+    287/? for the first second of a 3,000-row run against the fake judge)."""
+    import rich.progress
+
+    fake_openai.set_responder(judge_script.responder)
+    data = write_parquet(tmp_path / "d.parquet", make_rows(300))
+    updates: list[tuple[float, float | None]] = []
+
+    class Recording(rich.progress.Progress):
+        def update(self, task_id: rich.progress.TaskID, **kwargs: Any) -> None:
+            super().update(task_id, **kwargs)
+            task = self._tasks[task_id]
+            updates.append((task.completed, task.total))
+
+    monkeypatch.setattr(rich.progress, "Progress", Recording)
+    done = CliRunner().invoke(
+        cli.app,
+        ["run", str(data), "-o", str(tmp_path / "out"), "--judge", "openai", "--base-url", fake_openai.base_url],
+        env={"OPENAI_API_KEY": "sk-test", "COLUMNS": "200"},
+    )
+    assert done.exit_code == 0, done.output
+    assert updates and updates[-1] == (300, 300), updates
+    assert updates[0][1] == 300, updates[:5]  # the total from the first update on (was: None, the bar's 0/?)
+    assert all(total == 300 for _, total in updates), [u for u in updates if u[1] != 300][:5]

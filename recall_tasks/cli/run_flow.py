@@ -157,8 +157,10 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                     disable=not err.is_terminal,
                 )
             )
-            bar = progress.add_task("rows", total=None)
             rows = RowProgress()  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
+            # the head start judges before the flow's chunk loop reports a total: the bar has it from the plan
+            rows.total = prepared.plan.dataset.num_rows if prepared is not None and prepared.plan is not None else None
+            bar = progress.add_task("rows", total=rows.total)
 
             def draw(done: int, total: int) -> None:
                 progress.update(bar, completed=rows.chunks(done, total), total=total)
