@@ -11,7 +11,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from typer.testing import CliRunner
 
 from recall_tasks.cli import app as cli
@@ -97,7 +96,6 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
     assert len({v for v in values if v % 500}) > 100, values  # between the chunk steps: it moves with the rows
 
 
-@pytest.mark.concurrency  # a subprocess starts during an openai-judged CLI run (tests/concurrency_guard.py)
 def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
     prefect_harness, fake_openai, tmp_path: Path, monkeypatch
 ) -> None:
