@@ -124,3 +124,24 @@ def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
     assert updates and updates[-1] == (300, 300), updates
     assert updates[0][1] == 300, updates[:5]  # the total from the first update on (was: None, the bar's 0/?)
     assert all(total == 300 for _, total in updates), [u for u in updates if u[1] != 300][:5]
+    steps = [b - a for (a, _), (b, _) in zip(updates, updates[1:], strict=False)]
+    # every row moves it as it settles, those judged before the bar was drawn too (they were lost, and the bar
+    # then jumped by them when their chunk settled: 0 -> 300 here)
+    assert max(steps) <= 50, [u for u, s in zip(updates[1:], steps, strict=True) if s > 50]
+
+
+def test_rows_settled_before_the_bar_is_drawn_still_count() -> None:
+    """The head start judges while Prefect imports (~2 s of a real `recall-bench run`), before the bar exists: its
+    rows were dropped, and the bar jumped by them when their chunk settled (a 3,000-row run: 332 -> 1175)."""
+    from recall_tasks.cli.run_flow import _Watch
+
+    watch = _Watch()
+    watch.progress(0, 3000)
+    for _ in range(120):
+        watch.rows(0, 1)  # no bar yet
+    drawn: list[tuple[int, int | None]] = []
+    watch.bar = lambda: drawn.append((watch.shown.shown, watch.shown.total))
+    watch.rows(1, 1)
+    watch.rows(0, None)  # chunk 0's scoring ended: it counts again once it settles
+    watch.progress(500, 3000)
+    assert drawn == [(121, 3000), (121, 3000), (501, 3000)]
