@@ -105,7 +105,7 @@ def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
     import rich.progress
 
     fake_openai.set_responder(judge_script.responder)
-    data = write_parquet(tmp_path / "d.parquet", make_rows(300))
+    data = write_parquet(tmp_path / "d.parquet", make_rows(900))
     updates: list[tuple[float, float | None]] = []
 
     class Recording(rich.progress.Progress):
@@ -117,16 +117,27 @@ def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
     monkeypatch.setattr(rich.progress, "Progress", Recording)
     done = CliRunner().invoke(
         cli.app,
-        ["run", str(data), "-o", str(tmp_path / "out"), "--judge", "openai", "--base-url", fake_openai.base_url],
+        [
+            "run",
+            str(data),
+            "-o",
+            str(tmp_path / "out"),
+            "--judge",
+            "openai",
+            "--base-url",
+            fake_openai.base_url,
+            "--chunk-size",
+            "300",
+        ],
         env={"OPENAI_API_KEY": "sk-test", "COLUMNS": "200"},
     )
     assert done.exit_code == 0, done.output
-    assert updates and updates[-1] == (300, 300), updates
-    assert updates[0][1] == 300, updates[:5]  # the total from the first update on (was: None, the bar's 0/?)
-    assert all(total == 300 for _, total in updates), [u for u in updates if u[1] != 300][:5]
+    assert updates and updates[-1] == (900, 900), updates
+    assert updates[0][1] == 900, updates[:5]  # the total from the first update on (was: None, the bar's 0/?)
+    assert all(total == 900 for _, total in updates), [u for u in updates if u[1] != 900][:5]
     steps = [b - a for (a, _), (b, _) in zip(updates, updates[1:], strict=False)]
     # every row moves it as it settles, those judged before the bar was drawn too (they were lost, and the bar
-    # then jumped by them when their chunk settled: 0 -> 300 here)
+    # then jumped by them when their chunk settled: and a settle must not count a chunk twice)
     assert max(steps) <= 50, [u for u, s in zip(updates[1:], steps, strict=True) if s > 50]
 
 
@@ -142,6 +153,28 @@ def test_rows_settled_before_the_bar_is_drawn_still_count() -> None:
     drawn: list[tuple[int, int | None]] = []
     watch.bar = lambda: drawn.append((watch.shown.shown, watch.shown.total))
     watch.rows(1, 1)
-    watch.rows(0, None)  # chunk 0's scoring ended: it counts again once it settles
+    watch.rows(0, None)  # chunk 0 settles: its count is forgotten, then the settled total has its rows
     watch.progress(500, 3000)
     assert drawn == [(121, 3000), (121, 3000), (501, 3000)]
+
+
+def test_a_chunk_scored_long_before_it_settles_keeps_its_rows_counted() -> None:
+    """A head start's chunk is scored while Prefect starts and settles only when the flow reaches it: its count is
+    kept until then, and the next chunk's rows move the bar on (it stood still, then jumped by 500)."""
+    bar = progress.RowProgress()
+    bar.total = 1000
+    shown: list[int] = []
+
+    class Watch:
+        def rows(self, seq: int, n: int | None) -> None:
+            shown.append(bar.rows(seq, n))
+
+    for seq, n in ((0, 500), (1, 100)):
+        with progress.counting_rows(seq, Watch()):
+            tell = progress.rows_settled.get()
+            assert tell is not None
+            for _ in range(n):
+                tell(1)
+    assert shown[-1] == 600 and shown == sorted(shown)
+    Watch().rows(0, None)  # chunk 0 settles (window.score_chunks): forgotten here, counted in done next
+    assert bar.chunks(500, 1000) == 600
