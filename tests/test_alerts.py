@@ -179,7 +179,7 @@ def test_alerts_reach_the_webhook_once_per_alerting_run(
     finally:
         failing.stop()
         judge.stop()
-    assert "run failed" in failed_out
+    assert re.search(r"^run \S+ failed: ", failed_out, re.M), failed_out  # said once: not "run failed: run ..."
     t_runs = time.monotonic()
 
     # ---- the messages: one per alerting run, within a minute

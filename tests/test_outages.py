@@ -126,9 +126,10 @@ def test_cli_timeout_and_retries_options_and_exit_4_on_an_outage(prefect_harness
     assert result.exit_code == 4, result.output
     assert "Traceback" not in result.output
     assert re.search(
-        rf"run failed: run \S+ failed: judge endpoint 127\.0\.0\.1:{port} failed 10 attempts in a row "
+        rf"^run \S+ failed: judge endpoint 127\.0\.0\.1:{port} failed 10 attempts in a row "
         r"\(last: connection reset by the server\); judging stopped, the remaining rows were not judged",
         result.output,
+        re.M,
     ), result.output
     errors = [r["error"] for r in results(tmp_path / "out") if r["error"]]
     assert all(e == f"JudgeTransientError: cannot connect to 127.0.0.1:{port}: connection reset by the server "

@@ -83,7 +83,7 @@ def test_a_budget_stop_is_budget_exhausted_whatever_the_error_rate_exit_5(prefec
         "assessed rows ended with an error (16.7%, above --max-error-rate 0.05); results committed (status "
         "budget_exhausted); the next run judges the rest"
     ], done.stderr
-    assert "run failed" not in done.stderr and "4 row(s) ended with an error" in done.stderr
+    assert not re.search(r"^run \S+ failed: ", done.stderr, re.M) and "4 row(s) ended with an error" in done.stderr
     (run,) = runs_of(out)
     assert run["status"] == "budget_exhausted" and run["status_reason"].startswith(
         "request budget reached (--max-requests 20): 136 of 160 rows not judged"

@@ -134,9 +134,10 @@ def test_rejections_of_every_request_stop_the_run_with_exit_4_and_commit(prefect
                    "--max-workers", "1")  # fmt: skip
     assert done.returncode == 4, done.stdout + done.stderr
     assert re.search(
-        r"run failed: run \S+ failed: the judge endpoint rejected 10 requests in a row and accepted none \(last: "
+        r"^run \S+ failed: the judge endpoint rejected 10 requests in a row and accepted none \(last: "
         rf"127\.0\.0\.1:{judge_env.port} rejected the request \(400\): Unsupported value: 'temperature'",
         done.stderr,
+        re.M,
     ), done.stderr
     rows = results(out)
     assert len(rows) == 60

@@ -208,7 +208,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
             raise typer.Exit(code=3) from None
         except RunFailed as exc:
             print_outcome(exc.summary, output)
-            err.print(f"[bold red]run failed:[/] {plain(exc)}")
+            err.print(f"[bold red]{plain(exc)}[/]")  # "run <id> failed: <why>"
             raise typer.Exit(code=4) from None
         except BudgetExhausted as exc:  # print_outcome says so in one line
             print_outcome(exc.summary, output)
