@@ -176,3 +176,41 @@ def test_runs_on_the_local_server_send_no_flow_heartbeats_a_configured_api_keeps
                 assert PREFECT_API_URL.value() == url
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 180
     assert inside == (None if local else 180)
+
+
+#: ``recall-bench`` noting the interpreter's switch interval when the head start begins and after the command.
+SWITCH_WATCH = """
+import atexit, json, sys
+from recall_tasks.pipeline import head_start
+seen = {"before": sys.getswitchinterval()}
+plan_ahead = head_start.plan_ahead
+def watched(*args, **kwargs):
+    seen["head_start"] = sys.getswitchinterval()
+    return plan_ahead(*args, **kwargs)
+head_start.plan_ahead = watched
+atexit.register(lambda: print("SWITCH " + json.dumps({**seen, "after": sys.getswitchinterval()})))
+from recall_tasks.cli.app import console_main
+sys.argv = ["recall-bench"] + sys.argv[1:]
+console_main()
+"""
+
+
+@pytest.mark.concurrency
+def test_a_run_judges_with_a_short_switch_interval_and_restores_it(prefect_harness, tmp_path):
+    """While the head start judges and Prefect imports in the main thread, the judge's loop gets the GIL back
+    within ``RUN_SWITCH_INTERVAL_S`` instead of Python's 5 ms (``runtime.prompt_switches``); the interpreter's
+    own interval is back once the run is over."""
+    import json
+
+    from recall_tasks.cli.runtime import RUN_SWITCH_INTERVAL_S
+    from tests.test_caching import ROOT, cli_env, write
+    from tests.test_pipeline import make_rows
+
+    data = write(tmp_path / "eval.parquet", make_rows(30, seed=4))
+    cmd = [sys.executable, "-c", SWITCH_WATCH, "run", data, "--output", str(tmp_path / "out"), "--chunk-size", "10"]
+    done = subprocess.run(cmd, env=cli_env(None), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1].removeprefix("SWITCH "))
+    assert seen["before"] == pytest.approx(0.005)  # Python's default
+    assert seen["head_start"] == pytest.approx(RUN_SWITCH_INTERVAL_S)
+    assert seen["after"] == pytest.approx(seen["before"])
