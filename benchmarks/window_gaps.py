@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--py-spy", type=Path, default=None, help="sample the last run's window with py-spy")
-    parser.add_argument("--spy-seconds", type=float, default=3.0)
+    parser.add_argument("--spy-seconds", type=int, default=3)
     args = parser.parse_args()
 
     with bench_setup(ROOT, args.rows, args.latency, "recall-gaps-") as bench:
@@ -95,7 +95,7 @@ def main() -> None:
                   flush=True)  # fmt: skip
 
 
-def spied(cmd: list[str], env: dict[str, str], stats_url: str, out: Path, seconds: float) -> dict:
+def spied(cmd: list[str], env: dict[str, str], stats_url: str, out: Path, seconds: int) -> dict:
     """One run with ``py-spy record`` attached from its first judge request for ``seconds``; its wall time."""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     urllib.request.urlopen(stats_url + "?reset=1", timeout=5).read()
@@ -106,10 +106,12 @@ def spied(cmd: list[str], env: dict[str, str], stats_url: str, out: Path, second
         if recorder is None and json.loads(urllib.request.urlopen(stats_url, timeout=5).read())["first_request_at"]:
             recorder = subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--gil", "--threads", "--nonblocking",
                                          "--rate", "200", "--format", "raw", "--duration", str(seconds), "-o",
-                                         str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                                         str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
         time.sleep(0.01)
     if recorder is not None:
-        recorder.wait()
+        _, spy_err = recorder.communicate()
+        if not out.exists():
+            raise RuntimeError(f"py-spy wrote no profile: {spy_err.decode()[-2000:]}")
     if proc.returncode != 0:
         raise RuntimeError(f"run failed ({proc.returncode})")
     return {"wall_s": time.perf_counter() - w0}
