@@ -67,7 +67,10 @@ def test_the_laptop_recipe_runs_as_written(tmp_path: Path, fake_openai: Any) -> 
     write_parquet(root / "evals" / "golden.parquet", make_rows(12))
     local = Local(tmp_path / "local")
     seed_database(local.state / "prefect" / "prefect.db")
-    env = local.env(OPENAI_API_KEY=KEY, OPENAI_BASE_URL=fake_openai.base_url, COLUMNS="250")
+    # the worker asks for scheduled runs every second, not Prefect's default 10: the environment's, not the recipe's
+    env = local.env(
+        OPENAI_API_KEY=KEY, OPENAI_BASE_URL=fake_openai.base_url, COLUMNS="250", PREFECT_WORKER_QUERY_SECONDS="1"
+    )
     api = f"http://127.0.0.1:{local.port}/api"
     server, worker_block, run_block, confirm_block = recipe()
     worker: subprocess.Popen[str] | None = None

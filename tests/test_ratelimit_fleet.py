@@ -179,9 +179,15 @@ def test_max_requests_holds_for_the_whole_run_across_worker_processes(prefect_ha
     assert not [n for n in names if n.startswith(f"recall-bench-requests-{summary['run_id']}")]
 
 
-#: --max-cost-usd of the test below: about a third of its 30 rows at gpt-4o-mini's price (a call costs 30-90
-#: micro-dollars on the fake server, whose tokens are a quarter of the characters)
-COST_BUDGET = 0.0007
+#: --max-cost-usd of the test below, in USD: about 80 of its 240 rows at gpt-4o-mini's price (a call costs 30-90
+#: micro-dollars on the fake server, whose tokens are a quarter of the characters). Each attempt reserves its worst
+#: case first (330-460 micro-dollars for these rows), and a worker that cannot cover one stops the run while the
+#: other worker holds what it reserved: its grant (a fiftieth of the budget), its attempts in flight (two: two chunks
+#: in flight for the run) and an allowance under one worst case. At 0.0007 one worst case in flight filled the run,
+#: and a second worker's first attempt stopped the run after 3 rows whenever it came while the first's was in
+#: flight (a loaded machine); at 0.005 the stop leaves at most 100 + 4 x 460 micro-dollars unspent.
+COST_BUDGET = 0.005
+COST_ROWS = 240
 
 
 @pytest.mark.concurrency
@@ -199,8 +205,8 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
     from recall_tasks.io.storage import StorageConfig
     from recall_tasks.pipeline.flow import recall_benchmark
 
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(30, seed=11), row_group_size=3)
-    chunks_in_flight, chunk_rows, concurrency = 2, 3, 2
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(COST_ROWS, seed=11), row_group_size=10)
+    chunks_in_flight, chunk_rows, concurrency = 2, 10, 2
     run_ids: dict[str, str] = {}
     for runner in ("processes", "threads"):
         out = str(tmp_path / runner)
@@ -231,7 +237,7 @@ def test_max_cost_usd_holds_for_the_whole_run_across_worker_processes(prefect_ha
         (run,) = [r for r in store.read_table("runs").to_table().to_pylist() if r["segment_column"] is None]
         judged = [r for r in rows if r["score"] is not None]
         kept = [r for r in rows if r["score"] is None]  # rows past the budget
-        assert len(rows) == 30 and kept and all(r["reason"] == "not judged: " + reason for r in kept), runner
+        assert len(rows) == COST_ROWS and kept and all(r["reason"] == "not judged: " + reason for r in kept), runner
         assert all(r["requests"] == 0 and not r["cost_usd"] for r in kept), runner
         costs = [r["cost_usd"] for r in judged]
         assert run["cost_usd"] == pytest.approx(sum(costs)) == summary["cost_usd"]

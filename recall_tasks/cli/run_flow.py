@@ -27,7 +27,6 @@ from recall_tasks.cli.runtime import (
     _interrupts,
     _is_interrupt,
     _prefect_api,
-    _printed_notes,
     _quiet_prefect_console,
     freeze_heap,
     pause_gc,
@@ -136,7 +135,6 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             if preflight:
                 prepared = _preflight(params)
                 for note in prepared.notes:
-                    _printed_notes.add(note)
                     err.print(f"[yellow]note:[/] {plain(note)}")
                 # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
                 if os.environ.get("PREFECT_API_URL"):
@@ -147,7 +145,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
             from recall_tasks.pipeline.flow import handing_off, recall_benchmark
 
             freeze_heap()  # what start-up imported: no collection walks it again
-            stack.enter_context(_quiet_prefect_console(debug))
+            stack.enter_context(_quiet_prefect_console(debug, prepared.notes if prepared else ()))
             progress = stack.enter_context(
                 Progress(
                     TextColumn("scoring"),

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from recall_tasks.cli.common import err
@@ -171,18 +171,22 @@ def _interrupts() -> Iterator[dict[str, Any]]:
                 signal.signal(sig, old)
 
 
-#: Notes the CLI printed before the flow; the flow logs them again for deployment runs: not twice on the console.
-_printed_notes: set[str] = set()
+class _OwnWarnings(logging.Filter):
+    """recall-bench's own warnings, less the notes the CLI printed before the flow (the flow logs them again for
+    deployment runs: not twice on the console)."""
 
+    def __init__(self, printed: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.printed = frozenset(printed)
 
-def _own_warnings_only(record: logging.LogRecord) -> bool:
-    if not record.name.startswith("recall_tasks") or record.levelno < logging.WARNING:
-        return False
-    return record.getMessage() not in _printed_notes
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("recall_tasks") or record.levelno < logging.WARNING:
+            return False
+        return record.getMessage() not in self.printed
 
 
 @contextlib.contextmanager
-def _quiet_prefect_console(debug: bool) -> Iterator[None]:
+def _quiet_prefect_console(debug: bool, printed: Iterable[str] = ()) -> Iterator[None]:
     """Console logging shows only recall-bench's own warnings for the run (``--debug``: everything).
 
     Flow-run and task-run logs still go to the Prefect API (the UI shows them); the CLI prints its own summary,
@@ -190,18 +194,19 @@ def _quiet_prefect_console(debug: bool) -> Iterator[None]:
     tracebacks. Only console (stream) handlers are filtered, and only while the run lasts.
     """
     handlers: list[logging.Handler] = []
+    own = _OwnWarnings(printed)
     if not debug:
         for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
             for handler in getattr(logger, "handlers", []):
                 console = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-                if console and _own_warnings_only not in handler.filters:
-                    handler.addFilter(_own_warnings_only)
+                if console and not any(isinstance(f, _OwnWarnings) for f in handler.filters):
+                    handler.addFilter(own)
                     handlers.append(handler)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(_own_warnings_only)
+            handler.removeFilter(own)
 
 
 def _is_interrupt(exc: BaseException) -> bool:
