@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -88,6 +89,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # whichever test imports it first, which the guard then fails for a subprocess it never asked for (the test that
     # imported prefect.cli.deploy first, depending on the worker's order). Imported here, before any test.
     import prefect._vendor.croniter  # noqa: F401
+
+    # The openai SDK's first request names the platform (platform.platform()), which runs `uname -p` once per
+    # process: in whichever test sends the session's first OpenAI request (test_outcomes' status history and
+    # test_evaluate's cancel test, alone or first of a worker). platform caches the answer: asked here, before any
+    # test.
+    platform.platform()
 
 
 #: Tests that need a real server process (Prefect, SeaweedFS) or run the CLI in subprocesses: ``integration``.

@@ -24,3 +24,20 @@ def test_missing_input_hint_names_cli_flags_in_a_run(prefect_harness, tmp_path: 
 
 def test_missing_input_hint_names_python_parameters_in_the_library() -> None:
     assert "on_missing='skip'" in str(MissingInputError("expected_output", "Contextual Recall"))
+
+
+def test_a_label_of_the_same_dataset_name_elsewhere_points_to_dataset_name(prefect_harness, tmp_path: Path) -> None:
+    """Dated folders of one dataset are two series: `--baseline label:a` found nothing and said "labels available:
+    none" beside a run labelled 'a' of a dataset shown by the same name; the message names the other location and
+    `--dataset-name`."""
+    rows = make_rows(12, seed=4)
+    first = write_parquet(tmp_path / "evals" / "2026-11-30" / "golden.parquet", rows)
+    second = write_parquet(tmp_path / "evals" / "2026-12-01" / "golden.parquet", rows)
+    out = str(tmp_path / "out")
+    done = CliRunner().invoke(cli.app, ["run", second, "-o", out, "--label", "a"])
+    assert done.exit_code == 0, done.output
+    refused = CliRunner().invoke(cli.app, ["run", first, "-o", out, "--baseline", "label:a"], env={"COLUMNS": "400"})
+    assert refused.exit_code == 2, refused.output
+    said = refused.output
+    assert "no completed run labelled 'a' for dataset 'golden'" in said, said
+    assert "2026-12-01/golden.parquet" in said and "--dataset-name" in said, said

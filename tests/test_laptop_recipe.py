@@ -91,6 +91,7 @@ def test_the_laptop_recipe_runs_as_written(tmp_path: Path, fake_openai: Any) -> 
         said = done.stderr
         assert re.search(r"^[0-9a-f-]{36}$", done.stdout, re.M), done.stdout  # the event id, alone on its line
         assert "sent search.index.built (event " in said and f"to {api}" in said, said
+        assert "which the 1 worker(s) of recall-pool online pick up within seconds" in said, said
         assert "prefect flow-run ls --flow-name recall-benchmark --state-type RUNNING" in said and RUN_NAME in said, (
             said
         )

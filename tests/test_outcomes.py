@@ -261,7 +261,8 @@ def test_a_budget_stopped_run_is_a_baseline_only_when_named():
 
 
 def test_a_narrow_history_keeps_a_status_other_than_completed_in_the_verdict():
-    from recall_tasks.cli.output import HISTORY_COLUMNS, history_fit
+    from recall_tasks.cli.history_fit import history_fit
+    from recall_tasks.cli.output import HISTORY_COLUMNS
 
     def row(run_id: str, status: str, verdict: str) -> list[str]:
         return ["2026-12-04 05:00", "eval", "nightly", run_id, status, "gpt-4o-mini", "160", "0.500", "0.4..0.6",
@@ -272,3 +273,33 @@ def test_a_narrow_history_keeps_a_status_other_than_completed_in_the_verdict():
     names, rows = history_fit(list(HISTORY_COLUMNS), cells, 60)
     assert "status" not in names
     assert [r[names.index("verdict")] for r in rows] == ["budget_exhausted: regressed", "unchanged"]
+
+
+def test_a_narrow_history_keeps_why_a_run_is_incomparable():
+    """Narrowed, the verdict loses the baseline id and parentheses, not the reason (was: the bare "incomparable",
+    on any terminal narrower than the whole table: 284 columns for the laptop recipe's history)."""
+    from recall_tasks.cli.history_fit import history_fit
+    from recall_tasks.cli.output import HISTORY_COLUMNS, history_cells, width_needed
+
+    def rec(run_id: str, verdict: str | None, reason: str | None) -> dict[str, object]:
+        return {"started_at": None, "dataset": "golden", "label": "nightly", "run_id": run_id, "status": "completed",
+                "judge": "gpt-4o-mini", "rows": 11, "mean_score": 0.5, "ci_low": 0.4, "ci_high": 0.6, "pass_rate": 0.6,
+                "threshold": 0.5, "verdict": verdict, "baseline_run_id": "20261204T111935Z-0bccca",
+                "reason": reason}  # fmt: skip
+
+    reasons = "judge differs (current 'lexical', baseline 'openai'); threshold differs (current 0.5, baseline 0.7)"
+    cells = [history_cells(rec("20261204T111935Z-0bccca", None, "first run of its series")),
+             history_cells(rec("20261204T111958Z-4d5699", "incomparable", reasons)),
+             history_cells(rec("20261204T120000Z-aaaaaa", "regressed", None))]  # fmt: skip
+    names, rows = history_fit(list(HISTORY_COLUMNS), cells, 150)
+    assert [r[names.index("verdict")] for r in rows] == [
+        "first",
+        "incomparable: judge differs; +1 more (--output-format json)",
+        "regressed",
+    ]
+    assert width_needed(names, rows) <= 150 and "run_id" in names
+    names, rows = history_fit(list(HISTORY_COLUMNS), cells, 130)
+    assert rows[1][names.index("verdict")] == "incomparable: judge differs; +1 more (--output-format json)"
+    assert width_needed(names, rows) <= 130
+    names, rows = history_fit(list(HISTORY_COLUMNS), cells, 80)  # no column left to drop: the bare word
+    assert [r[names.index("verdict")] for r in rows] == ["first", "incomparable", "regressed"]

@@ -142,7 +142,7 @@ def test_a_chunk_the_cache_served_with_failures_is_scored_again(data: str, tmp_p
 def test_an_error_aborts_the_run_and_flushes_what_was_judged(data: str, tmp_path: Path) -> None:
     plan = plan_for(data, tmp_path / "out")
     told: list[int] = []
-    observer = SimpleNamespace(progress=lambda done, total: None, aborted=told.append)
+    observer = SimpleNamespace(progress=lambda done, total: None, rows=lambda seq, n: None, aborted=told.append)
     with pytest.raises(ValueError, match="chunk 3 broke"):
         score_chunks(plan, PoolExecutor(plan, fail_seq=3), observer)
     assert plan.scope.cancelled  # judge calls in flight are cancelled, later chunks refuse to start

@@ -99,6 +99,22 @@ def no_baseline_text(earlier: dict[str, int]) -> str | None:
     return f"no comparable baseline ({total} earlier run{'s' if total > 1 else ''}: {counts})"
 
 
+def _elsewhere(overall: pa.Table, dataset: str, metric: str, dataset_id: str | None, label: str) -> str:
+    """A hint when runs with ``label`` exist for a dataset of the same name at another location: another series
+    (dated folders of one dataset), which the message's "dataset 'golden'" did not tell apart from this one."""
+    if not dataset_id or not {"dataset_id", "label"} <= set(overall.column_names):
+        return ""
+    same = overall.filter(pc.and_(pc.and_(_eq(overall, "dataset", dataset), _eq(overall, "metric", metric)),
+                                  _eq(overall, "label", label)))  # fmt: skip
+    others = [d for d in _distinct_recent(same, "dataset_id") if d != dataset_id]
+    if not others:
+        return ""
+    return (
+        f"; a run labelled {label!r} exists for {others[0]}, another location: each location is its own series, "
+        "so name one series across locations with --dataset-name on every run"
+    )
+
+
 def find_baseline(
     runs: pa.Table,
     *,
@@ -170,6 +186,7 @@ def find_baseline(
                 f"no completed run labelled {label!r} for dataset {dataset!r} and metric {metric!r}"
                 f"{' other than the current run' if exclude_run_id else ''}; "
                 f"labels available: {_shown(_distinct_recent(completed, 'label'))}"
+                f"{_elsewhere(overall, dataset, metric, dataset_id, label)}"
             )
         return found
 

@@ -107,7 +107,7 @@ def _markdown_cell(value: str) -> str:
     return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
 
 
-def _width_needed(columns: Sequence[str], cells: list[list[str]]) -> int:
+def width_needed(columns: Sequence[str], cells: list[list[str]]) -> int:
     """Console width at which a boxed table shows every cell on one line (per line of a multi-line cell)."""
     widths = [cell_len(c) for c in columns]
     for row in cells:
@@ -134,7 +134,7 @@ def print_table(
     if piped:
         # wide enough for the longest values: nothing wrapped, nothing cut
         console = Console(
-            file=console.file, width=max(80, _width_needed(columns, cells)), color_system=None, highlight=False
+            file=console.file, width=max(80, width_needed(columns, cells)), color_system=None, highlight=False
         )
     table = Table(title=Text(title) if title is not None else None, show_header=show_header)
     for i, name in enumerate(columns):
@@ -247,10 +247,6 @@ HISTORY_FIELDS = (
     "started_at", "dataset", "label", "run_id", "status", "judge", "rows", "mean_score", "ci_low", "ci_high",
     "pass_rate", "threshold", "verdict", "baseline_run_id", "reason",
 )  # fmt: skip
-#: Dropped one by one, in this order, until the table fits a narrow terminal (``history_fit``); run_id, label, mean,
-#: pass rate and verdict stay (a dropped status other than completed goes into the verdict). ``started`` goes early:
-#: the run id starts with the same UTC time.
-HISTORY_DROP_ORDER = ("judge", "dataset", "started", "95 % CI", "rows", "status")
 
 
 def history_records(runs: Any, comparisons: Any | None) -> list[dict[str, Any]]:
@@ -368,29 +364,3 @@ def pass_rate_text(rate: float | None, threshold: float | None) -> str:
     if rate is None:
         return "-"
     return f"{rate:.1%}" + (f" ≥{threshold:g}" if threshold is not None else "")
-
-
-def history_fit(columns: Sequence[str], cells: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
-    """The history table narrowed to ``width`` terminal columns, so no cell is folded into pieces.
-
-    First the verdict loses its baseline run id (each run's baseline is usually the row above; ``--output-format
-    csv`` has it; "first of series" becomes "first", a parenthesis goes), then columns go in
-    :data:`HISTORY_DROP_ORDER` while the table is still too wide (the status last, kept in the verdict when it is
-    not ``completed``).
-    """
-    names, rows = list(columns), [list(r) for r in cells]
-    if _width_needed(names, rows) <= width:
-        return names, rows
-    v = names.index("verdict")
-    for row in rows:
-        row[v] = "first" if row[v] == "first of series" else row[v].split(" vs ", 1)[0].split(" (", 1)[0]
-    for drop in HISTORY_DROP_ORDER:
-        if _width_needed(names, rows) <= width:
-            break
-        i = names.index(drop)
-        del names[i]
-        for row in rows:
-            gone = row.pop(i)
-            if drop == "status" and gone not in ("completed", ""):
-                row[names.index("verdict")] = f"{gone}: {row[names.index('verdict')]}"
-    return names, rows

@@ -46,6 +46,7 @@ from recall_tasks.errors import (
 from recall_tasks.summaries import FlowSummary
 
 if TYPE_CHECKING:
+    from recall_tasks.pipeline.progress import RowProgress
     from recall_tasks.pipeline.run import Prepared
 
 
@@ -66,22 +67,32 @@ def mark_interrupted(sig: int) -> None:
         session.interrupted = sig
 
 
+def _row_progress() -> RowProgress:
+    from recall_tasks.pipeline.progress import RowProgress
+
+    return RowProgress()
+
+
 @dataclass
 class _Watch:
-    """The CLI's :class:`~recall_tasks.pipeline.run.RunObserver`: the progress bar (once drawn) and the rows an
-    abort left cached (the interrupt message sums them: the flow's abort and a head start no flow took)."""
+    """The CLI's :class:`~recall_tasks.pipeline.run.RunObserver`: the rows settled so far (``shown``, counted from
+    the head start on, before the bar exists: the first chunk's rows used to be lost and the bar jumped by them),
+    the progress bar once drawn, and the rows an abort left cached (the interrupt message sums them: the flow's
+    abort and a head start no flow took)."""
 
     cached: list[int] = field(default_factory=list)
-    bar: Callable[[int, int], None] | None = None
-    row_bar: Callable[[int, int | None], None] | None = None
+    shown: RowProgress = field(default_factory=_row_progress)
+    bar: Callable[[], None] | None = None
 
     def progress(self, done: int, total: int) -> None:
+        self.shown.chunks(done, total)
         if self.bar is not None:
-            self.bar(done, total)
+            self.bar()
 
     def rows(self, seq: int, n: int | None) -> None:
-        if self.row_bar is not None:
-            self.row_bar(seq, n)
+        self.shown.rows(seq, n)
+        if self.bar is not None:
+            self.bar()
 
     def aborted(self, rows_cached: int) -> None:
         self.cached.append(rows_cached)
@@ -123,7 +134,6 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from recall_tasks.pipeline import head_start
-    from recall_tasks.pipeline.progress import RowProgress
 
     watch = _Watch()
     prepared = None
@@ -157,16 +167,15 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                     disable=not err.is_terminal,
                 )
             )
-            bar = progress.add_task("rows", total=None)
-            rows = RowProgress()  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
+            rows = watch.shown  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
+            if rows.total is None and prepared is not None and prepared.plan is not None:
+                rows.total = prepared.plan.dataset.num_rows  # the head start judges before the chunk loop says it
+            bar = progress.add_task("rows", total=rows.total, completed=rows.shown)
 
-            def draw(done: int, total: int) -> None:
-                progress.update(bar, completed=rows.chunks(done, total), total=total)
+            def draw() -> None:
+                progress.update(bar, completed=rows.shown, total=rows.total)
 
-            def draw_rows(seq: int, n: int | None) -> None:
-                progress.update(bar, completed=rows.rows(seq, n))
-
-            watch.bar, watch.row_bar = draw, draw_rows
+            watch.bar = draw
             with handing_off(prepared, watch):  # what this process prepared reaches the flow it calls
                 return recall_benchmark(params)
         except BaseException as exc:

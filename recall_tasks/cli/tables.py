@@ -111,12 +111,12 @@ def history(
     """
     import pyarrow.compute as pc
 
+    from recall_tasks.cli.history_fit import history_fit
     from recall_tasks.cli.output import (
         HISTORY_COLUMNS,
         HISTORY_FIELDS,
         cut_notice,
         history_cells,
-        history_fit,
         history_records,
         print_rows,
     )

@@ -229,21 +229,61 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: could not send the event to {_api_url()}: {type(exc).__name__}: {exc}", err=True)
             raise typer.Exit(code=1) from None
         typer.echo(str(event.id))  # stdout: the id alone, for scripts; what to watch goes to stderr
-        for line in what_to_watch(index_version, dataset, output, event_id=str(event.id), api_url=_api_url()):
+        ready = trigger_readiness()
+        for line in what_to_watch(
+            index_version, dataset, output, event_id=str(event.id), api_url=_api_url(), ready=ready
+        ):
             typer.echo(line, err=True)
 
 
+#: The deployment whose trigger acts on the event (``deployments/prefect.yaml``), as ``flow/deployment``.
+INDEX_DEPLOYMENT = "recall-benchmark/index-built-recall"
+
+
+def trigger_readiness(deployment: str = INDEX_DEPLOYMENT) -> str | None:
+    """What becomes of the event, as the server has it, in a sentence: the deployment missing, no worker of its
+    pool online, or how many are; None when the server cannot tell (the event was sent all the same).
+
+    Asked after sending, so a person is told the fact instead of a conditional they read as one: the message said
+    "picked up by a worker of recall-pool (none running: it waits as Scheduled)" with a worker running.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import WorkerStatus
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        with get_client(sync_client=True) as client:
+            try:
+                pool = client.read_deployment_by_name(deployment).work_pool_name
+            except ObjectNotFound:
+                return f"this server has no deployment {deployment}: the event starts no run until it is deployed"
+            workers = client.read_workers_for_work_pool(pool) if pool else []
+    except Exception:  # noqa: BLE001 - a hint only: the event is sent, whatever the server answers here
+        return None
+    online = sum(1 for w in workers if w.status == WorkerStatus.ONLINE)
+    if online:
+        return f"{_TRIGGERED}, which the {online} worker(s) of {pool} online pick up within seconds"
+    return (
+        f"{_TRIGGERED}; no worker of {pool} is online, so it waits as Scheduled until one starts "
+        f"(prefect worker start --pool {pool})"
+    )
+
+
+_TRIGGERED = "the index-built-recall deployment's trigger starts a flow run for it"
+
+
 def what_to_watch(
-    index_version: str, dataset: str, output: str | None, *, event_id: str, api_url: str | None
+    index_version: str, dataset: str, output: str | None, *, event_id: str, api_url: str | None, ready: str | None
 ) -> list[str]:
-    """What ``emit-index-built`` tells a person: where the event went and how to see the run it triggers."""
+    """What ``emit-index-built`` tells a person: where the event went, who runs what it triggers (``ready``, from
+    :func:`trigger_readiness`) and how to see that run."""
     name = f"recall-{dataset.rstrip('/').split('/')[-1]}-index-{index_version}"  # the flow's flow_run_name
     ui = (api_url or "").removesuffix("/").removesuffix("/api")
     history = f"recall-bench history -o {output}" if output else "recall-bench history -o <the deployment's output>"
     lines = [
         f"sent {EVENT_NAME} (event {event_id}) to {api_url or 'the configured Prefect API'}",
-        "the index-built-recall deployment's trigger starts a flow run for it, picked up by a worker of "
-        "recall-pool (none running: it waits as Scheduled). Watch it:",
+        (ready or f"{_TRIGGERED}, picked up by a worker of its pool (while none is online, it waits as Scheduled)")
+        + ". Watch it:",
         "  prefect flow-run ls --flow-name recall-benchmark --state-type RUNNING --state-type COMPLETED --limit 3",
         f"    # the run {name}, Running then Completed (before: Scheduled, waiting for a worker)",
     ]

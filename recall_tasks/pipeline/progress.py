@@ -3,9 +3,12 @@
 The chunk loop reports progress when a chunk settles (``steps.notify_progress``: 500 rows at a time by default);
 a bar drawn from that alone sat at ``0/?`` for the first chunk and then jumped. While a chunk is scored in this
 process, :func:`counting_rows` tells the run's observer ``rows(seq, n)`` as its rows settle: the rows without a judge
-call (cache hits, missing inputs) at once, then each judged row as its reply comes (``scoring.rows_settled``),
-and ``(seq, None)`` when the chunk's scoring ends (its rows then count once the chunk settles). Chunks scored in
-other processes (``--task-runner processes|dask``) report when they settle only.
+call (cache hits, missing inputs) at once, then each judged row as its reply comes (``scoring.rows_settled``).
+``(seq, None)`` forgets a chunk's count: when an attempt to score it starts (a retry counts from zero) and when it
+settles (``window.score_chunks``, just before ``progress`` counts its rows in the settled total). The count was
+once forgotten when the scoring ended: a head start's chunk, scored long before the flow settles it, then left
+the bar standing still and jumping by 500 (3,000 rows: 599 -> 805 -> 1323). Chunks scored in other processes
+(``--task-runner processes|dask``) report when they settle only.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ def counting_rows(seq: int, observer: RowsObserver | None) -> Iterator[None]:
     if observer is None:
         yield
         return
+    observer.rows(seq, None)  # an attempt (a retry too) counts from zero
     token = rows_settled.set(functools.partial(observer.rows, seq))
     try:
         yield
     finally:
         rows_settled.reset(token)
-        observer.rows(seq, None)
 
 
 def tell_each(tasks: list[asyncio.Task[Any]], tell: Callable[[int], None] | None) -> None:
@@ -54,8 +57,8 @@ def tell_each(tasks: list[asyncio.Task[Any]], tell: Callable[[int], None] | None
 
 
 class RowProgress:
-    """What a progress bar shows: rows of settled chunks plus rows settled in the chunks in flight, never less
-    than it showed before (a chunk whose scoring ended counts again once it settles)."""
+    """What a progress bar shows: rows of settled chunks plus rows settled in the chunks not settled yet, never
+    less than it showed before."""
 
     def __init__(self) -> None:
         self.done = 0

@@ -331,7 +331,7 @@ class RunObserver(Protocol):
 
     def rows(self, seq: int, n: int | None) -> None:
         """``n`` more rows of chunk ``seq`` settled while it is scored in this process (``pipeline/progress.py``);
-        ``n`` None: that chunk's scoring ended (its rows count again in :meth:`progress` once it settles)."""
+        ``n`` None: forget that chunk's count (an attempt to score it starts; it settled, :meth:`progress` next)."""
         ...
 
     def aborted(self, rows_cached: int) -> None:

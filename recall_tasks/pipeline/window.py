@@ -106,6 +106,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver =
         parked.pop(seq, None)
         tally.parts.append(ChunkPart(report.path, reused=reused))
         tally.done_rows += report.rows
+        observer.rows(seq, None)  # its rows counted as they settled are in done_rows from now on
         observer.progress(tally.done_rows, total)
         executor.progress(tally.done_rows, total, final=False)
 
