@@ -5,8 +5,9 @@
 Run by path with ``PYTHONPATH`` set to the checkout whose ``recall_tasks`` is measured (this file imports nothing
 from ``benchmarks``, so another checkout's code runs under the same harness). Warms up on the first
 ``--warm`` rows (client, connections, imports), then times every row at once: CPU seconds of the whole process
-(``time.process_time``: all threads) and wall seconds. Prints JSON on the last line, with a digest of the scores
-so both checkouts can be seen to agree.
+(``time.process_time``: all threads) and wall seconds. Prints JSON on the last line, with the rows timed, the
+warm-up rows (judged too: the judge's request count covers both) and a digest of the scores so both checkouts can
+be seen to agree.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main() -> None:
                 fh.write(profiler.output_text(show_all=True, timeline=False))
         await judge.aclose()
         digest = hashlib.sha256(json.dumps([r.score for r in results]).encode()).hexdigest()[:12]
-        return {"rows": len(cases), "cpu_s": cpu, "wall_s": wall, "scores": digest}
+        return {"rows": len(cases), "warm": len(cases[: args.warm]), "cpu_s": cpu, "wall_s": wall, "scores": digest}
 
     print(json.dumps(asyncio.run(run())), flush=True)
 

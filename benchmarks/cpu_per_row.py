@@ -19,8 +19,14 @@ for each checkout in turn (the order swaps every pair), three whole processes:
   the imports, Prefect's flow run: the same at any size). At 1,000 rows that fixed part is most of the CPU
   inside the scoring window too: Prefect is imported while the head start's chunks are judged.
 
-Printed: every run, then per measure the medians of both checkouts and their ratio. On a shared machine the
-ratios of alternating pairs are the comparison, not the absolute figures. Figures printed, never asserted.
+Each run also reads the fake judge's request count and prompt tokens (characters / 4 of the messages sent):
+judge calls and prompt tokens per judged row (the library path's warm-up rows counted with its rows). Before
+each run the machine's 1-minute load (``os.getloadavg``) is read and printed with it; a figure with a run behind
+it that began above 1 is stamped ``loaded`` in the table's last column (``benchmarks/load.py``), and a line under
+the table says loaded figures are not for the README.
+Printed: every run, then per measure the medians of both checkouts, their ratio and the stamp. On a shared
+machine the ratios of alternating pairs are the comparison, not the absolute figures. Figures printed, never
+asserted.
 """
 
 from __future__ import annotations
@@ -40,19 +46,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.load import NOT_FOR_README, load_1min, stamp, summary  # noqa: E402
 from benchmarks.startup import bench_setup, process_cpu_s  # noqa: E402
 from benchmarks.throughput import start_judge  # noqa: E402
 
 CHILD = ROOT / "benchmarks" / "_cpu_child.py"
 
 
+def _judge_stats(url: str, reset: bool = False) -> dict:
+    stats_url = url.removesuffix("/v1") + "/stats" + ("?reset=1" if reset else "")
+    return dict(json.loads(urllib.request.urlopen(stats_url, timeout=5).read()))
+
+
 def library(env: dict[str, str], code: Path, data: str, url: str, concurrency: int) -> dict:
-    """One library-path process (``_cpu_child.py``) on ``code``'s ``recall_tasks``; its JSON line."""
+    """One library-path process (``_cpu_child.py``) on ``code``'s ``recall_tasks``; its JSON line, the judge's
+    requests and prompt tokens, and the load before it."""
     cmd = [sys.executable, str(CHILD), data, url, "--concurrency", str(concurrency)]
+    _judge_stats(url, reset=True)
+    load = load_1min()
     proc = subprocess.run(cmd, cwd=code, env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"library run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    stats = _judge_stats(url)
+    out = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {**out, "requests": stats["requests"], "prompt_tokens": stats["prompt_tokens"], "load_1min": load}
 
 
 def _sample(pid: int, samples: list[tuple[float, float]], done: threading.Event) -> None:
@@ -70,9 +87,11 @@ def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
 
 
 def cli(env: dict[str, str], code: Path, data: str, out: str, url: str, concurrency: int, rows: int) -> dict:
-    """One ``recall-bench run`` process on ``code``: scoring window, CPU within it, whole-process CPU and wall."""
+    """One ``recall-bench run`` process on ``code``: scoring window, CPU within it, whole-process CPU and wall, the
+    judge's requests and prompt tokens, the load before it."""
     stats_url = url.removesuffix("/v1") + "/stats"
     urllib.request.urlopen(stats_url + "?reset=1", timeout=5).read()
+    load = load_1min()
     cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", out, "--judge", "openai",
            "--base-url", url, "--max-concurrency", str(concurrency)]  # fmt: skip
     samples: list[tuple[float, float]] = []
@@ -97,6 +116,10 @@ def cli(env: dict[str, str], code: Path, data: str, out: str, url: str, concurre
         "scoring_cpu_s": _cpu_at(samples, last) - _cpu_at(samples, first),
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "wall_s": wall,
+        "rows": rows,
+        "requests": stats["requests"],
+        "prompt_tokens": stats["prompt_tokens"],
+        "load_1min": load,
     }
 
 
@@ -135,6 +158,7 @@ def main() -> None:
                 for name in order:
                     code = checkouts[name]
                     start = len(runs)
+                    print(f"pair {pair + 1} {name}: 1-minute load before its runs {load_1min():.2f}", flush=True)
                     if "library" in args.only:
                         r = library(bench.env, code, data, bench.base_url, args.concurrency)
                         runs.append(("library", name, r))
@@ -162,18 +186,22 @@ def main() -> None:
         "library wall s": ("library", lambda r: r["wall_s"]),
         "zero-latency rows/s": ("zero", lambda r: r["rows"] / r["wall_s"]),
         "zero-latency CPU ms/row": ("zero", lambda r: 1000 * r["cpu_s"] / r["rows"]),
+        "library judge calls/row": ("library", lambda r: r["requests"] / (r["rows"] + r["warm"])),
+        "library prompt tokens/row": ("library", lambda r: r["prompt_tokens"] / (r["rows"] + r["warm"])),
         "CLI CPU ms/row while scoring": ("cli", lambda r: 1000 * r["scoring_cpu_s"] / args.rows),
         f"CLI scoring window s (ideal {ideal:.1f})": ("cli", lambda r: r["window_s"]),
         "CLI window / ideal": ("cli", lambda r: r["window_s"] / ideal),
         "CLI whole-process CPU s": ("cli", lambda r: r["cpu_s"]),
         "CLI whole-process wall s": ("cli", lambda r: r["wall_s"]),
+        "CLI judge calls/row": ("cli", lambda r: r["requests"] / r["rows"]),
+        "CLI prompt tokens/row": ("cli", lambda r: r["prompt_tokens"] / r["rows"]),
         f"CLI {args.marginal_rows:,} rows: whole-process CPU s": ("cli_large", lambda r: r["cpu_s"]),
     }
     print(
         f"\nclient CPU per row: {args.rows} rows, judge latency {args.latency * 1000:.0f} ms, concurrency "
         f"{args.concurrency}; zero latency: {args.zero_rows} rows; this = {ROOT}, base = {checkouts['base']}\n"
     )
-    header = f"{'measure':<38} {'pairs (this / base)':<44} {'this':>8} {'base':>8} {'this/base':>9}"
+    header = f"{'measure':<38} {'pairs (this / base)':<44} {'this':>8} {'base':>8} {'this/base':>9} {'load':>7}"
     print(header)
     print("-" * len(header))
     for label, (kind, value) in measures.items():
@@ -183,17 +211,23 @@ def main() -> None:
             continue
         pairs = " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(this, base, strict=False))
         mt, mb = statistics.median(this), statistics.median(base)
-        print(f"{label:<38} {pairs:<44} {mt:>8.2f} {mb:>8.2f} {mt / mb:>9.2f}")
+        loaded = stamp(r["load_1min"] for m, _, r in runs if m == kind)
+        print(f"{label:<38} {pairs:<44} {mt:>8.2f} {mb:>8.2f} {mt / mb:>9.2f} {loaded:>7}")
     if args.marginal_rows:
         extra = args.marginal_rows - args.rows
         for name in ("this", "base"):
             small = statistics.median(r["cpu_s"] for m, n, r in runs if m == "cli" and n == name)
             large = statistics.median(r["cpu_s"] for m, n, r in runs if m == "cli_large" and n == name)
             marginal[name] = 1000 * (large - small) / extra
+        loaded = stamp(r["load_1min"] for m, _, r in runs if m in ("cli", "cli_large"))
         print(f"{'CLI marginal CPU ms/row (medians)':<38} {'':<44} {marginal['this']:>8.2f} {marginal['base']:>8.2f} "
-              f"{marginal['this'] / marginal['base']:>9.2f}")  # fmt: skip
+              f"{marginal['this'] / marginal['base']:>9.2f} {loaded:>7}")  # fmt: skip
     digests = {(n, r["scores"]) for m, n, r in runs if m in ("library", "zero")}
     print(f"\nscore digests (library path; one per dataset and checkout): {sorted(digests)}")
+    loads = [r["load_1min"] for _, _, r in runs]
+    print(summary(loads))
+    if stamp(loads) == "loaded":
+        print(NOT_FOR_README)
 
 
 if __name__ == "__main__":

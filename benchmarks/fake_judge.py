@@ -62,42 +62,70 @@ class Stats:
 
     ``first_request_at``: wall-clock time (``time.time()``) of the first request since the last reset, so a
     benchmark in another process can measure its command's time to first judge request; ``last_response_at``: the
-    same clock when the latest answer was sent (the end of a run's scoring window).
+    same clock when the latest answer was sent (the end of a run's scoring window); ``prompt_tokens``: the sum of
+    the requests' ``usage.prompt_tokens`` (characters / 4), for prompt tokens per row.
+
+    ``GET /timeline`` (``?reset=1`` likewise): the arrival and answer times of the first :data:`TIMELINE_MAX`
+    requests since the last reset, ``{"arrived": [...], "answered": [...]}`` (same clock): where a client's
+    window loses time shows as gaps in the arrivals (``benchmarks/window_gaps.py``).
     """
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {
             "requests": 0, "in_flight": 0, "peak_in_flight": 0, "first_request_at": None, "last_response_at": None,
+            "prompt_tokens": 0,
         }  # fmt: skip
+        self.arrivals: list[float] = []
+        self.answers: list[float] = []
 
     def arrived(self) -> None:
         v = self.values
+        now = time.time()
         if v["first_request_at"] is None:
-            v["first_request_at"] = time.time()
+            v["first_request_at"] = now
         v["requests"] += 1
         v["in_flight"] += 1
         v["peak_in_flight"] = max(v["peak_in_flight"], v["in_flight"])
+        if len(self.arrivals) < TIMELINE_MAX:
+            self.arrivals.append(now)
 
-    def answered(self) -> None:
+    def answered(self, prompt_tokens: int) -> None:
+        now = time.time()
         self.values["in_flight"] -= 1
-        self.values["last_response_at"] = time.time()
+        self.values["last_response_at"] = now
+        self.values["prompt_tokens"] += prompt_tokens
+        if len(self.answers) < TIMELINE_MAX:
+            self.answers.append(now)
 
     def read(self, reset: bool) -> bytes:
         out = orjson.dumps(self.values)
         if reset:
-            self.values.update(requests=0, peak_in_flight=0, first_request_at=None, last_response_at=None)
+            self.values.update(
+                requests=0, peak_in_flight=0, first_request_at=None, last_response_at=None, prompt_tokens=0
+            )
+            self.arrivals, self.answers = [], []
+        return out
+
+    def timeline(self, reset: bool) -> bytes:
+        out = orjson.dumps({"arrived": self.arrivals, "answered": self.answers})
+        if reset:
+            self.arrivals, self.answers = [], []
         return out
 
 
-def completion(body: dict) -> bytes:
-    """The chat-completion reply to a request body."""
+#: Requests whose times ``GET /timeline`` keeps (a million-row run would otherwise hold two floats a row).
+TIMELINE_MAX = 100_000
+
+
+def completion(body: dict) -> tuple[bytes, int]:
+    """The chat-completion reply to a request body, and its prompt tokens."""
     content, prompt_tokens = answer(body)
     done = max(1, len(content) // 4)
     return orjson.dumps({
         "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done},
-    })  # fmt: skip
+    }), prompt_tokens  # fmt: skip
 
 
 class _Http(asyncio.Protocol):
@@ -141,12 +169,14 @@ class _Http(asyncio.Protocol):
                 self._chat(body, keep)
         elif method == b"GET" and path == b"/stats":
             self._send(200, self.stats.read(reset=b"reset" in query), close=not keep)
+        elif method == b"GET" and path == b"/timeline":
+            self._send(200, self.stats.timeline(reset=b"reset" in query), close=not keep)
         else:
             self._send(404, b'{"error": {"message": "not found"}}', close=not keep)
 
     def _chat(self, body: dict, keep: bool) -> None:
-        reply = completion(body)
-        self.stats.answered()
+        reply, prompt_tokens = completion(body)
+        self.stats.answered(prompt_tokens)
         self._send(200, reply, close=not keep)
 
     def _send(self, status: int, payload: bytes, close: bool) -> None:

@@ -144,6 +144,7 @@ def one_run(cmd: list[str], env: dict[str, str], code_dir: Path, stats_url: str,
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "requests": stats["requests"],
+        "prompt_tokens": stats.get("prompt_tokens", 0),
     }
 
 

@@ -24,8 +24,12 @@ The pairs alternate (the order swaps every pair). Each process is timed from exe
 so its CPU during the run, read from /proc, is added in a row of its own); the fake judge gives the requests
 made, the time to the first request and the scoring window (first request to last answer). Every run must score
 every row (a run that does not stops the benchmark); the rows scored are read back from each tool's own output.
-Printed: every run, then per measure both medians, their ratio ragas / recall-bench and the median of the pairs'
-own ratios. Figures printed, never asserted.
+The fake judge also gives each run's judge calls and prompt tokens (characters / 4 of the messages it was sent),
+printed per row. Before each run the machine's 1-minute load (``os.getloadavg``) is read and printed; a run that
+began above 1 is ``loaded``, and so is every figure with such a run behind it (``benchmarks/load.py``): the
+table's last column says ``loaded`` or ``quiet``, and a line under it says that loaded figures are not for the
+README. Printed: every run with its load, then per measure both medians, their ratio ragas / recall-bench, the
+median of the pairs' own ratios and the stamp. Figures printed, never asserted.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ import statistics
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.load import NOT_FOR_README, load_1min, stamp, summary  # noqa: E402
 from benchmarks.startup import Bench, bench_setup, group_cpu_s, one_run, server_pid  # noqa: E402
 
 REQUIREMENTS = ROOT / "benchmarks" / "ragas_requirements.txt"
@@ -142,6 +148,8 @@ def main() -> None:
             order = ["recall-bench", "ragas"] if pair % 2 == 0 else ["ragas", "recall-bench"]
             for name in order:
                 log = logs / f"{name}-{pair}"
+                load = load_1min()
+                print(f"pair {pair + 1} {name}: 1-minute load before the run {load:.2f}", flush=True)
                 if name == "ragas":
                     r = run_ragas(bench, python, bench.data, args.concurrency, args.ragas_api, log)
                 else:
@@ -149,7 +157,7 @@ def main() -> None:
                 if r["scored"] != args.rows or r["rows"] != args.rows:
                     raise RuntimeError(f"{name} scored {r['scored']} of {r['rows']} rows ({args.rows} given):\n"
                                        f"{log.read_text()[-3000:]}")  # fmt: skip
-                runs.append((name, {**r, "cpu_all_s": r["cpu_s"] + r["server_cpu_s"]}))
+                runs.append((name, {**r, "cpu_all_s": r["cpu_s"] + r["server_cpu_s"], "load_1min": load}))
                 print(f"pair {pair + 1} {name}: {json.dumps({k: v for k, v in r.items() if v is not None})}",
                       flush=True)  # fmt: skip
 
@@ -160,35 +168,39 @@ def main() -> None:
         f"recall-bench: {ROOT} (Python {platform.python_version()})\n"
         f"ragas ({args.ragas_api}), venv {python.parents[1]}: {ragas_versions}\n"
     )
-    measures = {
-        "wall s (exec to exit)": "wall_s",
-        "CPU s (user+sys)": "cpu_s",
-        "CPU s + Prefect server's": "cpu_all_s",
-        "first judge request s": "first_request_s",
-        "scoring window s": "window_s",
-        "judge requests": "requests",
-        "rows scored": "scored",
+    measures: dict[str, Callable[[dict], float]] = {
+        "wall s (exec to exit)": lambda r: r["wall_s"],
+        "CPU s (user+sys)": lambda r: r["cpu_s"],
+        "CPU s + Prefect server's": lambda r: r["cpu_all_s"],
+        "first judge request s": lambda r: r["first_request_s"],
+        "scoring window s": lambda r: r["window_s"],
+        "judge calls per row": lambda r: r["requests"] / r["rows"],
+        "prompt tokens per row": lambda r: r["prompt_tokens"] / r["rows"],
+        "rows scored": lambda r: r["scored"],
     }
     header = (
         f"{'measure':<24} {'pairs (ragas / recall-bench)':<44} {'ragas':>8} {'recall-b.':>9} {'ratio':>6} "
-        f"{'pair ratios':>11}"
+        f"{'pair ratios':>11} {'load':>7}"
     )
     print(header)
     print("-" * len(header))
-    for label, key in measures.items():
-        ragas = [float(r[key]) for n, r in runs if n == "ragas"]
-        ours = [float(r[key]) for n, r in runs if n == "recall-bench"]
+    loads = [r["load_1min"] for _, r in runs]
+    for label, value in measures.items():
+        ragas = [float(value(r)) for n, r in runs if n == "ragas"]
+        ours = [float(value(r)) for n, r in runs if n == "recall-bench"]
         pairs = " ".join(
             f"{a:.2f}/{b:.2f}" if a < 100 else f"{a:.0f}/{b:.0f}" for a, b in zip(ragas, ours, strict=True)
         )
         mr, mo = statistics.median(ragas), statistics.median(ours)
         by_pair = statistics.median(a / b for a, b in zip(ragas, ours, strict=True))
-        print(f"{label:<24} {pairs:<44} {mr:>8.2f} {mo:>9.2f} {mr / mo:>6.2f} {by_pair:>11.2f}")
+        print(f"{label:<24} {pairs:<44} {mr:>8.2f} {mo:>9.2f} {mr / mo:>6.2f} {by_pair:>11.2f} {stamp(loads):>7}")
     means = sorted({(n, r["mean"]) for n, r in runs})
     print(
         "\nratio = ragas median / recall-bench median; pair ratios = median of each pair's ragas / recall-bench "
-        f"(pair i: the i-th run of each); mean score per tool and run: {means}"
+        f"(pair i: the i-th run of each); mean score per tool and run: {means}\n{summary(loads)}"
     )
+    if stamp(loads) == "loaded":
+        print(NOT_FOR_README)
 
 
 if __name__ == "__main__":

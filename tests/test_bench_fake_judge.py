@@ -107,3 +107,41 @@ def test_a_ragas_context_recall_prompt_gets_every_reference_sentence_attributed(
         "The city omega in 2010?",
     ]
     assert [c.attributed for c in parsed.classifications] == [1, 1, 1]
+
+
+def timeline(url: str, reset: bool = False) -> dict:
+    query = "?reset=1" if reset else ""
+    return dict(json.loads(urllib.request.urlopen(url.removesuffix("/v1") + "/timeline" + query, timeout=5).read()))
+
+
+def test_prompt_tokens_and_each_requests_times_are_counted_until_a_reset(judge_url: str) -> None:
+    """What ``vs_ragas``/``cpu_per_row`` print per row (judge calls, prompt tokens: characters / 4 of all the
+    messages) and what ``window_gaps`` reads (each request's arrival and answer time)."""
+    stats(judge_url, reset=True)
+    timeline(judge_url, reset=True)
+    first = [{"role": "system", "content": "s" * 40}, {"role": "user", "content": 'Statements:\n1. "a"'}]
+    second = [{"role": "user", "content": "x" * 401 + '\n1. "a"\n2. "b"'}]
+    chat(judge_url, first)
+    chat(judge_url, second)
+
+    counted = stats(judge_url)
+    joined = ["\n".join(m["content"] for m in messages) for messages in (first, second)]
+    assert counted["requests"] == 2
+    assert counted["prompt_tokens"] == sum(len(text) // 4 for text in joined)
+    times = timeline(judge_url, reset=True)
+    assert len(times["arrived"]) == len(times["answered"]) == 2
+    assert all(a <= b for a, b in zip(times["arrived"], times["answered"], strict=True))
+    assert times["arrived"][0] <= times["arrived"][1]
+    assert timeline(judge_url) == {"arrived": [], "answered": []}
+    assert stats(judge_url, reset=True)["prompt_tokens"] == counted["prompt_tokens"]  # read, then reset
+    assert stats(judge_url)["prompt_tokens"] == 0
+
+
+def test_a_figure_is_loaded_when_any_run_behind_it_began_above_a_load_of_one() -> None:
+    from benchmarks.load import NOT_FOR_README, stamp, summary
+
+    assert stamp([0.2, 1.0]) == "quiet"
+    assert stamp([0.2, 1.01]) == "loaded"
+    assert stamp([]) == "quiet"
+    assert summary([0.5, 3.25]) == "1-minute load before the runs: 0.50-3.25 (loaded)"
+    assert "not for the README" in NOT_FOR_README

@@ -32,15 +32,17 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 
 from recall_tasks.errors import ConfigError, StorageError
 from recall_tasks.io.storage import StorageConfig, split_uri
 from recall_tasks.io.tables import retry_commits, row_groups
 from recall_tasks.secrets import looks_secret, register_secret
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +361,7 @@ class IcebergTables:
 
     def dataset(self, name: str) -> pads.Dataset | None:
         """The current snapshot of table ``name`` as a pyarrow dataset, or None if there is no such table."""
+        import pyarrow.dataset as pads  # not at import: it imports pandas (io/results.py)
         from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 
         table = self.table(name)

@@ -1,0 +1,37 @@
+"""The machine's load around a benchmark's runs: every figure says whether it was measured on a quiet machine.
+
+A figure whose run began with a 1-minute load average (``os.getloadavg``) above :data:`QUIET_LOAD` is stamped
+``loaded``: on a shared machine the heavier of two compared tools loses more to the load, so such a figure is
+not one the README quotes (issue 42). The scripts print each run's load before it starts and, for each figure,
+``loaded`` if any run behind it began loaded (``quiet`` otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+#: A run that begins above this 1-minute load is ``loaded``.
+QUIET_LOAD = 1.0
+
+NOT_FOR_README = (
+    f"figures stamped 'loaded' (a run behind them began at a 1-minute load above {QUIET_LOAD:g}) are not for the "
+    "README: measure again on a quiet machine"
+)
+
+
+def load_1min() -> float:
+    """The machine's 1-minute load average now."""
+    return os.getloadavg()[0]
+
+
+def stamp(loads: Iterable[float]) -> str:
+    """``loaded`` if any of the runs behind a figure began above :data:`QUIET_LOAD`, else ``quiet``."""
+    return "loaded" if any(load > QUIET_LOAD for load in loads) else "quiet"
+
+
+def summary(loads: list[float]) -> str:
+    """One line: the runs' loads before they began, and the stamp of the whole set."""
+    if not loads:
+        return "no runs"
+    return f"1-minute load before the runs: {min(loads):.2f}-{max(loads):.2f} ({stamp(loads)})"
