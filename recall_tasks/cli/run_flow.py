@@ -30,7 +30,6 @@ from recall_tasks.cli.runtime import (
     _quiet_prefect_console,
     freeze_heap,
     pause_gc,
-    prompt_switches,
 )
 from recall_tasks.config import RunParams
 from recall_tasks.errors import (
@@ -140,7 +139,6 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     with _interrupts() as state, contextlib.ExitStack() as stack:
         pause_gc()  # until Prefect is imported (freeze_heap below)
         stack.callback(gc.enable)
-        stack.enter_context(prompt_switches())  # the judge's loop gets the GIL back promptly from Prefect's import
         try:
             if preflight:
                 prepared = _preflight(params)

@@ -10,7 +10,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -39,31 +38,6 @@ def freeze_heap() -> None:
     """
     gc.freeze()
     gc.enable()
-
-
-#: The interpreter's switch interval during a run (Python's default is 5 ms). See :func:`prompt_switches`.
-RUN_SWITCH_INTERVAL_S = 0.0005
-
-
-@contextlib.contextmanager
-def prompt_switches() -> Iterator[None]:
-    """A shorter switch interval for the length of a run, so the judge's event loop gets the GIL back promptly.
-
-    While the head start judges, the main thread imports Prefect and starts the flow run (CPU, ~1-2 s, inside a
-    1,000-row run's ~2-3 s scoring window). A thread that wants the GIL waits up to the switch interval before the
-    holder is asked to drop it: the loop's thread, woken by replies at every turn, waited up to 5 ms a turn while
-    the import ran, and the next requests went out that much later (issue 42: the window at 1.54x the ideal on a
-    quiet machine, where the loop's ~1 s of CPU and the import's do not fill the window's GIL time). The loop
-    needs the GIL for a fraction of a millisecond a reply, the import for seconds: at 0.5 ms the replies get in
-    between the import's steps. The cost is more GIL hand-overs while two threads want it, none while one does
-    (a long run's main thread sleeps). The interpreter's own interval is restored after the run.
-    """
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, RUN_SWITCH_INTERVAL_S))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def _announce_boot(info: Any) -> None:
