@@ -21,8 +21,10 @@ for each checkout in turn (the order swaps every pair), three whole processes:
 
 Each run also reads the fake judge's request count and prompt tokens (characters / 4 of the messages sent):
 judge calls and prompt tokens per judged row (the library path's warm-up rows counted with its rows). Before
-each run the machine's 1-minute load (``os.getloadavg``) is read and printed with it; a figure with a run behind
-it that began above 1 is stamped ``loaded`` in the table's last column (``benchmarks/load.py``), and a line under
+each run the script waits (up to ``--settle-s``, default 120 s) for the machine's 1-minute load
+(``os.getloadavg``), which its own previous run raises, to fall to 1, then reads it and prints it with the run;
+a figure with a run behind it that began above 1 is stamped ``loaded`` in the table's last column
+(``benchmarks/load.py``), and a line under
 the table says loaded figures are not for the README.
 Printed: every run, then per measure the medians of both checkouts, their ratio and the stamp. On a shared
 machine the ratios of alternating pairs are the comparison, not the absolute figures. Figures printed, never
@@ -46,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.load import NOT_FOR_README, load_1min, stamp, summary  # noqa: E402
+from benchmarks.load import NOT_FOR_README, load_1min, settle, stamp, summary  # noqa: E402
 from benchmarks.startup import bench_setup, process_cpu_s  # noqa: E402
 from benchmarks.throughput import start_judge  # noqa: E402
 
@@ -58,12 +60,12 @@ def _judge_stats(url: str, reset: bool = False) -> dict:
     return dict(json.loads(urllib.request.urlopen(stats_url, timeout=5).read()))
 
 
-def library(env: dict[str, str], code: Path, data: str, url: str, concurrency: int) -> dict:
+def library(env: dict[str, str], code: Path, data: str, url: str, concurrency: int, settle_s: float = 0.0) -> dict:
     """One library-path process (``_cpu_child.py``) on ``code``'s ``recall_tasks``; its JSON line, the judge's
     requests and prompt tokens, and the load before it."""
     cmd = [sys.executable, str(CHILD), data, url, "--concurrency", str(concurrency)]
     _judge_stats(url, reset=True)
-    load = load_1min()
+    load = settle(settle_s)
     proc = subprocess.run(cmd, cwd=code, env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"library run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -86,12 +88,14 @@ def _cpu_at(samples: list[tuple[float, float]], at: float) -> float:
     return samples[min(i, len(samples) - 1)][1]
 
 
-def cli(env: dict[str, str], code: Path, data: str, out: str, url: str, concurrency: int, rows: int) -> dict:
+def cli(
+    env: dict[str, str], code: Path, data: str, out: str, url: str, concurrency: int, rows: int, settle_s: float = 0.0
+) -> dict:
     """One ``recall-bench run`` process on ``code``: scoring window, CPU within it, whole-process CPU and wall, the
     judge's requests and prompt tokens, the load before it."""
     stats_url = url.removesuffix("/v1") + "/stats"
     urllib.request.urlopen(stats_url + "?reset=1", timeout=5).read()
-    load = load_1min()
+    load = settle(settle_s)
     cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", out, "--judge", "openai",
            "--base-url", url, "--max-concurrency", str(concurrency)]  # fmt: skip
     samples: list[tuple[float, float]] = []
@@ -132,6 +136,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--marginal-rows", type=int, default=0, help="also run the CLI on this many rows (see above)")
+    parser.add_argument("--settle-s", type=float, default=120.0,
+                        help="before each run, wait up to this long for the 1-minute load to fall to 1")  # fmt: skip
     parser.add_argument("--only", nargs="+", choices=("library", "zero", "cli"), default=("library", "zero", "cli"))
     args = parser.parse_args()
 
@@ -160,18 +166,21 @@ def main() -> None:
                     start = len(runs)
                     print(f"pair {pair + 1} {name}: 1-minute load before its runs {load_1min():.2f}", flush=True)
                     if "library" in args.only:
-                        r = library(bench.env, code, data, bench.base_url, args.concurrency)
+                        r = library(bench.env, code, data, bench.base_url, args.concurrency, args.settle_s)
                         runs.append(("library", name, r))
                     if "zero" in args.only:
-                        r = library(bench.env, code, zero_data, zero_url, args.concurrency)
+                        r = library(bench.env, code, zero_data, zero_url, args.concurrency, args.settle_s)
                         runs.append(("zero", name, r))
                     if "cli" in args.only:
                         out = str(bench.tmp / f"out-{name}-{pair}")
-                        r = cli(bench.env, code, data, out, bench.base_url, args.concurrency, args.rows)
+                        r = cli(bench.env, code, data, out, bench.base_url, args.concurrency, args.rows, args.settle_s)
                         runs.append(("cli", name, r))
                     if "cli" in args.only and args.marginal_rows:
                         out = str(bench.tmp / f"out-{name}-{pair}-large")
-                        r = cli(bench.env, code, large_data, out, bench.base_url, args.concurrency, args.marginal_rows)
+                        r = cli(
+                            bench.env, code, large_data, out, bench.base_url, args.concurrency, args.marginal_rows,
+                            args.settle_s,
+                        )  # fmt: skip
                         runs.append(("cli_large", name, r))
                     print(f"pair {pair + 1} {name}: " + "; ".join(
                         f"{m} {json.dumps(r)}" for m, _, r in runs[start:]), flush=True)  # fmt: skip

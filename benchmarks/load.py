@@ -9,6 +9,7 @@ not one the README quotes (issue 42). The scripts print each run's load before i
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 
 #: A run that begins above this 1-minute load is ``loaded``.
@@ -23,6 +24,17 @@ NOT_FOR_README = (
 def load_1min() -> float:
     """The machine's 1-minute load average now."""
     return os.getloadavg()[0]
+
+
+def settle(max_wait_s: float) -> float:
+    """Wait up to ``max_wait_s`` for the 1-minute load to fall to :data:`QUIET_LOAD` (a benchmark's own previous
+    run raises it: the average decays over about a minute), then return it; 0 waits for nothing."""
+    deadline = time.monotonic() + max_wait_s
+    load = load_1min()
+    while load > QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(min(2.0, max(deadline - time.monotonic(), 0.0)))
+        load = load_1min()
+    return load
 
 
 def stamp(loads: Iterable[float]) -> str:

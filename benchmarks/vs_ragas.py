@@ -25,7 +25,8 @@ so its CPU during the run, read from /proc, is added in a row of its own); the f
 made, the time to the first request and the scoring window (first request to last answer). Every run must score
 every row (a run that does not stops the benchmark); the rows scored are read back from each tool's own output.
 The fake judge also gives each run's judge calls and prompt tokens (characters / 4 of the messages it was sent),
-printed per row. Before each run the machine's 1-minute load (``os.getloadavg``) is read and printed; a run that
+printed per row. Before each run the script waits (up to ``--settle-s``, default 120 s) for the machine's
+1-minute load (``os.getloadavg``), which its own previous run raises, to fall to 1, then reads and prints it; a run that
 began above 1 is ``loaded``, and so is every figure with such a run behind it (``benchmarks/load.py``): the
 table's last column says ``loaded`` or ``quiet``, and a line under it says that loaded figures are not for the
 README. Printed: every run with its load, then per measure both medians, their ratio ragas / recall-bench, the
@@ -48,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.load import NOT_FOR_README, load_1min, stamp, summary  # noqa: E402
+from benchmarks.load import NOT_FOR_README, settle, stamp, summary  # noqa: E402
 from benchmarks.startup import Bench, bench_setup, group_cpu_s, one_run, server_pid  # noqa: E402
 
 REQUIREMENTS = ROOT / "benchmarks" / "ragas_requirements.txt"
@@ -133,6 +134,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="ragas' venv (made if missing or stale)")
     parser.add_argument("--ragas-api", choices=("evaluate", "ascore"), default="evaluate")
+    parser.add_argument("--settle-s", type=float, default=120.0,
+                        help="before each run, wait up to this long for the 1-minute load to fall to 1")  # fmt: skip
     args = parser.parse_args()
 
     python = ragas_venv(args.venv.expanduser())
@@ -148,7 +151,7 @@ def main() -> None:
             order = ["recall-bench", "ragas"] if pair % 2 == 0 else ["ragas", "recall-bench"]
             for name in order:
                 log = logs / f"{name}-{pair}"
-                load = load_1min()
+                load = settle(args.settle_s)
                 print(f"pair {pair + 1} {name}: 1-minute load before the run {load:.2f}", flush=True)
                 if name == "ragas":
                     r = run_ragas(bench, python, bench.data, args.concurrency, args.ragas_api, log)

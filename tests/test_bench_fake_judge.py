@@ -145,3 +145,16 @@ def test_a_figure_is_loaded_when_any_run_behind_it_began_above_a_load_of_one() -
     assert stamp([]) == "quiet"
     assert summary([0.5, 3.25]) == "1-minute load before the runs: 0.50-3.25 (loaded)"
     assert "not for the README" in NOT_FOR_README
+
+
+def test_settle_waits_for_the_load_to_fall_to_one_and_no_longer_than_it_may(monkeypatch) -> None:
+    from benchmarks import load
+
+    seen = iter([3.0, 1.6, 0.9, 0.5])
+    monkeypatch.setattr(load, "load_1min", lambda: next(seen))
+    slept: list[float] = []
+    monkeypatch.setattr(load.time, "sleep", slept.append)
+    assert load.settle(60.0) == 0.9 and len(slept) == 2  # stops at the first load of 1 or less
+    monkeypatch.setattr(load, "load_1min", lambda: 4.0)
+    slept.clear()
+    assert load.settle(0.0) == 4.0 and slept == []  # 0: no wait, the load as it is (stamped loaded)
