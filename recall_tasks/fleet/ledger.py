@@ -18,11 +18,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 from recall_tasks.fleet.guards import Budget
 from recall_tasks.io.results import ResultStore
 
 log = logging.getLogger(__name__)
+
+#: One write at a time in a process: chunk threads end together and each writes the attempt's file. With one
+#: temporary name, one thread's rename took the other's file away ("No such file or directory: ….json.tmp"), and
+#: the figure read first could land last; under the lock the last write holds the largest figure.
+_writing = threading.Lock()
 
 
 def _folder(store: ResultStore, run_key: str) -> str:
@@ -54,8 +60,12 @@ def record(store: ResultStore, run_key: str, attempt: str, budget: Budget) -> No
     if budget.max_requests is None and budget.max_cost_usd is None:
         return
     folder = _folder(store, run_key)
-    data = {"requests": budget.requests, "cost_usd": budget.cost_usd + budget.held_usd}
     path = f"{folder}/{attempt}.json"
+    with _writing:
+        _write(store, folder, path, {"requests": budget.requests, "cost_usd": budget.cost_usd + budget.held_usd})
+
+
+def _write(store: ResultStore, folder: str, path: str, data: dict[str, float]) -> None:
     try:
         store.fs.makedirs(folder, exist_ok=True)
         if type(store.fs).__name__ == "LocalFileSystem":  # whole or not at all, as an object store's PUT
