@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
 import pytest
 from prefect import Flow
@@ -178,51 +176,3 @@ def test_runs_on_the_local_server_send_no_flow_heartbeats_a_configured_api_keeps
                 assert PREFECT_API_URL.value() == url
         assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() == 180
     assert inside == (None if local else 180)
-
-
-#: ``recall-bench`` noting, once its head start's first judge request is out (``plan_ahead`` returns), which heavy
-#: modules are imported.
-HEAD_START_WATCH = """
-import atexit, json, sys
-from recall_tasks.pipeline import head_start
-seen = {}
-plan_ahead = head_start.plan_ahead
-def watched(*args, **kwargs):
-    try:
-        return plan_ahead(*args, **kwargs)
-    finally:
-        seen["imported"] = [m for m in ("pandas", "pyarrow.dataset", "prefect") if m in sys.modules]
-head_start.plan_ahead = watched
-atexit.register(lambda: print("WATCH " + json.dumps(seen)))
-from recall_tasks.cli.app import console_main
-sys.argv = ["recall-bench"] + sys.argv[1:]
-console_main()
-"""
-
-
-def watch_head_start(tmp_path: Path, fake_openai: Any) -> dict[str, Any]:
-    """One ``recall-bench run`` (30 rows, the fake OpenAI judge, a new output) under :data:`HEAD_START_WATCH`."""
-    import json
-
-    from tests import judge_script
-    from tests.test_caching import ROOT, cli_env, write
-    from tests.test_pipeline import make_rows
-
-    fake_openai.set_responder(judge_script.responder)
-    fake_openai.latency_s = 1.0  # no chunk ends (its table imports pandas) before the head start's first request
-    data = write(tmp_path / "eval.parquet", make_rows(30, seed=4))
-    cmd = [sys.executable, "-c", HEAD_START_WATCH, "run", data, "--output", str(tmp_path / "out"), "--judge",
-           "openai", "--base-url", fake_openai.base_url, "--chunk-size", "10"]  # fmt: skip
-    done = subprocess.run(cmd, env=cli_env(fake_openai), cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert len(fake_openai.chat_requests) == 30
-    return dict(json.loads(done.stdout.strip().splitlines()[-1].removeprefix("WATCH ")))
-
-
-@pytest.mark.concurrency
-def test_the_first_judge_request_waits_for_neither_pyarrow_dataset_nor_pandas(prefect_harness, fake_openai, tmp_path):
-    """``pyarrow.dataset`` imports pandas (~0.3 s of CPU), and so does pyarrow's conversion of a Python list: a run
-    into a new output reads no table and no row-cache segment before it judges, so neither is imported before the
-    head start's first request (the flow's modules import them later, with Prefect, while the requests are out)."""
-    seen = watch_head_start(tmp_path, fake_openai)
-    assert seen["imported"] == []

@@ -160,8 +160,7 @@ class SegmentCache:
                 groups_by_segment[seg].add(group)
             paths = {seg: self._segments[seg] for seg in groups_by_segment}
         found: dict[str, Any] = {k: self._decode(v) for k, v in pending.items()}
-        # only when a segment is read: pa.array of a list imports pandas (~0.3 s), before a new run's first request
-        value_set = pa.array(wanted, pa.string()) if groups_by_segment else None
+        value_set = pa.array(wanted, pa.string())
         for seg, group_set in groups_by_segment.items():
             groups = sorted(group_set)
             try:

@@ -11,13 +11,12 @@ import datetime as dt
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pyarrow.dataset as pads
 
 from recall_tasks.io.storage import StorageConfig, delta_storage_options, join_uri
 from recall_tasks.io.tables import Rows, TableName, retry_commits
-
-if TYPE_CHECKING:
-    import pyarrow.dataset as pads
 
 #: logged under ``io.results``, where commits have always been logged (log configurations filter on it)
 log = logging.getLogger("recall_tasks.io.results")

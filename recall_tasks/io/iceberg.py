@@ -32,17 +32,15 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from recall_tasks.errors import ConfigError, StorageError
 from recall_tasks.io.storage import StorageConfig, split_uri
 from recall_tasks.io.tables import retry_commits, row_groups
 from recall_tasks.secrets import looks_secret, register_secret
-
-if TYPE_CHECKING:
-    import pyarrow.dataset as pads
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +359,6 @@ class IcebergTables:
 
     def dataset(self, name: str) -> pads.Dataset | None:
         """The current snapshot of table ``name`` as a pyarrow dataset, or None if there is no such table."""
-        import pyarrow.dataset as pads  # not at import: it imports pandas (io/results.py)
         from pyiceberg.io.pyarrow import PyArrowFileIO, schema_to_pyarrow
 
         table = self.table(name)

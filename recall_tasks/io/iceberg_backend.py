@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pyarrow.dataset as pads
 
 from recall_tasks.io.iceberg import EXPIRED_PROPERTY, IcebergTables
 from recall_tasks.io.tables import Rows, TableName
-
-if TYPE_CHECKING:
-    import pyarrow.dataset as pads
 
 
 def _partitions_to_rewrite(table: Any) -> list[dict[str, Any]]:

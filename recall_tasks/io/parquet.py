@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from recall_tasks.io.cache import write_atomically
 from recall_tasks.io.schemas import ID_RESULT_FIELDS, LABEL_FIELD, LATE_RESULT_FIELDS, RESULT_FIELDS
 from recall_tasks.io.tables import Rows, TableName, row_groups
-
-if TYPE_CHECKING:
-    import pyarrow.dataset as pads
 
 #: ``results`` columns added after the table's first release (``schemas.LATE_RESULT_FIELDS``)
 LATE_FIELDS = [f for f in [*RESULT_FIELDS, LABEL_FIELD, *ID_RESULT_FIELDS] if f.name in LATE_RESULT_FIELDS]
@@ -58,8 +56,6 @@ class ParquetBackend:
             write_atomically(self.fs, part, group.drop_columns(list(partition)))
 
     def read(self, table: TableName) -> pads.Dataset | None:
-        import pyarrow.dataset as pads  # not at import: it imports pandas (io/results.py)
-
         path = self._path(table)
         if not self.fs.exists(path):
             return None

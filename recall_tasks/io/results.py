@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import ConfigError, RecallBenchError, one_line
@@ -46,8 +47,6 @@ from recall_tasks.io.tables import TABLES, TableBackend, TableName
 from recall_tasks.settings import settings
 
 if TYPE_CHECKING:
-    import pyarrow.dataset as pads  # imported where a table is read: it imports pandas (~0.3 s)
-
     from recall_tasks.io.lease import RunLease
 
 log = logging.getLogger(__name__)
