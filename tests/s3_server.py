@@ -76,6 +76,10 @@ def closed_port() -> int:
     return pick_ports(1)[0]
 
 
+#: The bucket :meth:`S3Server.start` writes its readiness probe to.
+READY_BUCKET = "rb-ready-probe"
+
+
 class S3Server:
     """A running ``weed mini``. ``stop()``/``start()``/``restart()`` keep the same ports and data dir."""
 
@@ -109,7 +113,7 @@ class S3Server:
         return args
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
-        """Start the server (same ports, same data) and wait until S3 answers ``ListBuckets``."""
+        """Start the server (same ports, same data) and wait until an object can be written (:meth:`_wait_ready`)."""
         if self.proc is not None and self.proc.poll() is None:
             return
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -127,13 +131,19 @@ class S3Server:
         self.startup_seconds = time.monotonic() - t0
 
     def _wait_ready(self, deadline: float) -> None:
-        client = self.client(connect_timeout=1, read_timeout=2)
+        """Ready when an object can be written and deleted: a restarted server answers ``ListBuckets`` before its
+        volume server has registered again, and a write then fails with a 500 ``InternalError`` ("We encountered
+        an internal error"), which failed the first run after a test's outage (test_store_outage's rerun)."""
+        client = self.client(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1})
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"weed mini exited early:\n{self.log_tail()}")
             try:
-                client.list_buckets()
+                if READY_BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+                    client.create_bucket(Bucket=READY_BUCKET)
+                client.put_object(Bucket=READY_BUCKET, Key="probe", Body=b"ready")
+                client.delete_object(Bucket=READY_BUCKET, Key="probe")
                 return
             except Exception as exc:  # noqa: BLE001 - not up yet
                 last = exc
