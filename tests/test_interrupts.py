@@ -122,6 +122,7 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
 #: interpreter is about to shut down: an exit hook registered first runs last, after the CLI's own.
 AT_EXIT = """
 import atexit, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell: a pytest-xdist worker ignores SIGINT
 def last():
     print("AT EXIT", *(signal.getsignal(sig) is signal.SIG_IGN for sig in (signal.SIGINT, signal.SIGTERM)))
 atexit.register(last)
