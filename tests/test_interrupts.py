@@ -116,34 +116,3 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     assert sent - CONCURRENCY - AFTER_SIGNAL_MAX <= run["requests"] <= sent, (run["requests"], sent, cached)
     assert not any(r["cached"] for r in got.values())
     assert sum(r["requests"] for r in got.values()) == run["requests"]
-
-
-#: ``_interrupts`` around a signal to the process itself (or none), then what the signals' actions are when the
-#: interpreter is about to shut down: an exit hook registered first runs last, after the CLI's own.
-AT_EXIT = """
-import atexit, os, signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a shell: a pytest-xdist worker ignores SIGINT
-def last():
-    print("AT EXIT", *(signal.getsignal(sig) is signal.SIG_IGN for sig in (signal.SIGINT, signal.SIGTERM)))
-atexit.register(last)
-from recall_tasks.cli.runtime import _interrupts
-try:
-    with _interrupts():
-        if sys.argv[1] == "interrupted":
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(30)
-except KeyboardInterrupt:
-    sys.exit(130)
-"""
-
-
-@pytest.mark.concurrency
-@pytest.mark.parametrize(("how", "code", "ignored"), [("interrupted", 130, "True True"), ("done", 0, "False False")])
-def test_an_interrupted_run_ignores_the_signals_while_the_interpreter_shuts_down(how, code, ignored):
-    """After an interrupt the signals are ignored once the exit hooks ran: Python restores the default action of a
-    signal that has a Python handler at shutdown, and a second Ctrl-C then killed the exiting process (-2 instead
-    of 130, 1 clean-clone run). A run that was not interrupted leaves the signals as it found them."""
-    done = subprocess.run([sys.executable, "-c", AT_EXIT, how], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
-    assert done.returncode == code, done.stdout + done.stderr
-    assert done.stdout.strip() == f"AT EXIT {ignored}", done.stdout + done.stderr

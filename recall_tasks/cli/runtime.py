@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import logging
@@ -144,16 +143,6 @@ def _interrupts() -> Iterator[dict[str, Any]]:
             # KeyboardInterrupt traceback on the way, so the handler stays (it ignores repeats, forces after 10 s)
             if state["signal"] is None:
                 signal.signal(sig, old)
-        if state["signal"] is not None:
-            atexit.register(_ignore_signals_at_exit)
-
-
-def _ignore_signals_at_exit() -> None:
-    """An interrupted run exits 130/143 even when the signal comes again as the interpreter shuts down: at its end
-    Python puts back the default action of a signal that has a Python handler, and a second Ctrl-C then killed
-    the process (exit -2, test_interrupts' sigint-twice); an ignored signal is left ignored."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 class _OwnWarnings(logging.Filter):
