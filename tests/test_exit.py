@@ -53,6 +53,11 @@ SCRIPT = textwrap.dedent(
                 return UntilExit(f.read())
 
     dataset = ds.dataset(path, filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(Store())), format="parquet")
+    class Linger:  # torn down with this module: the finalization lasts a second, the reader wakes inside it
+        def __del__(self, sleep=time.sleep):
+            sleep(1.0)
+
+    linger = Linger()
     armed.set()
     threading.Thread(target=dataset.to_table, daemon=True).start()
     assert reading.wait(60)
