@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixture_scope import module_unless_repeated
 from tests.s3_server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -286,7 +287,7 @@ class PrefectWorker:
         return _tail(self.log_path, lines)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=module_unless_repeated)
 def prefect_server() -> Iterator[PrefectServer]:
     """A real Prefect server (SQLite, temporary home) for a module; its process group is killed at the module's end.
 
@@ -304,7 +305,7 @@ def prefect_server() -> Iterator[PrefectServer]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=module_unless_repeated)
 def prefect_worker(prefect_server: PrefectServer, s3_server: S3Server) -> Iterator[PrefectWorker]:
     """A process worker on ``recall-pool`` started from the repository root (S3 credentials, no OpenAI key)."""
     prefect_server.cli("work-pool", "create", POOL, "--type", "process", "--overwrite")

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixture_scope import module_unless_repeated
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 NEEDS = re.compile(r"^<!-- needs: (.+?) -->$")
@@ -88,7 +90,7 @@ def test_start_a_deployment_now_names_real_deployments():
             assert not re.match(r"\s*(prefect|recall-bench) ", line), line
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=module_unless_repeated)
 def clone(tmp_path_factory) -> Path:
     """The repository's tracked files copied (mtimes kept), sharing this checkout's .venv and .tools."""
     target = tmp_path_factory.mktemp("fresh-clone") / "recall-bench"

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixture_scope import module_unless_repeated
+
 
 @dataclass(frozen=True)
 class Received:
@@ -87,7 +89,7 @@ class WebhookReceiver:
             return list(self.received)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=module_unless_repeated)
 def webhook_receiver() -> Iterator[WebhookReceiver]:
     receiver = WebhookReceiver().start()
     try:
