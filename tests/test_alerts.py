@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,31 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> str:
     return str(path)
 
 
+#: the CLI processes a test started, reaped after it (:func:`_reap_cli_processes`)
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_cli_processes() -> Iterator[None]:
+    """A test that fails while its CLI processes run leaves them and their pipes behind: killed and reaped here,
+    so that the next test's garbage check does not report them as its own (make test-flaky N=3: an ERROR at
+    the teardown of test_token_quota after a failed run of the test below)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def _cli(server: PrefectServer, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     full = server.env(PYTHONPATH=str(REPO), OPENAI_API_KEY=KEY, **(env or {}))
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "recall_tasks", *args], env=full, cwd=REPO, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
+    _STARTED.append(proc)
+    return proc
 
 
 def _done(proc: subprocess.Popen[str], what: str, code: int) -> str:
