@@ -78,13 +78,17 @@ def worst_first(table: pa.Table) -> pa.Array:
 def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
 
-    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows.
+    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows. A row costs ~40
+    bytes of Arrow (issue 42, item 3): ``run_id`` is filtered on, not returned (every row has the same one);
+    ``source_file`` is dictionary-encoded (one path per file, not per row); the worst rows' text is placed by
+    Arrow's ``index_in``, with no Python object per row (a list of every row id was ~75 MB at 1M rows).
     """
     names = results_ds.schema.names
-    light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS]
+    light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS and c != "run_id"]
     heavy = [c for c in HEAVY_COLUMNS if c in names]
     in_run = pads.field("run_id") == run_id
-    table = results_ds.to_table(columns=light, filter=in_run)
+    batches = [_compact(batch) for batch in results_ds.to_batches(columns=light, filter=in_run)]
+    table = pa.Table.from_batches(batches) if batches else results_ds.to_table(columns=light, filter=in_run)
     if not heavy or table.num_rows == 0:
         return table
     order = worst_first(table)
@@ -93,11 +97,19 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
         columns=["row_id", *heavy], filter=in_run & pads.field("row_id").isin(worst_ids),
         batch_size=8192, batch_readahead=2, fragment_readahead=1,
     )  # fmt: skip
-    position = {rid: i for i, rid in enumerate(detail.column("row_id").to_pylist())}
-    index = pa.array([position.get(rid) for rid in table.column("row_id").to_pylist()], pa.int64())
+    index = pc.index_in(table.column("row_id"), value_set=detail.column("row_id"))
     for name in heavy:
         table = table.append_column(name, detail.column(name).take(index))
     return table
+
+
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``source_file`` dictionary-encoded: a few distinct paths, one per row otherwise."""
+    if "source_file" not in batch.schema.names:
+        return batch
+    at = batch.schema.get_field_index("source_file")
+    encoded = pc.dictionary_encode(batch.column(at))
+    return batch.set_column(at, "source_file", encoded)
 
 
 def worst_result_rows(table: pa.Table, scores: np.ndarray, limit: int) -> list[dict[str, Any]]:
