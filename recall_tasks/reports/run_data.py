@@ -78,7 +78,7 @@ def worst_first(table: pa.Table) -> pa.Array:
 def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
 
-    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows. A row costs ~40
+    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows. A row costs ~65
     bytes of Arrow (issue 42, item 3): ``run_id`` is filtered on, not returned (every row has the same one);
     ``source_file`` is dictionary-encoded (one path per file, not per row); the worst rows' text is placed by
     Arrow's ``index_in``, with no Python object per row (a list of every row id was ~75 MB at 1M rows).
