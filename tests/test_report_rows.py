@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
 
 from recall_tasks.reports.run_data import bounded_results
 
@@ -11,8 +13,10 @@ RUN = "20261204T150000Z-abcdef"
 SOURCE = "s3://a-bucket/evaluations/golden-sets/2026-12-04/part-00000.parquet"
 
 
-def _results(rows: int) -> pads.Dataset:
-    """Two runs' result rows (the other run's rows come first), the run's lowest scores at rows 7 and 4,001."""
+def _results(rows: int, folder=None) -> pads.Dataset:
+    """Two runs' result rows (the other run's rows come first), the run's lowest scores at rows 7 and 4,001; in
+    memory, or in ``folder`` as Parquet files of 1,500-row row groups (the worst rows' text is then read file by
+    file, a batch at a time)."""
     scores = [0.9] * rows
     scores[7], scores[4001] = 0.1, 0.2
     mine = {
@@ -25,11 +29,17 @@ def _results(rows: int) -> pads.Dataset:
     }  # fmt: skip
     table = pa.table(mine)
     other = table.slice(0, 100).set_column(0, "run_id", pa.array(["other"] * 100))
-    return pads.dataset(pa.concat_tables([other, table]))
+    both = pa.concat_tables([other, table])
+    if folder is None:
+        return pads.dataset(both)
+    pq.write_table(both.slice(0, 3000), folder / "part-0.parquet", row_group_size=1500)
+    pq.write_table(both.slice(3000), folder / "part-1.parquet", row_group_size=1500)
+    return pads.dataset(str(folder), format="parquet")
 
 
-def test_the_worst_rows_get_their_text_and_the_others_none():
-    table = bounded_results(_results(5000), RUN, keep=2)
+@pytest.mark.parametrize("where", ["memory", "files"])
+def test_the_worst_rows_get_their_text_and_the_others_none(where, tmp_path):
+    table = bounded_results(_results(5000, tmp_path if where == "files" else None), RUN, keep=2)
     assert table.num_rows == 5000
     columns = [table.column(c).to_pylist() for c in ("row_id", "input", "reason")]
     text = {rid: (q, r) for rid, q, r in zip(*columns, strict=True) if q is not None}
