@@ -26,28 +26,30 @@ from typing import Any
 
 import pytest
 
-#: The longest tests (seconds of one parallel step at c286e28, 3 workers on 2 shared cores at load 6-13), longest
-#: first; a prefix names every test it starts (all parameters, a whole file). Collected first, started first.
+#: The longest tests (seconds of one parallel step of a quiet clean-clone `make test` at bf0e444, 3 workers on 2
+#: cores), longest first; a prefix names every test it starts (all parameters, a whole file). Collected first,
+#: started first.
 START_FIRST = (
-    "tests/test_deployments.py::test_deploy_then_index_built_events_run_the_flow",  # 159 s
-    "tests/test_alerts.py::test_alerts_reach_the_webhook_once_per_alerting_run",  # 126 s
-    "tests/test_token_quota.py::test_3000_token_prompts_keep_every_minute_within_the_token_quota",  # 91 s, waits
-    "tests/test_runners.py::test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once",  # 104 s
-    "tests/test_server.py::test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it",  # 96 s
-    "tests/test_wheel.py::",  # 39 + 37 s, and 13 s building and installing the wheel
-    "tests/test_worker_state.py::test_a_chunk_ending_never_closes_the_budget_client_another_chunk_uses",  # 59 s
-    "tests/test_ratelimit_fleet.py::test_worker_processes_share_one_budget_instead_of_one_each",  # 55 s
-    "tests/test_ratelimit_fleet.py::test_max_requests_holds_for_the_whole_run_across_worker_processes",  # 54 s
-    "tests/test_ratelimit_fleet.py::test_max_cost_usd_holds_for_the_whole_run_across_worker_processes",  # 44 s
-    "tests/test_readme.py::test_demo_prints_what_the_readme_shows_and_its_queries_work",  # 40 s
-    "tests/test_interrupts.py::test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes",  # 2 x 39 s
-    "tests/test_caching.py::test_sigkill_between_results_and_runs_commit",  # 39 + 25 + 23 s
-    "tests/test_iceberg.py::test_two_nights_on_iceberg_give_the_tables_verdicts_and_reports_of_delta",  # 36 + 19 s
-    "tests/test_runners.py::test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads",  # 33 s
-    "tests/test_run_errors.py::test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback",  # 32 s
-    "tests/test_caching.py::test_sigkill_during_judging_then_rerun_resumes",  # 31 s
-    "tests/test_caching.py::test_two_runs_at_once_do_not_corrupt",  # 29 s
-    "tests/test_claims.py::test_two_nights_in_claims_mode",  # 29 s
+    "tests/test_laptop_recipe.py::",  # 93 s, mostly waiting for the worker and the triggered run
+    "tests/test_token_quota.py::test_3000_token_prompts_keep_every_minute_within_the_token_quota",  # 88 s, waits
+    "tests/test_deployments.py::test_deploy_then_index_built_events_run_the_flow",  # 46 s
+    "tests/test_store_outage.py::test_store_down_mid_run_exits_4",  # 34 s
+    "tests/test_alerts.py::test_alerts_reach_the_webhook_once_per_alerting_run",  # 34 s
+    "tests/test_ratelimit_fleet.py::test_max_cost_usd_holds_for_the_whole_run_across_worker_processes",  # 33 s
+    "tests/test_server.py::test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it",  # 31 s
+    "tests/test_ratelimit_fleet.py::test_worker_processes_share_one_budget_instead_of_one_each",  # 28 s
+    "tests/test_maintain.py::test_maintain_leaves_every_run_readable_exactly_once",  # 25 s and 8 cases of 2-10 s
+    "tests/test_runners.py::test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once",  # 24 s
+    "tests/test_runners.py::test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results",  # 23 s
+    "tests/test_dask_paths.py::",  # 22 s
+    "tests/test_browser.py::",  # 21 s and 4 more
+    "tests/test_runners.py::test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache",  # 18 + 13 s
+    "tests/test_readme_journeys.py::",  # 16 s
+    "tests/test_startup.py::test_the_head_start_judges_before_prefect_starts",  # 16 s
+    "tests/test_iceberg.py::test_two_nights_on_iceberg_give_the_tables_verdicts_and_reports_of_delta",  # 16 + 10 s
+    "tests/test_worker_state.py::test_a_chunk_ending_never_closes_the_budget_client_another_chunk_uses",  # 15 s
+    "tests/test_wheel.py::",  # its module fixture builds and installs the wheel first
+    "tests/test_interrupts.py::test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes",  # 3 x ~10 s
 )
 
 #: Where the workers write ``{nodeid: group}`` for the controller's scheduler (set by the controller, inherited)

@@ -38,8 +38,17 @@ def judge_env(fake_openai, monkeypatch):
     return fake_openai
 
 
+#: ``recall-bench`` with an exit handler that prints a marker when the process goes through the normal shutdown
+#: (``runtime.exit_process``): an interrupted run must leave at once instead, where a second Ctrl-C cannot land
+#: in a shutdown whose signal handling is already gone (exit -2 instead of 130, 1 quiet clean-clone run in 3).
+CLI = (
+    "import atexit; atexit.register(print, 'AT EXIT', flush=True)\n"
+    "from recall_tasks.cli.app import console_main; console_main()"
+)
+
+
 def start(judge, data: str, out: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "recall_tasks", "run", data, "--output", str(out), "--judge", "openai",
+    cmd = [sys.executable, "-c", CLI, "run", data, "--output", str(out), "--judge", "openai",
            "--base-url", judge.base_url, "--chunk-size", "50", "--max-concurrency", str(CONCURRENCY)]  # fmt: skip
     return subprocess.Popen(
         cmd, env=cli_env(judge), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -82,6 +91,7 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     stdout, stderr = proc.communicate(timeout=120)
 
     assert proc.returncode == code, stdout + stderr
+    assert "AT EXIT" not in stdout  # the interrupted run left at once (console_main), not by the shutdown
     sent_after = judge_env.chat_requests_since(at_signal)
     print(f"\n[{sig.name}{' x2' if twice else ''}] exit {proc.returncode}, {sent_after} requests after the signal")
     assert sent_after <= AFTER_SIGNAL_MAX, f"{sent_after} judge requests after the signal"
@@ -101,6 +111,7 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     rerun = start(judge_env, data, out)
     stdout, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stdout + stderr
+    assert stdout.endswith("AT EXIT\n")  # a finished run's exit runs the exit handlers, last
     assert_clean(stdout + stderr)
     rejudged = len(judge_env.chat_requests) - judged
     assert rejudged <= ROWS - cached < ROWS  # the cached rows were not judged again

@@ -36,7 +36,7 @@ from recall_tasks.cli.common import (
     err,
 )
 from recall_tasks.cli.outcome import judge_line_of, print_summary
-from recall_tasks.cli.run_flow import Session, _run, execute, one_line_errors
+from recall_tasks.cli.run_flow import Session, _run, execute, one_line_errors, session_scope
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline import events
@@ -309,16 +309,16 @@ events.register(app)
 
 
 def console_main() -> None:
-    """The ``recall-bench`` process: the Typer app, and an interrupted run leaves at once with its exit code.
+    """The ``recall-bench`` process: the Typer app, and its exit code (``runtime.exit_process``).
 
     After an interrupt's clean-up (judge calls cancelled, row cache flushed, message printed) the process exits
-    without the interpreter's shutdown: that shutdown joins Prefect's and the judge loop's threads, and a second
-    Ctrl-C landing there ended the process by SIGINT (status -2) instead of 130. Any other exit freezes the heap
-    first (``runtime.freeze_heap``).
+    at once, without joining threads or running exit handlers: that shutdown joins Prefect's and the judge
+    loop's threads, and a second Ctrl-C landing there ended the process by SIGINT (status -2) instead of 130.
+    Any other exit joins threads and runs the exit handlers, then skips the interpreter's finalization.
     """
     import sys
 
-    from recall_tasks.cli.runtime import freeze_heap
+    from recall_tasks.cli.runtime import exit_process
 
     session = Session()
     code = _main(sys.argv[1:], session)
@@ -326,17 +326,17 @@ def console_main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    freeze_heap()  # the interpreter's shutdown does not walk the heap once more (~1.5 s after a run)
-    sys.exit(code)
+    exit_process(code)
 
 
 def _main(args: list[str], session: Session | None = None) -> int:
     """The Typer app on ``args``; returns the exit code. A usage error is one line, as every other error:
     ``error: No such option: --concurrency (Possible options: --max-concurrency); see recall-bench run --help``,
-    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel). ``session``: click's context object,
-    where an interrupted command says so (``run_flow.mark_interrupted``)."""
+    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel). ``session``: where an interrupted
+    command says so (``run_flow.mark_interrupted``)."""
     try:
-        rv = app(args, prog_name="recall-bench", standalone_mode=False, obj=session)
+        with session_scope(session if session is not None else Session()):
+            rv = app(args, prog_name="recall-bench", standalone_mode=False)
     except typer.TyperException as exc:  # Typer's click errors: usage errors (exit 2) and the like
         if type(exc).__name__ == "NoArgsIsHelpError":  # `recall-bench` alone: the help, as before
             exc.show()  # type: ignore[attr-defined]

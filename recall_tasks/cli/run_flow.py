@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import click
 import typer
 from pydantic import ValidationError
 
@@ -51,18 +50,31 @@ if TYPE_CHECKING:
 
 @dataclass
 class Session:
-    """One ``recall-bench`` invocation, as click's context object (``app.console_main`` passes it): what the command
+    """One ``recall-bench`` invocation (``app.console_main`` opens it around the Typer app): what the command
     leaves for the process around it."""
 
     #: the signal of an interrupt whose clean-up is done (``console_main`` then exits at once)
     interrupted: int | None = None
 
 
+#: the invocation under way. Not click's context object: Typer 0.2x ships its own click, whose context the
+#: ``click`` package cannot see, so an interrupted run never reached the fast exit (``session_scope``).
+_sessions: list[Session] = []
+
+
+@contextlib.contextmanager
+def session_scope(session: Session) -> Iterator[Session]:
+    """``session`` is the invocation :func:`mark_interrupted` reports to, for the length of the block."""
+    _sessions.append(session)
+    try:
+        yield session
+    finally:
+        _sessions.remove(session)
+
+
 def mark_interrupted(sig: int) -> None:
     """Tell ``console_main`` that this command's interrupt clean-up is done (no-op outside ``console_main``)."""
-    ctx = click.get_current_context(silent=True)
-    session = ctx.find_root().obj if ctx is not None else None
-    if isinstance(session, Session):
+    for session in _sessions:
         session.interrupted = sig
 
 

@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from recall_tasks.cli.common import err
 
@@ -30,14 +32,37 @@ def freeze_heap() -> None:
     """Move every object alive now out of the garbage collector's reach (``gc.freeze``), then let it run again.
 
     A run's process holds ~200,000 long-lived objects after its imports (openai's types, pydantic models,
-    Prefect): every full collection walked them all, ~0.8 s of a 1,000-row run's CPU, and the interpreter's
-    shutdown walked them once more, ~1.5 s between the last line printed and the exit. The CLI freezes once
-    Prefect is imported and again before it exits: frozen objects are still freed by reference counting; only
-    a reference cycle among them stays until the process ends, which a command of seconds to minutes can
-    afford. Deployments do neither (their flow process is Prefect's).
+    Prefect): every full collection walked them all, ~0.8 s of a 1,000-row run's CPU. The CLI freezes once
+    Prefect is imported (its exit skips the interpreter's finalization altogether: :func:`exit_process`):
+    frozen objects are still freed by reference counting; only a reference cycle among them stays until the
+    process ends, which a command of seconds to minutes can afford. Deployments do not (their flow process is
+    Prefect's).
     """
     gc.freeze()
     gc.enable()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the ``recall-bench`` process with ``code`` the way the interpreter's own exit would, minus its
+    finalization: non-daemon threads joined (``threading._shutdown``, executors' workers included), ``atexit``
+    handlers run (Prefect's log and event flushes, logging's shutdown, ``weakref.finalize``), stdout and stderr
+    flushed, then ``os._exit``.
+
+    Why not ``sys.exit``: Arrow's worker threads release a scan's last buffers after the scan returned, and
+    buffers read through a Python filesystem (Delta's storage handler, fsspec) need the GIL to be freed. When
+    that lands after finalization began, the thread is torn down inside a C++ destructor and the process
+    aborts ("terminate called without an active exception", exit 134) after a command that succeeded:
+    ``recall-bench history`` 5 times in ~85 with the other core busy. Module teardown and C++ static
+    destructors are what is skipped; nothing of ours relies on them (files are closed by ``with``).
+    """
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _announce_boot(info: Any) -> None:
