@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (outputs, logs)")
     args = parser.parse_args()
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     tmp = Path(tempfile.mkdtemp(prefix="recall-scale-"))
     prefect, api_url = start_prefect_server(tmp / "prefect")
     judge, base_url = start_judge(0.0, tmp)
@@ -134,8 +135,8 @@ def main() -> None:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    print(f"\nrecall-bench scale at {commit.stdout.strip()}: zero-latency fake judge, --chunk-size {args.chunk_size}, "
+    print(f"\nrecall-bench scale at {commit.stdout.strip()} (HEAD when the script started): zero-latency fake judge, "
+          f"--chunk-size {args.chunk_size}, "
           f"--max-concurrency {args.concurrency}, Delta, {os.cpu_count()} cores visible, "
           f"affinity {sorted(os.sched_getaffinity(0))}\n")  # fmt: skip
     header = (f"{'rows':>9} {'load':>11} {'rows/s win':>10} {'rows/s all':>10} {'window s':>9} {'wall s':>8} "
