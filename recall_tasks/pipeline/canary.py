@@ -22,7 +22,7 @@ row by row (``analysis/drift.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.analysis.agreement import PairedRow, agreement
@@ -34,6 +34,9 @@ from recall_tasks.io.storage import StorageConfig
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.pipeline.results_table import RowOutcome
 from recall_tasks.pipeline.scoring import RowCache, score_rows
+
+if TYPE_CHECKING:
+    from recall_tasks.fleet.budget import FleetBudget
 
 __all__ = ["Canary", "canary_columns", "no_canary", "open_canary", "score_canary"]
 
@@ -120,7 +123,7 @@ def score_canary(plan: Any, canary: Canary, *, fresh: bool) -> tuple[dict[str, A
     return canary_columns(canary, outcomes)
 
 
-async def _let_go(budget: Any) -> None:
+async def _let_go(budget: FleetBudget) -> None:
     """Return what the canary's budget holds unspent to the run's counters and close its Prefect API client (left
     open, its socket was garbage-collected in a later test: found with ``RECALL_BENCH_GC_EACH_TEST=1``)."""
     try:
