@@ -111,15 +111,19 @@ def _rows_with_text(results_ds: Any, run_id: str, row_ids: pa.Array, heavy: list
 
     A dataset scan decodes a whole row group of text per batch, readahead included: ~190 MB for the results table's
     row groups of 65,536 rows, to find 50 rows (issue 42, item 3); this holds ~70. A dataset that is not Parquet
-    files (or whose files lack ``run_id``) is scanned as before.
+    files, is filtered, or whose files lack ``run_id`` is scanned as before.
     """
     columns = ["run_id", "row_id", *heavy]
     in_run = pads.field("run_id") == run_id
     wanted = in_run & pads.field("row_id").isin(row_ids)
     if not isinstance(results_ds, pads.FileSystemDataset) or not isinstance(results_ds.format, pads.ParquetFileFormat):
         return results_ds.to_table(columns=["row_id", *heavy], filter=wanted)
+    try:
+        fragments = list(results_ds.get_fragments(filter=in_run))
+    except ValueError:  # a filtered dataset (the parquet format's committed rows) only scans as a whole
+        return results_ds.to_table(columns=["row_id", *heavy], filter=wanted)
     found: list[pa.Table] = []
-    for fragment in results_ds.get_fragments(filter=in_run):
+    for fragment in fragments:
         with results_ds.filesystem.open_input_file(fragment.path) as fh:
             parquet = pq.ParquetFile(fh, pre_buffer=False)
             if not set(columns) <= set(parquet.schema_arrow.names):
