@@ -22,12 +22,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recall_tasks.errors import DatasetError, one_line
 from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.datasets import Dataset, DatasetFile
+from recall_tasks.io.dedup import first_rows
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
@@ -188,29 +190,26 @@ def plan_layout(ds: Dataset, block_rows: int) -> Layout:
     a dataset without repeats keeps the contiguous blocks of :func:`iter_blocks` (the same chunks as before). With
     repeats, each row not seen before starts a group with all its later copies; groups fill chunks of at most
     ``block_rows`` rows in dataset order, a group never split (a chunk holding one group larger than that is
-    larger). The plan keeps a few dozen bytes per row.
+    larger). The plan keeps a few dozen bytes per row; making it, 12 and a sort (``io/dedup.first_rows``).
     """
     if block_rows < 1:
         raise DatasetError(f"chunk size must be at least 1, got {block_rows}")
     roles_only = replace(ds, passthrough=[])
-    first: dict[str, int] = {}
-    later: dict[int, list[int]] = {}
+    digests = bytearray()  # every row's content hash, 12 bytes each (io/dedup.py)
     row_ids: list[str] = []
-    n = 0
     for block in iter_blocks(roles_only, max(block_rows, 8192)):
-        for digest in block.content_hashes:
-            lead = first.setdefault(digest, n)
-            if lead != n:
-                later.setdefault(lead, []).append(n)
-            n += 1
+        digests += bytes.fromhex("".join(block.content_hashes))
         if not ds.has_row_id:
             row_ids += block.row_ids
-    if not later:
+    lead = first_rows(digests)
+    if lead is None:
         return Layout()
+    n = len(lead)
+    later: dict[int, list[int]] = {}
     copied = bytearray(n)
-    for copies in later.values():
-        for i in copies:
-            copied[i] = 1
+    for i in np.flatnonzero(lead != np.arange(n)).tolist():
+        later.setdefault(int(lead[i]), []).append(i)
+        copied[i] = 1
     chunks: list[list[int]] = []
     same_as: list[list[int]] = []
     chunk: list[int] = []
@@ -228,7 +227,7 @@ def plan_layout(ds: Dataset, block_rows: int) -> Layout:
     if chunk:
         chunks.append(chunk)
         same_as.append(same)
-    return Layout(chunks, same_as, None if ds.has_row_id else row_ids, n - len(first))
+    return Layout(chunks, same_as, None if ds.has_row_id else row_ids, sum(map(len, later.values())))
 
 
 def iter_layout(ds: Dataset, layout: Layout, block_rows: int) -> Iterator[RowBlock]:

@@ -6,8 +6,8 @@ Only parsed verdicts are cached; errors never are.
 
 Layout: Parquet *segments* (``seg-<run>-<n>.parquet``, columns ``key``, ``response``), each holding the
 entries of one flush, never one object per row. A run reads the ``key`` column of every segment once (an
-index of ~50 bytes per entry: key -> segment and row group) and then reads verdict payloads only from the
-row groups a chunk hits: a chunk of an unchanged dataset hits the one or two row groups written when that
+index of 16 bytes per entry, ``io/key_index.py``: key -> segment and row group) and then reads verdict payloads
+only from the row groups a chunk hits: a chunk of an unchanged dataset hits the one or two row groups written when that
 chunk was first judged, not the whole cache. Entries are flushed every ``flush_rows`` rows so a crash loses
 at most that much judging; at the end of a run the small segments it wrote are compacted into one file that
 keeps each of them as its own row group (so lookups stay that narrow). Segments are written whole (local:
@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from recall_tasks.io.key_index import KeyIndex
 from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.settings import state_dir
@@ -85,7 +86,7 @@ class SegmentCache:
         self.flush_rows = flush_rows
         self.fs, self.root = filesystem(uri, storage)
         self._lock = threading.Lock()
-        self._index: dict[str, tuple[int, int]] = {}  # key -> (segment, row group); one tuple per row group
+        self._index = KeyIndex()  # key -> (segment, row group)
         self._segments: list[str] = []
         self._pending: dict[str, str] = {}
         self._written: list[str] = []
@@ -137,11 +138,7 @@ class SegmentCache:
             self._add(seg, keys, sizes)
 
     def _add(self, seg: int, keys: list[str], row_group_sizes: list[int]) -> None:
-        position = 0
-        for group, size in enumerate(row_group_sizes):
-            where = (seg, group)
-            self._index.update(dict.fromkeys(keys[position : position + size], where))
-            position += size
+        self._index.add(keys, seg, row_group_sizes)
 
     @property
     def size(self) -> int:
@@ -154,10 +151,12 @@ class SegmentCache:
         groups_by_segment: dict[int, set[int]] = defaultdict(set)
         with self._lock:
             pending = {k: v for k in keys if (v := self._pending.get(k, self._spilled.get(k))) is not None}
-            wanted = [k for k in keys if k not in pending and k in self._index]
-            for k in wanted:
-                seg, group = self._index[k]
-                groups_by_segment[seg].add(group)
+            rest = [k for k in keys if k not in pending]
+            wanted = []
+            for k, where in zip(rest, self._index.find(rest), strict=True):
+                if where is not None:
+                    wanted.append(k)
+                    groups_by_segment[where[0]].add(where[1])
             paths = {seg: self._segments[seg] for seg in groups_by_segment}
         found: dict[str, Any] = {k: self._decode(v) for k, v in pending.items()}
         value_set = pa.array(wanted, pa.string())
@@ -236,13 +235,13 @@ class SegmentCache:
     def close(self) -> None:
         """Flush, then compact the segments this run wrote into one (streamed: one segment in memory at a time).
 
-        The in-memory index (~100 bytes per entry) is dropped: a closed cache answers no lookups.
+        The in-memory index (16 bytes per entry) is dropped: a closed cache answers no lookups.
         """
         try:
             self._compact()
         finally:
             with self._lock:
-                self._index, self._segments, self.read = {}, [], False
+                self._index, self._segments, self.read = KeyIndex(), [], False
 
     def _compact(self) -> None:
         self.flush()
