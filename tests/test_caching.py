@@ -357,12 +357,18 @@ def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkey
     store = ResultStore(str(tmp_path / "out"), StorageConfig.from_options())
     chunk = store.chunk_path("ab" * 16, "run-1")
     store.write_chunk(chunk, pa.table({"row_id": ["a", "b", "c"], "score": [1.0, 0.5, 0.0]}))
-    barrier = threading.Barrier(2, timeout=30)
+    barriers = {"results": threading.Barrier(2, timeout=30), "runs": threading.Barrier(2, timeout=30)}
+    held: set[tuple[int, str]] = set()
     real_write = deltalake.write_deltalake
 
-    def write_after_both_checked(*args, **kwargs):
-        barrier.wait()
-        return real_write(*args, **kwargs)
+    def write_after_both_checked(table, *args, **kwargs):
+        # each writer's first append to a table waits for the other's: a retry after a commit conflict (the two
+        # creates of `runs` can land as two metadata versions) must not wait for a second party that never comes
+        name = table.table_uri.rstrip("/").rsplit("/", 1)[-1]
+        if (threading.get_ident(), name) not in held:
+            held.add((threading.get_ident(), name))
+            barriers[name].wait()
+        return real_write(table, *args, **kwargs)
 
     monkeypatch.setattr(deltalake, "write_deltalake", write_after_both_checked)
     run_row = {"run_id": "run-1", "dataset": "d", "rows": 3}
