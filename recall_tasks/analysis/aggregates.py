@@ -1,7 +1,8 @@
-"""Run-level aggregates: counts, mean/median/p10, pass rate and a 95 % confidence interval of the mean.
+"""Run-level aggregates' interval: a 95 % confidence interval of the mean (the counts, mean/median/p10 and pass
+rate are gathered batch by batch: ``analysis/tally.py``).
 
 Rows not assessed and rows with an error have no score and are never averaged as 0: they are counted in
-``skipped`` (``--on-missing skip``), ``not_judged`` (kept from the judge by a budget or the circuit breaker: a table
+``skipped`` (``--on-missing skip``), ``not_judged`` (kept from the judge by a budget or the circuit breaker: a batch
 with a boolean ``not_judged`` column tells them apart, see ``pipeline/commit.py``) and ``errors``. The interval is
 a percentile bootstrap (2,000 resamples, fixed seed) up to 20,000 scored rows; above that the bootstrap
 distribution of a mean is normal to well within the interval's own noise, so the normal interval is used (it costs
@@ -11,11 +12,8 @@ nothing on a 1M-row run).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 BOOTSTRAP_MAX_N = 20_000
 BOOTSTRAP_RESAMPLES = 2_000
@@ -60,61 +58,3 @@ def mean_ci(
     m = float(v.mean())
     half = 1.959963984540054 * float(v.std(ddof=1)) / math.sqrt(n)  # z for 95 %
     return m - half, m + half
-
-
-def summarize(table: pa.Table) -> dict[str, Any]:
-    """Aggregate a result table (or any table with the result columns)."""
-    rows = table.num_rows
-    score = table.column("score")
-    scored_mask = pc.is_valid(score)
-    scores = pc.filter(score, scored_mask).to_numpy(zero_copy_only=False).astype(float)
-    success = pc.filter(table.column("success"), scored_mask)
-
-    def total(name: str) -> float:
-        value = pc.sum(table.column(name)).as_py()
-        return float(value or 0)
-
-    lo, hi = mean_ci(scores)
-    scored = len(scores)
-    not_judged = int(pc.sum(table.column("not_judged")).as_py() or 0) if "not_judged" in table.column_names else 0
-    return {
-        "rows": rows,
-        "scored": scored,
-        "errors": int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0),
-        "skipped": int(pc.sum(table.column("skipped")).as_py() or 0) - not_judged,
-        "not_judged": not_judged,
-        "cached": int(pc.sum(table.column("cached")).as_py() or 0),
-        "mean_score": float(scores.mean()) if scored else None,
-        "median_score": float(np.median(scores)) if scored else None,
-        "p10_score": float(np.percentile(scores, 10)) if scored else None,
-        "ci_low": lo,
-        "ci_high": hi,
-        "pass_rate": float(pc.mean(success.cast(pa.float64())).as_py()) if scored else None,
-        "prompt_tokens": int(total("prompt_tokens")),
-        "completion_tokens": int(total("completion_tokens")),
-        "requests": int(total("requests")),
-        "cost_usd": total("cost_usd"),
-        **_chunk_figures(table, scored_mask),
-    }
-
-
-def _chunk_figures(table: pa.Table, scored: pa.ChunkedArray) -> dict[str, float | None]:
-    """Mean context precision and mean share of retrieved chunks used, over scored rows that have them."""
-    if "context_precision" not in table.column_names:
-        return {"mean_context_precision": None, "chunk_use_rate": None}
-    precision = pc.filter(table.column("context_precision"), scored)
-    used = pc.cast(pc.filter(table.column("chunks_used"), scored), pa.float64())
-    retrieved = pc.cast(pc.filter(table.column("context_count"), scored), pa.float64())
-    rate = pc.divide(used, pc.if_else(pc.greater(retrieved, 0), retrieved, None))
-    return {"mean_context_precision": pc.mean(precision).as_py(), "chunk_use_rate": pc.mean(rate).as_py()}
-
-
-def summarize_segments(table: pa.Table, column: str) -> list[tuple[str | None, dict[str, Any]]]:
-    """One aggregate per value of ``column`` (null is its own segment)."""
-    values = table.column(column)
-    out: list[tuple[str | None, dict[str, Any]]] = []
-    for value in pc.unique(values).to_pylist():
-        mask = pc.is_null(values) if value is None else pc.fill_null(pc.equal(values, value), False)
-        out.append((None if value is None else str(value), summarize(table.filter(mask))))
-    out.sort(key=lambda item: (item[0] is None, item[0] or ""))
-    return out

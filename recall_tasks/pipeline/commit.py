@@ -13,11 +13,9 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recall_tasks.analysis.aggregates import summarize, summarize_segments
+from recall_tasks.analysis.tally import RunTally
 from recall_tasks.fleet.guards import NOT_JUDGED
 from recall_tasks.io.results import ChunkPart, today
-from recall_tasks.io.schemas import CHUNK_FIELDS
-from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.metrics.claims import claim_units_of
 from recall_tasks.pipeline import ids_step
 from recall_tasks.pipeline.canary import no_canary, score_canary
@@ -38,18 +36,17 @@ def commit_run(
 ) -> RunRow:
     """Aggregate the run's chunk files, commit results and run rows; returns the overall run row.
 
+    The chunk files are aggregated one batch at a time (:class:`~recall_tasks.analysis.tally.RunTally`): a table
+    of every row's summary columns was ~100 bytes a row, the largest thing a 1,000,000-row commit held.
+
     ``batch``: a ``--batch`` run's ``batch_ids`` and ``batch_wait_s`` (``batch.finish.batch_columns``). The row
     cache is closed (compacted) here, before the tables are written: a rerun finds it in place.
     """
-    columns = [*_SUMMARY_COLUMNS, *plan.segment_columns]
+    tally = RunTally(plan.segment_columns)
     if parts:
-        batches = plan.store.read_parts(parts, columns=[*columns, "reason"])
-        table = pa.Table.from_batches([_not_judged_flag(b) for b in batches])
-    else:
-        table = pa.schema([f for f in CHUNK_FIELDS if f.name in _SUMMARY_COLUMNS]).empty_table()
-        for col in plan.segment_columns:
-            table = table.append_column(col, pa.array([], pa.string()))
-    stats = summarize(table)
+        for rows in plan.store.read_parts(parts, columns=[*_SUMMARY_COLUMNS, *plan.segment_columns, "reason"]):
+            tally.add(_not_judged_flag(rows))
+    stats = tally.stats()
     canary: dict[str, Any] = no_canary()
     spend: dict[str, Any] = {}
     if plan.canary is not None:  # judged before the cache closes; fresh when the run judged anything afresh
@@ -68,13 +65,13 @@ def commit_run(
         **run_settings(plan), "batch_ids": None, "batch_wait_s": None, **(batch or {}), **no_canary(),
         "reply_models": None, "substituted_rows": None,
     }  # fmt: skip
-    base.update(run_outcome(plan, table, stats))
-    overall = {**base, "segment_column": None, "segment_value": None, **stats, **canary, **replied(table)}
+    base.update(run_outcome(plan, tally.dominant_error(), stats))
+    overall = {**base, "segment_column": None, "segment_value": None, **stats, **canary, **tally.replied()}
     for key, value in spend.items():  # the canary's spend is the run's: requests, tokens and cost include it
         overall[key] += value
     runs = [overall]
     for col in plan.segment_columns:
-        for value, stats in summarize_segments(table, col):
+        for value, stats in tally.segments(col):
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     ids_step.add_run_columns(plan, parts, runs)  # the id metrics' means and intervals (issue 41)
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs, label=plan.params.label)
@@ -87,15 +84,6 @@ def _not_judged_flag(batch: pa.RecordBatch) -> pa.RecordBatch:
     flag = pc.fill_null(pc.and_(batch.column("skipped"), pc.starts_with(batch.column("reason"), NOT_JUDGED)), False)
     keep = [name for name in batch.schema.names if name != "reason"]
     return pa.RecordBatch.from_arrays([*(batch.column(n) for n in keep), flag], names=[*keep, "not_judged"])
-
-
-def replied(table: pa.Table) -> dict[str, Any]:
-    """The overall row's ``reply_models`` (the models the replies named, sorted) and ``substituted_rows`` (rows a
-    reply from another model than the one asked for judged: their flag says so)."""
-    models = sorted(m for m in pc.unique(table.column("reply_model")).to_pylist() if m is not None)
-    flags = pc.list_flatten(table.column("flags"))
-    substituted = pc.sum(pc.starts_with(flags, SUBSTITUTED_FLAG)).as_py() if len(flags) else 0
-    return {"reply_models": models, "substituted_rows": int(substituted or 0)}
 
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:

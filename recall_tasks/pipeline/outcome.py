@@ -23,30 +23,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 
-
-def dominant_error(table: pa.Table) -> tuple[str | None, int]:
-    """The most frequent error text of a run's rows and how many rows have it."""
-    errors = table.column("error").drop_null()
-    if len(errors) == 0:
-        return None, 0
-    top = pc.value_counts(errors).to_pylist()
-    best = max(top, key=lambda item: item["counts"])
-    return str(best["values"]), int(best["counts"])
-
-
-def run_outcome(plan: Any, table: pa.Table, stats: dict[str, Any]) -> dict[str, Any]:
+def run_outcome(plan: Any, top_error: tuple[str | None, int], stats: dict[str, Any]) -> dict[str, Any]:
     """Status, reason, error rate and dominant error of a run (see the module docstring for the rules).
 
-    ``plan``: the run's ``steps.RunPlan`` (its parameters, budget and circuit breaker are read); ``table``: the
-    run's rows (their ``error`` column); ``stats``: ``aggregates.summarize`` of them.
+    ``plan``: the run's ``steps.RunPlan`` (its parameters, budget and circuit breaker are read); ``top_error``:
+    the most frequent error text of the run's rows and how many have it (``RunTally.dominant_error``); ``stats``:
+    the run's aggregates (``RunTally.stats``).
     """
     not_judged = stats.get("not_judged") or 0
     assessed = stats["rows"] - stats["skipped"] - not_judged
     rate = stats["errors"] / assessed if assessed else 0.0
-    top, top_count = dominant_error(table)
+    top, top_count = top_error
     limit = plan.params.max_error_rate
     budget_reason = plan.budget.exhausted_reason if plan.budget else None
     breaker = getattr(plan, "breaker", None)
