@@ -45,11 +45,14 @@ def test_the_worst_rows_get_their_text_and_the_others_none(where, tmp_path):
     text = {rid: (q, r) for rid, q, r in zip(*columns, strict=True) if q is not None}
     assert text == {"q0000007": ("question 7", "reason 7"), "q0004001": ("question 4001", "reason 4001")}
     assert table.column("source_file").to_pylist()[:2] == [SOURCE, SOURCE]
+    hashes = {rid: h for rid, h in zip(columns[0], table.column("content_hash").to_pylist(), strict=True) if h}
+    assert hashes == {"q0000007": f"{7:024x}", "q0004001": f"{4001:024x}"}  # only the worst rows' chunks are read
 
 
 def test_a_row_costs_its_own_columns_not_the_run_id_and_path_again():
-    """A light row holds no copy of the run id or the source path: ~65 bytes here (158 with them)."""
+    """A light row holds no copy of the run id or the source path, and no content hash: ~37 bytes here (158 with
+    the run id and path, 65 with the hash)."""
     table = bounded_results(_results(5000), RUN, keep=2)
-    light = table.drop_columns(["input", "verdicts", "reason"])
+    light = table.drop_columns(["input", "verdicts", "reason", "content_hash"])
     assert "run_id" not in table.column_names
-    assert light.nbytes / table.num_rows < 75, light.nbytes / table.num_rows
+    assert light.nbytes / table.num_rows < 45, light.nbytes / table.num_rows

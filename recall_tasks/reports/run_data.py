@@ -26,8 +26,9 @@ RESULT_COLUMNS = (
 )  # fmt: skip
 """The result columns a report reads (those present)."""
 
-HEAVY_COLUMNS = ("input", "verdicts", "reason")
-"""Text columns read for the worst rows only (see :func:`bounded_results`)."""
+HEAVY_COLUMNS = ("input", "verdicts", "reason", "content_hash")
+"""Columns read for the worst rows only (see :func:`bounded_results`): their text, and the content hash that only
+the worst rows' chunks are checked against (:func:`chunks_of_worst`; 28 bytes a row, the largest light column)."""
 
 
 def timestamp(value: object) -> float:
@@ -77,12 +78,13 @@ def worst_first(table: pa.Table) -> pa.Array:
 
 
 def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
-    """The run's rows with the light columns for all, and text columns only for the worst ``keep`` rows.
+    """The run's rows with the light columns for all, and :data:`HEAVY_COLUMNS` only for the worst ``keep`` rows.
 
-    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows. A row costs ~65
-    bytes of Arrow (issue 42, item 3): ``run_id`` is filtered on, not returned (every row has the same one);
-    ``source_file`` is dictionary-encoded (one path per file, not per row); the worst rows' text is placed by
-    Arrow's ``index_in``, with no Python object per row (a list of every row id was ~75 MB at 1M rows).
+    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows, whose chunks are
+    the only ones looked up by content hash. A row costs ~49 bytes of Arrow (issue 42, item 3): ``run_id`` is
+    filtered on, not returned (every row has the same one); ``source_file`` is dictionary-encoded (one path per
+    file, not per row); the worst rows' columns are placed by Arrow's ``index_in``, with no Python object per row
+    (a list of every row id was ~75 MB at 1M rows).
     """
     names = results_ds.schema.names
     light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS and c != "run_id"]
