@@ -75,6 +75,7 @@ def commit_run(
             runs.append({**base, "segment_column": col, "segment_value": value, **stats})
     ids_step.add_run_columns(plan, parts, runs)  # the id metrics' means and intervals (issue 41)
     plan.store.commit(plan.run_id, plan.dataset.name, base["run_date"], parts, runs, label=plan.params.label)
+    pa.default_memory_pool().release_unused()  # the rows read for the commit: the report reads its own
     return cast("RunRow", overall)  # its keys are RUN_FIELDS' (tests/test_pipeline.py checks a real run's)
 
 
