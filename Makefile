@@ -18,6 +18,11 @@ export UV_PYTHON_DOWNLOADS := never
 # it instead of compiling as they import (demo from a fresh state 34 s -> 19 s for +12 s of install, and every
 # process that runs with PYTHONDONTWRITEBYTECODE, as CI's test subprocesses may, reads it too)
 export UV_COMPILE_BYTECODE := 1
+# ... and this project's own modules too: with PYTHONDONTWRITEBYTECODE in the environment (this machine sets it)
+# each of the suite's CLI processes compiled recall_tasks from source (~0.12 s of CPU a process) and every pytest
+# process rewrote the test modules' asserts again (half of a collection's 12 s); unexported, the first process
+# writes the bytecode (gitignored __pycache__, written atomically) and the next ones read it
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv lock lock-upgrade test test-flaky test-fast test-oldest-openai demo demo-regression check lint types bench wheel clean
 

@@ -1,10 +1,12 @@
 """The ``concurrency`` mark, kept true by the suite itself (hooks imported by tests/conftest.py).
 
 ``make test-flaky N=20`` repeats the tests marked ``concurrency``: those that start servers, clusters, processes or
-signals, where the flaky failures live (a port taken, a child slower under load, a signal landing early). A mark
+signals, or races threads, where the flaky failures live (a port taken, a child slower under load, a signal landing
+early, a race lost the other way round). A mark
 set by hand is forgotten, so while a test runs (its call, not the shared fixtures' set-up) this module watches
 for a child process (``subprocess``, ``multiprocessing``: process pools, Dask nannies), a signal sent
-(``os.kill``, ``os.killpg``, ``signal.raise_signal``) and a listening socket (a server of the test's own), and fails
+(``os.kill``, ``os.killpg``, ``signal.raise_signal``), a listening socket (a server of the test's own) and a
+``threading.Barrier`` (threads lined up to race; the library has none), and fails
 a test that did any of these without the mark, naming what it started. Tests that use a module-scoped server
 fixture (its set-up is outside the call) are marked here from their fixtures.
 """
@@ -65,6 +67,7 @@ def watching(node: pytest.Item, label: str) -> Iterator[None]:
         _watch(os, "killpg", "a signal (os.killpg)"),
         _watch(signal, "raise_signal", "a signal (signal.raise_signal)"),
         _watch(socket.socket, "listen", "a listening socket"),
+        _watch(threading.Barrier, "__init__", "racing threads (threading.Barrier)"),
     ]
     _seen.clear()
     _watching.set()

@@ -111,6 +111,7 @@ def test_batch_cancel_stops_a_waiting_run_which_never_resubmits(prefect_harness,
     assert record(out)["status"] == "cancelled" and record(out)["parts"][0]["status"] == "cancelled"
 
 
+@pytest.mark.concurrency
 def test_two_collectors_create_round_two_once(prefect_harness, judge_env, s3_output, tmp_path) -> None:
     data = write_parquet(tmp_path / "eval.parquet", make_rows(8, seed=59))
     params = RunParams(dataset_uri=data, output_uri=s3_output, judge="openai", base_url=judge_env.base_url,

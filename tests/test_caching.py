@@ -347,6 +347,7 @@ def test_two_runs_at_once_do_not_corrupt(prefect_harness, judge_env, tmp_path):
     assert judge_env.chat_requests == [] and summary["cached"] == 80
 
 
+@pytest.mark.concurrency
 def test_same_run_committed_by_two_processes_at_once_lands_once(tmp_path, monkeypatch, caplog):
     """Both writers pass the "already committed?" check, then both append: Delta's app transaction id makes
     the second commit conflict, and the loser sees the winner's commit instead of duplicating the run."""

@@ -72,6 +72,7 @@ def test_a_rerun_after_a_crash_between_commits_appends_nothing_twice(where):
     assert [f.name for f in table.spec().fields] == ["dataset", "run_date"]
 
 
+@pytest.mark.concurrency
 def test_concurrent_runs_of_two_datasets_both_commit_and_evolve_the_schema(where, monkeypatch, caplog):
     """Both writers load one table version and commit from it: the loser's commit fails and is retried."""
     from pyiceberg.table import Transaction
@@ -118,6 +119,7 @@ def test_concurrent_runs_of_two_datasets_both_commit_and_evolve_the_schema(where
     assert sorted(v for v in results.column("owner").to_pylist() if v) == ["x", "y"]
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("where", ["sqlite"], indirect=True)  # the conflict itself is tested on REST above
 def test_the_same_run_committed_by_two_writers_at_once_lands_once(where, monkeypatch, caplog):
     from pyiceberg.table import Transaction

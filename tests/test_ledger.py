@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import threading
 
+import pytest
+
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import Budget
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.storage import StorageConfig
 
 
+@pytest.mark.concurrency
 def test_chunks_ending_together_each_record_whole_and_the_largest_figure_stays(tmp_path, caplog):
     """Chunk threads end together and each writes the attempt's file: every write lands whole (one temporary name
     for all of them made one thread's rename take the other's file away, a warning and a lost figure, seen in a

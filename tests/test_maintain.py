@@ -135,6 +135,7 @@ def table_files(store: ResultStore, name: str) -> tuple[Any, str, list[str]]:
     return fs, root, sorted(fs.find(root))
 
 
+@pytest.mark.concurrency
 @pytest.mark.parametrize("concurrent", [False, True], ids=["idle", "runs-committing"])
 def test_maintain_leaves_every_run_readable_exactly_once(backend, concurrent, monkeypatch):
     """Idle, or with runs committing from another thread all along (maintenance rounds overlap the runs'
@@ -324,6 +325,7 @@ def test_a_retention_under_the_floor_needs_the_flag_and_fresh_files_are_kept(tmp
     assert rows_per_run(detected(str(out))) == {f"run-{n:03d}": 3 for n in range(4)}
 
 
+@pytest.mark.concurrency
 def test_a_compaction_that_keeps_losing_to_runs_is_one_error_line_exit_4(tmp_path, monkeypatch):
     """Issue 31 item 3: every maintenance commit meets a run's commit that landed just before it (on the real
     SQLite catalog: its compare-and-swap refuses the stale one). Retried 5 times, then one ``error:`` line, exit 4,
@@ -357,6 +359,7 @@ def test_a_compaction_that_keeps_losing_to_runs_is_one_error_line_exit_4(tmp_pat
     assert rows_per_run(detected(out)) == {f"run-{n:03d}": 3 for n in range(nights[-1])}
 
 
+@pytest.mark.concurrency
 def test_a_real_run_on_the_rest_catalog_keeps_its_rows_while_maintain_runs(
     prefect_harness, fake_openai, s3_server, monkeypatch, tmp_path
 ):

@@ -71,6 +71,7 @@ def test_delta_write_read_and_two_appends_make_two_versions(s3_server: _s3.S3Ser
     assert _delta_log(s3_server, s3_bucket, "t") == [f"{v:020d}.json" for v in (0, 1)]
 
 
+@pytest.mark.concurrency
 def test_concurrent_delta_writers_lose_nothing(s3_server: _s3.S3Server, s3_bucket: str) -> None:
     """3 threads x 3 appends racing on one table: deltalake commits with ``If-None-Match: *``; SeaweedFS
     answers 412 to the losers, which retry at the next version. No commit is lost or overwritten."""

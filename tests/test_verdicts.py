@@ -309,6 +309,7 @@ def test_dated_folders_form_one_series_with_a_dataset_name(prefect_harness, tmp_
     assert bad.exit_code == 2 and "dataset_name" in bad.output
 
 
+@pytest.mark.concurrency
 def test_runs_of_two_datasets_committing_at_once_both_land(tmp_path, monkeypatch, caplog):
     import threading
 
