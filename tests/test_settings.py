@@ -25,6 +25,7 @@ LIVE_ENVIRONMENT = {
     ("recall_tasks.cli.server", "_server_env"): "the environment handed to the server's process",
     ("recall_tasks.cli.runtime", "_prefect_api"): "sets and restores PREFECT_API_URL for Prefect",
     ("recall_tasks.cli.common", "_split_storage_options"): "writes --storage-option credentials to AWS_*",
+    ("recall_tasks", "<module>"): "sets _RJEM_MALLOC_CONF for deltalake's allocator before its first import",
 }
 
 
