@@ -1,5 +1,5 @@
-"""A run's aggregates gathered one batch of rows at a time: :func:`~recall_tasks.analysis.aggregates.summarize`'s
-figures, its segments', the dominant error and the reply models, without a table of every row.
+"""A run's aggregates gathered one batch of rows at a time: the run row's figures, each segment's, the dominant
+error and the reply models, without a table of every row.
 
 The commit built a table of every row's summary columns (~100 bytes a row, ~70-100 MB at 1,000,000 rows) to
 aggregate it (issue 42 item 3). :class:`RunTally` keeps counters and sums, and each scored row's score as a
@@ -25,10 +25,10 @@ def _sum(values: Any) -> float | int:
 
 
 class RunTally:
-    """Aggregates of a run's rows fed one batch at a time (:meth:`add`); :meth:`stats` is ``summarize``'s dict.
+    """Aggregates of a run's rows fed one batch at a time (:meth:`add`); :meth:`stats` gives the run row's figures.
 
     ``segment_columns``: a tally per value of each (null is its own value), read by :meth:`segments`. A batch
-    has the result columns ``summarize`` reads (``score``, ``success``, ``error``, ``skipped``, ``cached``, the
+    has the result columns (``score``, ``success``, ``error``, ``skipped``, ``cached``, the
     token, request and cost columns; optionally ``not_judged``, ``context_precision`` with ``chunks_used`` and
     ``context_count``, ``reply_model`` and ``flags``).
     """
@@ -99,7 +99,7 @@ class RunTally:
         return np.concatenate(self._scores) if self._scores else np.empty(0)
 
     def stats(self) -> dict[str, Any]:
-        """What :func:`~recall_tasks.analysis.aggregates.summarize` gives of a table of the rows added."""
+        """The run row's figures of the rows added (counts, score mean/median/p10 and interval, tokens, cost)."""
         from recall_tasks.analysis.aggregates import mean_ci
 
         scores = self.scores()

@@ -356,7 +356,7 @@ def add_run_columns(plan: Any, parts: list[Any], runs: list[dict[str, Any]]) -> 
         if column is None:
             row.update(id_stats(table))
             continue
-        values = table.column(column)  # the segment values as summarize_segments names them: str(value)
+        values = table.column(column)  # the segment values as RunTally.segments names them: str(value)
         same = [v for v in pc.unique(values).to_pylist() if (None if v is None else str(v)) == row["segment_value"]]
         if not same:
             continue
