@@ -6,7 +6,8 @@ The suite is CPU-bound on a 2-core machine (~1,200 s of CPU for ~650 s of wall a
   test of the collection when it is nearly idle, and :data:`START_FIRST` puts the longest at the head of the
   collection. With ``--dist load`` and the collection's file order, the SIGKILL test of test_runners (104 s) was
   dealt late and ran alone at the end of the parallel step; the token-quota test (it mostly waits for its
-  minute) now overlaps the others' CPU work instead.
+  minute) now overlaps the others' CPU work instead. The two tests that mostly wait (the laptop recipe, the token
+  quota) do not start together: with a worker in each, one core sat idle for the first minute.
 * the tests of a file sharing a module-scoped fixture (a Prefect server and worker, a built and installed wheel,
   a Dask cluster, two CLI runs) run on one worker, one after the other: sent to two workers, each would set the
   fixture up again. pytest-xdist's own ``xdist_group`` marks do nothing under pytest 9 (xdist 3.8 renames
@@ -27,16 +28,19 @@ from typing import Any
 import pytest
 
 #: The longest tests (seconds of one parallel step of a quiet clean-clone `make test` at bf0e444, 3 workers on 2
-#: cores), longest first; a prefix names every test it starts (all parameters, a whole file). Collected first,
-#: started first.
+#: cores), longest first but for one wait (below); a prefix names every test it starts (all parameters, a whole
+#: file). Collected first, started first.
 START_FIRST = (
     "tests/test_laptop_recipe.py::",  # 93 s, mostly waiting for the worker and the triggered run
-    "tests/test_token_quota.py::test_3000_token_prompts_keep_every_minute_within_the_token_quota",  # 88 s, waits
     "tests/test_deployments.py::test_deploy_then_index_built_events_run_the_flow",  # 46 s
     "tests/test_store_outage.py::test_store_down_mid_run_exits_4",  # 34 s
     "tests/test_alerts.py::test_alerts_reach_the_webhook_once_per_alerting_run",  # 34 s
     "tests/test_ratelimit_fleet.py::test_max_cost_usd_holds_for_the_whole_run_across_worker_processes",  # 33 s
     "tests/test_server.py::test_first_run_starts_the_server_the_next_reuses_it_and_the_commands_manage_it",  # 31 s
+    # 88 s of waiting for its minute windows: not beside the laptop recipe's wait at the start, where it left a core
+    # idle for a minute (a worker in each wait, ~1.3 of 2 cores busy); started ~1 minute in, it waits beside two
+    # workers that use the cores, and still ends minutes before the last test
+    "tests/test_token_quota.py::test_3000_token_prompts_keep_every_minute_within_the_token_quota",
     "tests/test_ratelimit_fleet.py::test_worker_processes_share_one_budget_instead_of_one_each",  # 28 s
     "tests/test_maintain.py::test_maintain_leaves_every_run_readable_exactly_once",  # 25 s and 8 cases of 2-10 s
     "tests/test_runners.py::test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once",  # 24 s
