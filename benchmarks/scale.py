@@ -13,6 +13,9 @@ process writing Delta into a temporary folder. Per size, printed, never asserted
   process (start-up, planning, commit and report included);
 - peak RSS of the run process: ``benchmarks/_peak_rss.py`` spawns it and reads ``RUSAGE_CHILDREN`` (spawned
   from this process, its ``ru_maxrss`` would start from what this process held);
+- its resident base: RSS read every ``--rss-every`` seconds, the median of each quarter of the run's time (a
+  median passes over the spikes of a row group's read), and the creep from the second quarter's to the last's in
+  bytes a row (rows judged at an even pace: half the rows between the two);
 - judge calls per row (the fake judge's count);
 - the files of the result tables: data files of ``results/``, ``runs/`` and ``comparisons/`` and the files in
   each ``_delta_log/``;
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,6 +86,23 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return wall, proc.stdout
 
 
+def quarter_medians(trace: list[list[float]]) -> list[float]:
+    """The median RSS (MiB) of each quarter of the traced time (``[[seconds, MiB], ...]``); [] when a quarter has
+    no sample (a run shorter than a few reads)."""
+    end = trace[-1][0] if trace else 0.0
+    quarters: list[list[float]] = [[], [], [], []]
+    for t, mib in trace:
+        quarters[min(int(4 * t / end), 3) if end > 0 else 0].append(mib)
+    return [statistics.median(q) for q in quarters] if all(quarters) else []
+
+
+def creep_bytes_per_row(medians: list[float], rows: int) -> float | None:
+    """Resident growth from the second quarter's median to the last's, per row (half the rows lie between)."""
+    if len(medians) != 4 or rows < 2:
+        return None
+    return (medians[3] - medians[1]) * 2**20 / (rows / 2)
+
+
 def one_size(tmp: Path, env: dict[str, str], base_url: str, rows: int, args: argparse.Namespace) -> dict:
     data = write_rows(tmp / f"data-{rows}" / "bench.parquet", rows)
     out = tmp / f"out-{rows}"
@@ -92,8 +113,9 @@ def one_size(tmp: Path, env: dict[str, str], base_url: str, rows: int, args: arg
            "--max-concurrency", str(args.concurrency)]  # fmt: skip
     before = load.settle(args.settle_s)
     stats_url = base_url.removesuffix("/v1") + "/stats"
-    run = one_run(cmd, env, ROOT, stats_url, tmp / f"run-{rows}.log")
+    run = one_run(cmd, {**env, "PEAK_RSS_EVERY_S": str(args.rss_every)}, ROOT, stats_url, tmp / f"run-{rows}.log")
     stats = json.loads(Path(rss_file).read_text())
+    medians = quarter_medians(stats.get("rss_trace", []))
     judge = json.loads(urllib.request.urlopen(stats_url, timeout=5).read())
     window = judge["last_response_at"] - judge["first_request_at"]
     shutil.rmtree(Path(data).parent, ignore_errors=True)  # the dataset is not needed after its run
@@ -101,7 +123,8 @@ def one_size(tmp: Path, env: dict[str, str], base_url: str, rows: int, args: arg
     query_s, answer = timed([*cli, "query", QUERY, "--output", str(out), "--output-format", "json"], env)
     return {
         "rows": rows, "load": before, "wall_s": run["wall_s"], "window_s": window, "cpu_s": run["cpu_s"],
-        "peak_rss_mib": stats["peak_rss_kb"] / 1024, "requests": judge["requests"], "history_s": history_s,
+        "peak_rss_mib": stats["peak_rss_kb"] / 1024, "rss_quarters_mib": [round(m) for m in medians],
+        "creep_b_per_row": creep_bytes_per_row(medians, rows), "requests": judge["requests"], "history_s": history_s,
         "query_s": query_s, "query": answer.strip(), **file_counts(out),
     }  # fmt: skip
 
@@ -112,6 +135,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64, help="--max-concurrency (the CLI's default)")
     parser.add_argument("--settle-s", type=float, default=0.0, help="wait up to this for the load to fall to 1")
+    parser.add_argument("--rss-every", type=float, default=2.0, help="seconds between RSS reads of the run")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (outputs, logs)")
     args = parser.parse_args()
 
@@ -150,6 +174,11 @@ def main() -> None:
               f"{r['rows'] / r['wall_s']:>10.0f} {r['window_s']:>9.1f} {r['wall_s']:>8.1f} {r['peak_rss_mib']:>12.0f} "
               f"{r['requests'] / r['rows']:>9.2f} {files['results']:>13} {files['runs']:>9} "
               f"{files['comparisons']:>11} {r['history_s']:>9.2f} {r['query_s']:>8.2f}")  # fmt: skip
+    for r in results:
+        creep = r["creep_b_per_row"]
+        print(f"resident base of the {r['rows']:,}-row run, median of each quarter of its time: "
+              f"{' / '.join(f'{m:,}' for m in r['rss_quarters_mib'])} MiB; creep from the second quarter to the last: "
+              f"{'-' if creep is None else f'{creep:.0f}'} bytes a row")  # fmt: skip
     for r in results:
         print(f"query on {r['rows']:,} rows answered: {r['query']}")
     print(f"\nfiles: data files + files in _delta_log per table; window: the fake judge's first request to its last "
