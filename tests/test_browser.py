@@ -48,13 +48,31 @@ def browser() -> Iterator[Any]:
 
 
 class Page:
-    """A page and every console error and uncaught exception it had."""
+    """A page and every console error and uncaught exception it had, and its requests that failed or got an error
+    status (what a timed-out wait reports: :meth:`wait_for_text`)."""
 
     def __init__(self, browser: Any) -> None:
         self.page = browser.new_page()
         self.errors: list[str] = []
+        self.failed: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("requestfailed", lambda r: self.failed.append(f"{r.method} {r.url}: {r.failure}"))
+        self.page.on("response", lambda r: self.failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+
+    def wait_for_text(self, text: str, timeout_ms: int = 60_000) -> None:
+        """Wait until ``text`` is visible; a timeout fails naming what the page showed, logged and asked."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.get_by_text(text).first.wait_for(timeout=timeout_ms)
+        except PlaywrightTimeout:
+            shown = self.page.locator("body").inner_text(timeout=5_000)[:2_000]
+            pytest.fail(
+                f"{text!r} not visible in {timeout_ms / 1000:g} s at {self.page.url}; matches in the page: "
+                f"{self.page.get_by_text(text).count()}\nconsole errors: {self.errors}\nfailed requests: "
+                f"{self.failed}\npage text:\n{shown}"
+            )
 
 
 def test_round_ticks() -> None:
@@ -108,14 +126,14 @@ def test_the_printed_ui_address_shows_the_run_and_its_artifacts(browser: Any, tm
         view.page.goto(f"{ui}/runs", wait_until="networkidle")
         view.page.get_by_text("recall-sample.parquet-demo").first.click()  # the run's flow run, listed
         view.page.wait_for_url(re.compile(r".*/runs/flow-run/[0-9a-f-]+"), timeout=60_000)
-        view.page.get_by_text("Finished in state Completed()").first.wait_for(timeout=60_000)  # its logs
+        view.wait_for_text("Finished in state Completed()")  # its logs
         view.page.get_by_text("Artifacts", exact=True).first.click()
         for key in (
             "recall-results",
             "recall-summary-sample-contextual-recall",
             "recall-html-sample-contextual-recall",
         ):
-            view.page.get_by_text(key).first.wait_for(timeout=60_000)
+            view.wait_for_text(key)
         assert "Oops" not in view.page.content()
         api = [u for u in asked if "/api/" in u]
         assert api and all(u.startswith(f"{ui}/api/") for u in api), sorted(
