@@ -75,13 +75,25 @@ class Page:
             )
 
 
+@pytest.fixture
+def view(browser: Any) -> Iterator[Page]:
+    """A page in a context of its own, closed after the test: the module's one browser no longer keeps every page
+    a test opened (under ``make test-flaky``, 20 repeats each left a Prefect UI page open beside the next)."""
+    opened = Page(browser)
+    try:
+        yield opened
+    finally:
+        opened.page.close()  # a page from browser.new_page closes its context with it
+    assert browser.contexts == [], f"a test left {len(browser.contexts)} browser contexts open"
+
+
 def test_round_ticks() -> None:
     assert round_ticks(0.0, 0.875) == (0.0, 1.0, [0.0, 0.25, 0.5, 0.75, 1.0])
     assert round_ticks(0.62, 0.71) == (0.6, 0.75, [0.6, 0.65, 0.7, 0.75])
 
 
 @pytest.mark.concurrency
-def test_the_html_report_renders_with_every_chart_marked(browser: Any, tmp_path: Path) -> None:
+def test_the_html_report_renders_with_every_chart_marked(view: Page, tmp_path: Path) -> None:
     from recall_tasks import evaluate
 
     out = tmp_path / "recall-output"
@@ -89,7 +101,6 @@ def test_the_html_report_renders_with_every_chart_marked(browser: Any, tmp_path:
     fewer = [{**row, "retrieval_context": row["retrieval_context"][1:] or row["retrieval_context"]} for row in SAMPLE]
     second = evaluate(fewer, output=out, on_missing="skip", segment_by=["category"], label="v2")
     report = Path(second.summary["report_uri"])
-    view = Page(browser)
     view.page.goto(report.as_uri())
     assert view.page.title()
     charts = view.page.locator("svg.chart")
@@ -113,14 +124,13 @@ def test_the_html_report_renders_with_every_chart_marked(browser: Any, tmp_path:
 
 
 @pytest.mark.concurrency
-def test_the_printed_ui_address_shows_the_run_and_its_artifacts(browser: Any, tmp_path: Path) -> None:
+def test_the_printed_ui_address_shows_the_run_and_its_artifacts(view: Page, tmp_path: Path) -> None:
     local = Local(tmp_path)
     try:
         seed_database(local.state / "prefect" / "prefect.db")
         run = local.cli("demo", "--output", str(local.root / "out"))
         assert run.returncode == 0, run.stdout + run.stderr
         (ui,) = set(re.findall(r"UI (http://127\.0\.0\.1:\d+)", run.stderr))  # the address the run printed
-        view = Page(browser)
         asked: list[str] = []
         view.page.on("request", lambda r: asked.append(r.url))
         view.page.goto(f"{ui}/runs", wait_until="networkidle")
