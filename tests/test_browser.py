@@ -77,8 +77,10 @@ class Page:
 
 @pytest.fixture
 def view(browser: Any) -> Iterator[Page]:
-    """A page in a context of its own, closed after the test: the module's one browser no longer keeps every page
-    a test opened (under ``make test-flaky``, 20 repeats each left a Prefect UI page open beside the next)."""
+    """A page in a context of its own, closed after the test. Left open, every repeat's Prefect UI page kept
+    rendering in the module's one browser: with 7-8 of them Chromium's GPU process (software compositing) used
+    ~0.8 of a core, the UI test slowed from 24 to 93 s over 10 repeats, and under ``make test-flaky`` its wait for
+    the flow run's logs timed out in 4 of 20. Closed: 18-36 s over 10 repeats, one renderer."""
     opened = Page(browser)
     try:
         yield opened
