@@ -80,7 +80,7 @@ def view(browser: Any) -> Iterator[Page]:
     """A page in a context of its own, closed after the test. Left open, every repeat's Prefect UI page kept
     rendering in the module's one browser: with 7-8 of them Chromium's GPU process (software compositing) used
     ~0.8 of a core, the UI test slowed from 24 to 93 s over 10 repeats, and under ``make test-flaky`` its wait for
-    the flow run's logs timed out in 4 of 20. Closed: 18-36 s over 10 repeats, one renderer."""
+    the flow run's logs timed out in 4 of 20. Closed: 18-36 s over 10 repeats, two renderers throughout."""
     opened = Page(browser)
     try:
         yield opened
