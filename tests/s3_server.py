@@ -44,6 +44,10 @@ GRPC_SERVICES = ("master", "volume", "filer", "s3", "admin")  # each takes -<nam
 TABLE_BUCKET = "rb-warehouse"  # the S3 Tables bucket the Iceberg REST catalog serves
 STOP_GRACE_S = 1.0
 START_TIMEOUT_S = 30.0
+#: Volume slots, set rather than weed's default (derived from the disk's free space: 69 here). Each bucket is a
+#: collection with a volume of its own, so a long session ran out of slots, and every bucket after that failed
+#: with "InternalError" (``make test-flaky``: a worker's server past ~100 buckets). Volumes are not preallocated.
+VOLUME_MAX = 2000
 
 
 def weed_binary() -> str:
@@ -108,7 +112,7 @@ class S3Server:
         args += [f"-{name}.port.grpc={port}" for name, port in self.grpc_ports.items()]
         args += [f"-s3.port.iceberg={self.iceberg_port}", f"-tableBucket={TABLE_BUCKET}"]
         args += ["-s3.port.lance=0", "-master.telemetry=false"]
-        args += ["-s3.autoCreateBucket=false", "-admin.ui=false"]
+        args += ["-s3.autoCreateBucket=false", "-admin.ui=false", f"-volume.max={VOLUME_MAX}"]
         args += [f"-filer.localSocket={self.data_dir}/f.sock", f"-s3.localSocket={self.data_dir}/s.sock"]
         return args
 
