@@ -127,3 +127,52 @@ def test_interrupt_stops_judging_commits_nothing_and_the_rerun_resumes(
     assert sent - CONCURRENCY - AFTER_SIGNAL_MAX <= run["requests"] <= sent, (run["requests"], sent, cached)
     assert not any(r["cached"] for r in got.values())
     assert sum(r["requests"] for r in got.values()) == run["requests"]
+
+
+#: The CLI with a SIGINT sent to itself in the middle of Prefect's import: the module of Prefect's automations
+#: schemas (imported by ``import prefect``, its models built by pydantic) sends it, then runs its own code, and
+#: notes in ``MARK`` when that code ran to its end. Where the signal's KeyboardInterrupt was raised inside such
+#: an import, pydantic-core wrapped it in a SchemaError and Prefect printed "Failed to initialize plugins" and a
+#: traceback (seen twice in repeated runs under load, when a Ctrl-C landed there).
+CLI_SIGNAL_IN_IMPORT = """
+import importlib.abc, importlib.machinery, os, signal, sys
+TARGET, MARK = "prefect.events.schemas.automations", os.environ["MARK"]
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            open(MARK, "a").write("sent\\n")
+            os.kill(os.getpid(), signal.SIGINT)
+            run(module)
+            open(MARK, "a").write("imported whole\\n")
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Hook())
+from recall_tasks.cli.app import console_main; console_main()
+"""
+
+
+@pytest.mark.concurrency
+def test_an_interrupt_inside_prefects_import_waits_for_the_import_then_exits_130(prefect_harness, judge_env, tmp_path):
+    """The signal cancels the judge calls at once; its KeyboardInterrupt is raised once Prefect is imported:
+    the import is never cut half-way, nothing but the interrupt's line is printed, and nothing is committed."""
+    rows = make_rows(ROWS, seed=22)
+    data = write(tmp_path / "eval.parquet", rows)
+    out, mark = tmp_path / "out", tmp_path / "mark"
+    judge_env.latency_s = 0.2
+    cmd = [sys.executable, "-c", CLI_SIGNAL_IN_IMPORT, "run", data, "--output", str(out), "--judge", "openai",
+           "--base-url", judge_env.base_url, "--chunk-size", "50", "--max-concurrency", str(CONCURRENCY)]  # fmt: skip
+    proc = subprocess.run(
+        cmd, env={**cli_env(judge_env), "MARK": str(mark)}, cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+
+    assert mark.read_text().splitlines() == ["sent", "imported whole"], proc.stderr
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert_clean(proc.stdout + proc.stderr)
+    assert "Failed to initialize plugins" not in proc.stderr
+    (found,) = MESSAGE.findall(proc.stderr)
+    assert 0 < int(found) <= len(judge_env.chat_requests) < ROWS  # the head start had judged; the rest was never sent
+    assert not (out / "results").exists() and not (out / "runs").exists()

@@ -28,6 +28,7 @@ from recall_tasks.cli.runtime import (
     _prefect_api,
     _quiet_prefect_console,
     freeze_heap,
+    interrupts_deferred,
     pause_gc,
 )
 from recall_tasks.config import RunParams
@@ -161,9 +162,9 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                     _check_reachable(os.environ["PREFECT_API_URL"])
                 head_start.plan_ahead(prepared, watch)  # the first chunk's judge calls overlap Prefect's start-up
                 stack.callback(head_start.abandon, prepared, watch)  # a no-op once the flow took the plan
+            with interrupts_deferred(state):  # Prefect's import runs whole; an interrupt in it is raised after it
+                from recall_tasks.pipeline.flow import handing_off, recall_benchmark
             stack.enter_context(_prefect_api())
-            from recall_tasks.pipeline.flow import handing_off, recall_benchmark
-
             freeze_heap()  # what start-up imported: no collection walks it again
             stack.enter_context(_quiet_prefect_console(debug, prepared.notes if prepared else ()))
             progress = stack.enter_context(

@@ -138,9 +138,10 @@ def _interrupts() -> Iterator[dict[str, Any]]:
     Prefect's engine holds SIGTERM and raises its TerminationSignal, then re-sends the signal to this handler).
     The flow's chunk loop turns either into an abort (judge calls cancelled, row cache flushed); a second
     Ctrl-C during that clean-up would interrupt it half-way (what logged "client has been closed" errors), so
-    it is ignored unless the clean-up hangs past ``FORCE_EXIT_AFTER_S``.
+    it is ignored unless the clean-up hangs past ``FORCE_EXIT_AFTER_S``. Inside :func:`interrupts_deferred` the
+    first signal still cancels the judge calls at once, but its exception waits for the block's end.
     """
-    state: dict[str, Any] = {"signal": None, "at": 0.0}
+    state: dict[str, Any] = {"signal": None, "at": 0.0, "defer": 0, "pending": False}
 
     def handler(signum: int, frame: Any) -> None:
         if state["signal"] is not None:
@@ -152,9 +153,10 @@ def _interrupts() -> Iterator[dict[str, Any]]:
         from recall_tasks._sync import cancel_all_scopes
 
         cancel_all_scopes()  # judge calls stop now, not when the exception reaches the flow's chunk loop
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise _Terminated
+        if state["defer"]:
+            state["pending"] = True  # raised by interrupts_deferred when its block ends
+            return
+        raise _interrupt_for(signum)
 
     if threading.current_thread() is not threading.main_thread():  # signals can only be handled there
         yield state
@@ -168,6 +170,31 @@ def _interrupts() -> Iterator[dict[str, Any]]:
             # KeyboardInterrupt traceback on the way, so the handler stays (it ignores repeats, forces after 10 s)
             if state["signal"] is None:
                 signal.signal(sig, old)
+
+
+def _interrupt_for(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else _Terminated()
+
+
+@contextlib.contextmanager
+def interrupts_deferred(state: dict[str, Any]) -> Iterator[None]:
+    """The first SIGINT/SIGTERM that lands inside the block is raised when the block ends, not inside it.
+
+    For imports (``state``: :func:`_interrupts`'). An exception raised inside an import lands wherever the main
+    thread is: inside pydantic's schema building, pydantic-core turns a KeyboardInterrupt into a ``SchemaError``
+    (an Exception), and Prefect's import catches that ("Failed to initialize plugins", with a traceback on the
+    console) and goes on, so Ctrl-C in the first seconds of a run printed a traceback (1 loaded test run in ~200).
+    An interrupted import can also leave a module half-initialised for the threads already judging. The handler
+    still cancels the judge calls at once: only the exception waits, for as long as the import takes.
+    """
+    state["defer"] += 1
+    try:
+        yield
+    finally:
+        state["defer"] -= 1
+    if not state["defer"] and state["pending"]:
+        state["pending"] = False
+        raise _interrupt_for(state["signal"])
 
 
 class _OwnWarnings(logging.Filter):
