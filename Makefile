@@ -73,9 +73,11 @@ test: $(STAMP)
 
 # The guard against flaky tests: each test marked concurrency (it starts servers, clusters, processes or signals)
 # N times over, on the same workers as make test (docs/development.md). Not part of CI: minutes per repeat.
+# TESTS: the test files to take them from (default: all), to run N=20 in parts.
 N ?= 20
+TESTS ?=
 test-flaky: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "concurrency and not serial" --count $(N)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "concurrency and not serial" --count $(N) $(TESTS)
 
 # The judge's tests on the oldest openai that pyproject.toml allows: its chat path calls private SDK functions
 # (all in judges/_openai_compat.py), so an allowed version that changed them must fail here, not at a user's. The locked
