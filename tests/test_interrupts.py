@@ -47,11 +47,11 @@ CLI = (
 )
 
 
-def start(judge, data: str, out: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-c", CLI, "run", data, "--output", str(out), "--judge", "openai",
+def start(judge, data: str, out: Path, cli: str = CLI, **env: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-c", cli, "run", data, "--output", str(out), "--judge", "openai",
            "--base-url", judge.base_url, "--chunk-size", "50", "--max-concurrency", str(CONCURRENCY)]  # fmt: skip
     return subprocess.Popen(
-        cmd, env=cli_env(judge), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd, env=cli_env(judge, **env), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
 
@@ -163,16 +163,13 @@ def test_an_interrupt_inside_prefects_import_waits_for_the_import_then_exits_130
     data = write(tmp_path / "eval.parquet", rows)
     out, mark = tmp_path / "out", tmp_path / "mark"
     judge_env.latency_s = 0.2
-    cmd = [sys.executable, "-c", CLI_SIGNAL_IN_IMPORT, "run", data, "--output", str(out), "--judge", "openai",
-           "--base-url", judge_env.base_url, "--chunk-size", "50", "--max-concurrency", str(CONCURRENCY)]  # fmt: skip
-    proc = subprocess.run(
-        cmd, env={**cli_env(judge_env), "MARK": str(mark)}, cwd=ROOT, capture_output=True, text=True, timeout=240
-    )
+    proc = start(judge_env, data, out, cli=CLI_SIGNAL_IN_IMPORT, MARK=str(mark))
+    stdout, stderr = proc.communicate(timeout=240)
 
-    assert mark.read_text().splitlines() == ["sent", "imported whole"], proc.stderr
-    assert proc.returncode == 130, proc.stdout + proc.stderr
-    assert_clean(proc.stdout + proc.stderr)
-    assert "Failed to initialize plugins" not in proc.stderr
-    (found,) = MESSAGE.findall(proc.stderr)
+    assert mark.read_text().splitlines() == ["sent", "imported whole"], stderr
+    assert proc.returncode == 130, stdout + stderr
+    assert_clean(stdout + stderr)
+    assert "Failed to initialize plugins" not in stderr
+    (found,) = MESSAGE.findall(stderr)
     assert 0 < int(found) <= len(judge_env.chat_requests) < ROWS  # the head start had judged; the rest was never sent
     assert not (out / "results").exists() and not (out / "runs").exists()
