@@ -7,12 +7,20 @@ start): worker processes re-read a block by its first row and length, and the ch
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from recall_tasks.io.blocks import iter_blocks, read_block, role_block
 from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.storage import StorageConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(path, rows: int, group_rows: int, context_bytes: int = 20) -> str:
@@ -69,3 +77,40 @@ def test_a_large_row_group_is_never_held_decoded_while_its_blocks_stream(tmp_pat
         del block
     assert rows == 20_000 and len(held) == 40
     assert max(held) < group_bytes / 3, (max(held), group_bytes)
+
+
+_READ_BLOCK_PEAK = """
+import json, sys
+import pyarrow as pa
+from recall_tasks.io.blocks import read_block
+from recall_tasks.io.datasets import open_dataset
+from recall_tasks.io.storage import StorageConfig
+ds = open_dataset(sys.argv[1], StorageConfig.from_options())
+before = pa.default_memory_pool().max_memory()
+block = read_block(ds, ds.files[0].uri, int(sys.argv[2]), 500)
+print(json.dumps({"before": before, "peak": pa.default_memory_pool().max_memory(), "ids": block.row_ids[:1]}))
+"""
+
+
+@pytest.mark.concurrency  # a subprocess
+def test_a_worker_reading_a_block_decodes_up_to_it_not_its_whole_group(tmp_path):
+    """A worker process re-reads its block (``read_block``): for the last 500 rows of a 20,000-row group, Arrow's
+    peak stays under a third of the group, where reading the group whole took all of it. A fresh process: Arrow's
+    peak cannot be reset."""
+    uri = _write(tmp_path / "d.parquet", rows=20_000, group_rows=20_000, context_bytes=1_000)
+    proc = subprocess.run([sys.executable, "-c", _READ_BLOCK_PEAK, uri, "19500"], cwd=ROOT, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ids"] == ["r19500"]
+    group_bytes = pq.read_table(uri).nbytes
+    assert result["peak"] - result["before"] < group_bytes / 3, (result, group_bytes)
+
+
+def test_read_block_takes_any_rows_of_a_group(tmp_path):
+    """Rows across the re-read's batch boundaries, the group's last row, and a file shorter than asked."""
+    uri = _write(tmp_path / "d.parquet", rows=60, group_rows=27)
+    ds = open_dataset(uri, StorageConfig.from_options())
+    file_uri = ds.files[0].uri
+    for first, rows, ids in [(3, 5, range(3, 8)), (20, 7, range(20, 27)), (26, 1, [26]), (27, 27, range(27, 54))]:
+        assert read_block(ds, file_uri, first, rows).row_ids == [f"r{i}" for i in ids]
+    assert read_block(ds, file_uri, 58, 10).row_ids == ["r58", "r59"]

@@ -186,14 +186,33 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
         if not 0 <= first_row < starts[-1]:
             raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
         g = bisect.bisect_right(starts, first_row) - 1
-        try:
-            group = pf.read_row_group(g, columns=read_cols)
-        except (pa.ArrowInvalid, OSError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
-            raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
-    part = group.slice(first_row - starts[g], rows)
+        part = _group_rows(ds, f.uri, pf, g, read_cols, first_row - starts[g], rows)
     return role_block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
+
+
+def _group_rows(
+    ds: Dataset, uri: str, pf: pq.ParquetFile, g: int, columns: list[str], start: int, rows: int
+) -> pa.Table:
+    """Rows ``start`` to ``start + rows`` of row group ``g``: its batches decoded in order up to the last of them,
+    none held but those rows (a Parquet column chunk is decoded from its start; the rows after are not read)."""
+    batches = pf.iter_batches(batch_size=max(rows, 1), row_groups=[g], columns=columns)
+    kept: list[pa.RecordBatch] = []
+    at = 0
+    try:
+        for batch in batches:
+            lo, hi = max(start - at, 0), min(start + rows - at, batch.num_rows)
+            if hi > lo:
+                kept.append(batch.slice(lo, hi - lo))
+            at += batch.num_rows
+            if at >= start + rows:
+                break
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise translate_storage_error(exc, uri, fs=ds.fs) from None
+        raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=uri) from None
+    if not kept:
+        raise DatasetError(f"row group {g} has no row {start}: the file changed during the run", uri=uri)
+    return pa.Table.from_batches(kept)
 
 
 @dataclass
