@@ -47,7 +47,7 @@ def test_blocks_are_cut_from_each_groups_start_with_every_row_once(tmp_path):
     whole = pq.read_table(uri)
     file_uri = ds.files[0].uri
     for b in blocks:
-        expected = role_block(ds, file_uri, b.first_row, whole.slice(b.first_row, b.table.num_rows), ds.columns, {})
+        expected = role_block(ds, file_uri, b.first_row, whole.slice(b.first_row, b.table.num_rows), ds.columns)
         assert b.row_ids == expected.row_ids == [f"r{i}" for i in range(b.first_row, b.first_row + b.table.num_rows)]
         assert b.content_hashes == expected.content_hashes
         assert b.table.equals(expected.table)

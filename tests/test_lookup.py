@@ -50,7 +50,7 @@ def test_the_rows_asked_for_across_batches_and_groups(tmp_path):
     assert read_questions(ds, [(file_uri, 7, "r8")]) == {}  # the row no longer has that id
 
     one = pq.read_table(uri).slice(LOOKUP_BATCH_ROWS, 1)
-    digest = role_block(ds, file_uri, LOOKUP_BATCH_ROWS, one, ds.columns, {}).content_hashes[0]
+    digest = role_block(ds, file_uri, LOOKUP_BATCH_ROWS, one, ds.columns).content_hashes[0]
     contexts = read_contexts(ds, [(file_uri, LOOKUP_BATCH_ROWS, digest), (file_uri, 3, "not its hash")])
     assert contexts == {(file_uri, LOOKUP_BATCH_ROWS): [f"chunk {LOOKUP_BATCH_ROWS} {'x' * CONTEXT_BYTES}"]}
 

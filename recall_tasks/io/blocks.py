@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from recall_tasks.errors import DatasetError, one_line
 from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.datasets import Dataset, DatasetFile
-from recall_tasks.io.dedup import first_rows
+from recall_tasks.io.dedup import Occurrences, first_rows
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
@@ -85,7 +85,7 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
         raise DatasetError(f"chunk size must be at least 1, got {block_rows}")
     role_cols = dict(ds.columns)
     read_cols = _read_columns(ds)
-    seen: dict[str, int] = {}
+    seen = Occurrences()
     for f in ds.files:
         with open_file(ds, f) as pf:
             offset = 0
@@ -133,7 +133,7 @@ def _group_parts(
 
 
 def role_block(
-    ds: Dataset, uri: str, first_row: int, part: pa.Table, role_cols: dict[str, str], seen: dict[str, int]
+    ds: Dataset, uri: str, first_row: int, part: pa.Table, role_cols: dict[str, str], seen: Occurrences | None = None
 ) -> RowBlock:
     arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
     for role in JUDGED_ROLES:
@@ -155,12 +155,9 @@ def role_block(
     if ds.has_row_id:
         row_ids = [str(v) for v in part.column(role_cols["row_id"]).to_pylist()]
     else:
-        row_ids = []
-        for question, expected, _, _ in content:
-            h = identity_hash(question, expected)
-            n = seen.get(h, 0) + 1
-            seen[h] = n
-            row_ids.append(h if n == 1 else f"{h}~{n}")
+        identities = [identity_hash(question, expected) for question, expected, _, _ in content]
+        numbers = (seen if seen is not None else Occurrences()).count(identities)
+        row_ids = [h if n == 1 else f"{h}~{n}" for h, n in zip(identities, numbers, strict=True)]
     for name in ds.passthrough:
         if name not in arrays:
             column = part.column(name)
@@ -187,7 +184,7 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
             raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
         g = bisect.bisect_right(starts, first_row) - 1
         part = _group_rows(ds, f.uri, pf, g, read_cols, first_row - starts[g], rows)
-    return role_block(ds, f.uri, first_row, part, dict(ds.columns), dict(seen or {}))
+    return role_block(ds, f.uri, first_row, part, dict(ds.columns), Occurrences(dict(seen or {})))
 
 
 def _group_rows(
@@ -379,7 +376,7 @@ class _RowReader:
             for name in own:
                 merged = pa.chunked_array([*lead_rows.column(name).chunks, *copy_rows.column(name).chunks])
                 part = part.set_column(part.column_names.index(name), name, merged.take(pick))
-        block = role_block(self.ds, positions[0][0], positions[0][1], part, dict(self.ds.columns), {})
+        block = role_block(self.ds, positions[0][0], positions[0][1], part, dict(self.ds.columns))
         block.positions, block.same_as = list(positions), list(same_as)
         if row_ids is not None:
             block.row_ids = list(row_ids)
@@ -396,7 +393,7 @@ def iter_row_ids(ds: Dataset) -> Iterator[str]:
         cols = [ds.columns["row_id"]]
     else:
         cols = [ds.columns[r] for r in ("input", "expected_output") if r in ds.columns]
-    seen: dict[str, int] = {}
+    seen = Occurrences()
     for f in ds.files:
         with open_file(ds, f) as pf:
             for g in range(pf.num_row_groups):
@@ -412,12 +409,10 @@ def iter_row_ids(ds: Dataset) -> Iterator[str]:
                 values = {r: group.column(ds.columns[r]).cast(pa.string()).to_pylist()
                           for r in ("input", "expected_output") if r in ds.columns}  # fmt: skip
                 nulls = [None] * group.num_rows
-                for question, expected in zip(
+                identities = [identity_hash(question, expected) for question, expected in zip(
                     values.get("input", nulls), values.get("expected_output", nulls), strict=True
-                ):
-                    h = identity_hash(question, expected)
-                    n = seen.get(h, 0) + 1
-                    seen[h] = n
+                )]  # fmt: skip
+                for h, n in zip(identities, seen.count(identities), strict=True):
                     yield h if n == 1 else f"{h}~{n}"
 
 

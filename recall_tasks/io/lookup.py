@@ -78,7 +78,7 @@ def read_contexts(ds: Dataset, refs: list[tuple[str, int, str | None]]) -> dict[
     out: dict[tuple[str, int], list[str]] = {}
     roles_only = replace(ds, passthrough=[])
     for uri, row, one, digest in _rows(ds, refs, list(dict.fromkeys(ds.columns.values()))):
-        block = role_block(roles_only, uri, row, one, ds.columns, {})
+        block = role_block(roles_only, uri, row, one, ds.columns)
         if block.content_hashes[0] == digest:
             out[(uri, row)] = [c or "" for c in block.table.column("retrieval_context")[0].as_py() or []]
     return out
