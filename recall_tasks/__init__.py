@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING, Any
 # Arrow's pool, and the pages the writer had freed still counted (+130 MiB at the end of a 300,000-row run, the
 # run's peak; issue 42 item 3). A user's own setting wins.
 os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+# One worker thread for deltalake's tokio runtime (read when the runtime starts). With one per core, its partitioned
+# write of ``results`` took the run's batches faster than it encoded them and queued the difference: +730 MiB for
+# a 1,000,000-row commit on 2 cores (+200 at 100,000 rows), ~+200 for any size with one worker, at ~20 % more
+# write time (docs/performance.md, "1,000,000 rows"). A user's own setting wins.
+os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
 
 if TYPE_CHECKING:
     from recall_tasks.cli.evaluation import Evaluation, a_evaluate, evaluate
