@@ -31,6 +31,7 @@ from recall_tasks.errors import DatasetError, one_line
 from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.datasets import Dataset, DatasetFile
 from recall_tasks.io.dedup import Occurrences, first_rows
+from recall_tasks.io.group_reads import group_parts, group_rows
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
@@ -90,46 +91,9 @@ def iter_blocks(ds: Dataset, block_rows: int) -> Iterator[RowBlock]:
         with open_file(ds, f) as pf:
             offset = 0
             for g in range(pf.num_row_groups):
-                for start, part in _group_parts(ds, f.uri, pf, g, offset, read_cols, block_rows):
+                for start, part in group_parts(ds, f.uri, pf, g, offset, read_cols, block_rows):
                     yield role_block(ds, f.uri, offset + start, part, role_cols, seen)
                 offset += pf.metadata.row_group(g).num_rows
-
-
-def _group_parts(
-    ds: Dataset, uri: str, pf: pq.ParquetFile, g: int, offset: int, columns: list[str], block_rows: int
-) -> Iterator[tuple[int, pa.Table]]:
-    """Row group ``g`` as ``(first row in the group, rows)``: blocks of ``block_rows`` rows from the group's start
-    (the last one shorter), decoded a block at a time (``iter_batches``), never the whole group at once.
-
-    A row group is as large as its writer chose (pyarrow's default is a million rows): decoded whole, a 200,000-row
-    group of the benchmarks' rows held ~340 MiB of Arrow memory; read this way, ~20. ``offset``: the group's first
-    row in the file, for the error naming an undecodable group's rows.
-    """
-    batches = pf.iter_batches(batch_size=block_rows, row_groups=[g], columns=columns)
-    pending: list[pa.RecordBatch] = []
-    have = start = 0
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pa.ArrowInvalid, OSError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, uri, fs=ds.fs) from None
-            rows = pf.metadata.row_group(g).num_rows
-            raise DatasetError(
-                f"row group {g} (rows {offset}-{offset + rows - 1}) cannot be read: {one_line(exc)}", uri=uri
-            ) from None
-        if batch is not None and batch.num_rows:
-            pending.append(batch)
-            have += batch.num_rows
-        while have >= block_rows or (batch is None and have):
-            table = pa.Table.from_batches(pending)
-            part = table.slice(0, block_rows)
-            yield start, part
-            start += part.num_rows
-            rest = table.slice(part.num_rows)
-            pending, have = rest.to_batches(), rest.num_rows
-        if batch is None:
-            return
 
 
 def role_block(
@@ -183,33 +147,8 @@ def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mappin
         if not 0 <= first_row < starts[-1]:
             raise DatasetError(f"row {first_row} is past the file's {starts[-1]} rows: it changed", uri=f.uri)
         g = bisect.bisect_right(starts, first_row) - 1
-        part = _group_rows(ds, f.uri, pf, g, read_cols, first_row - starts[g], rows)
+        part = group_rows(ds, f.uri, pf, g, read_cols, first_row - starts[g], rows)
     return role_block(ds, f.uri, first_row, part, dict(ds.columns), Occurrences(dict(seen or {})))
-
-
-def _group_rows(
-    ds: Dataset, uri: str, pf: pq.ParquetFile, g: int, columns: list[str], start: int, rows: int
-) -> pa.Table:
-    """Rows ``start`` to ``start + rows`` of row group ``g``: its batches decoded in order up to the last of them,
-    none held but those rows (a Parquet column chunk is decoded from its start; the rows after are not read)."""
-    batches = pf.iter_batches(batch_size=max(rows, 1), row_groups=[g], columns=columns)
-    kept: list[pa.RecordBatch] = []
-    at = 0
-    try:
-        for batch in batches:
-            lo, hi = max(start - at, 0), min(start + rows - at, batch.num_rows)
-            if hi > lo:
-                kept.append(batch.slice(lo, hi - lo))
-            at += batch.num_rows
-            if at >= start + rows:
-                break
-    except (pa.ArrowInvalid, OSError) as exc:
-        if isinstance(exc, FileNotFoundError | PermissionError):
-            raise translate_storage_error(exc, uri, fs=ds.fs) from None
-        raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=uri) from None
-    if not kept:
-        raise DatasetError(f"row group {g} has no row {start}: the file changed during the run", uri=uri)
-    return pa.Table.from_batches(kept)
 
 
 @dataclass
