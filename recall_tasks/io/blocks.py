@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError, one_line
+from recall_tasks.errors import DatasetError
 from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.datasets import Dataset, DatasetFile
 from recall_tasks.io.dedup import Occurrences, first_rows
 from recall_tasks.io.group_reads import group_parts, group_rows
-from recall_tasks.io.storage import translate_storage_error
+from recall_tasks.io.storage import read_error, translate_storage_error
 from recall_tasks.io.textfiles import open_parquet
 
 
@@ -272,9 +272,7 @@ class _RowReader:
                 try:
                     table = pf.read_row_group(g, columns=columns)
                 except (pa.ArrowInvalid, OSError) as exc:
-                    if isinstance(exc, FileNotFoundError | PermissionError):
-                        raise translate_storage_error(exc, uri, fs=self.ds.fs) from None
-                    raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=uri) from None
+                    raise read_error(exc, uri, f"row group {g} cannot be read", fs=self.ds.fs) from None
             while len(self.groups) >= self.KEEP_GROUPS:
                 del self.groups[next(iter(self.groups))]
         self.groups[key] = table
@@ -339,9 +337,7 @@ def iter_row_ids(ds: Dataset) -> Iterator[str]:
                 try:
                     group = pf.read_row_group(g, columns=cols)
                 except (pa.ArrowInvalid, OSError) as exc:
-                    if isinstance(exc, FileNotFoundError | PermissionError):
-                        raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
-                    raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=f.uri) from None
+                    raise read_error(exc, f.uri, f"row group {g} cannot be read", fs=ds.fs) from None
                 if ds.has_row_id:
                     yield from (str(v) for v in group.column(0).to_pylist())
                     continue

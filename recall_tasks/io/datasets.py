@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from recall_tasks.errors import DatasetError, StorageError, one_line
+from recall_tasks.errors import DatasetError, StorageError
 from recall_tasks.io.columns import (
     DEFAULT_NAMES,
     REQUIRED,
@@ -63,7 +63,7 @@ from recall_tasks.io.columns import (
     passthrough_types,
     resolve_columns,
 )
-from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
+from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, read_error, translate_storage_error
 from recall_tasks.io.textfiles import EXPECTED, TEXT_SUFFIXES, open_parquet
 
 #: Recorded per run (``runs.row_identity``): how its rows got their ids, so comparisons pair like with like.
@@ -218,9 +218,7 @@ def open_dataset(
         except DatasetError:
             raise
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, file_uri, fs=fs) from None
-            raise DatasetError(f"not a readable Parquet file: {one_line(exc)}; {EXPECTED}", uri=file_uri) from None
+            raise read_error(exc, file_uri, "not a readable Parquet file", fs=fs, hint=f"; {EXPECTED}") from None
         except Exception as exc:  # noqa: BLE001
             raise translate_storage_error(exc, file_uri, fs=fs) from None
         check_unique_names(schema, file_uri)
@@ -333,6 +331,4 @@ def _id_batches(ds: Dataset, col: str) -> Iterator[tuple[str, int, list[Any]]]:
         except DatasetError:
             raise
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, f.uri, fs=ds.fs) from None
-            raise DatasetError(f"row_id cannot be read: {one_line(exc)}", uri=f.uri, column=col) from None
+            raise read_error(exc, f.uri, "row_id cannot be read", fs=ds.fs, column=col) from None

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recall_tasks.errors import DatasetError, one_line
+from recall_tasks.errors import DatasetError
 from recall_tasks.io.datasets import Dataset
-from recall_tasks.io.storage import translate_storage_error
+from recall_tasks.io.storage import read_error
 
 
 def group_parts(
@@ -34,12 +34,8 @@ def group_parts(
         try:
             batch = next(batches, None)
         except (pa.ArrowInvalid, OSError) as exc:
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                raise translate_storage_error(exc, uri, fs=ds.fs) from None
-            rows = pf.metadata.row_group(g).num_rows
-            raise DatasetError(
-                f"row group {g} (rows {offset}-{offset + rows - 1}) cannot be read: {one_line(exc)}", uri=uri
-            ) from None
+            last = offset + pf.metadata.row_group(g).num_rows - 1
+            raise read_error(exc, uri, f"row group {g} (rows {offset}-{last}) cannot be read", fs=ds.fs) from None
         if batch is not None and batch.num_rows:
             pending.append(batch)
             have += batch.num_rows
@@ -71,9 +67,7 @@ def group_rows(
             if at >= start + rows:
                 break
     except (pa.ArrowInvalid, OSError) as exc:
-        if isinstance(exc, FileNotFoundError | PermissionError):
-            raise translate_storage_error(exc, uri, fs=ds.fs) from None
-        raise DatasetError(f"row group {g} cannot be read: {one_line(exc)}", uri=uri) from None
+        raise read_error(exc, uri, f"row group {g} cannot be read", fs=ds.fs) from None
     if not kept:
         raise DatasetError(f"row group {g} has no row {start}: the file changed during the run", uri=uri)
     return pa.Table.from_batches(kept)

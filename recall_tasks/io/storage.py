@@ -27,7 +27,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from recall_tasks.errors import ConfigError, RecallBenchError, StorageError
+from recall_tasks.errors import ConfigError, DatasetError, RecallBenchError, StorageError, one_line
 from recall_tasks.secrets import looks_secret, redact, register_secret
 from recall_tasks.settings import Settings, settings
 
@@ -333,6 +333,17 @@ def translate_storage_error(
     else:
         msg = f"storage error on {uri}: {type(exc).__name__}: {detail}"
     return StorageError(redact(msg, config.secrets() if config else ()))
+
+
+def read_error(
+    exc: BaseException, uri: str, message: str, *, fs: Any = None, column: str | None = None, hint: str = ""
+) -> RecallBenchError:
+    """The error to raise when a read of ``uri`` failed with ``exc``: a missing or forbidden object is the
+    storage's fault (:class:`StorageError`), anything else the file's (:class:`DatasetError`: ``message``, the
+    cause on one line, then ``hint``)."""
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return translate_storage_error(exc, uri, fs=fs)
+    return DatasetError(f"{message}: {one_line(exc)}{hint}", uri=uri, column=column)
 
 
 def _bucket_missing(fs: Any, protocol: str, path: str) -> bool:
