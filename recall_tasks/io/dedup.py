@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from recall_tasks.io.key_index import push_run
+
 #: Bytes of a content hash (``io/blocks.content_hash``: BLAKE2b, 12 bytes, in hexadecimal there).
 DIGEST_BYTES = 12
 
@@ -103,10 +105,7 @@ class Occurrences:
         return numbers
 
     def _add(self, run: npt.NDArray[np.uint64]) -> None:
-        self._runs.append(run)
-        while len(self._runs) > 1 and 2 * len(self._runs[-1]) >= len(self._runs[-2]):
-            newer, older = self._runs.pop(), self._runs.pop()
-            self._runs.append(np.sort(np.concatenate([older, newer])))
+        push_run(self._runs, run, len, lambda older, newer: np.sort(np.concatenate([older, newer])))
 
 
 def _codes(identities: list[str]) -> npt.NDArray[np.uint64]:

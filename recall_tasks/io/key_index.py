@@ -15,12 +15,26 @@ lacks it and finds nothing there, a miss (the cache filters every row group it r
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 #: Bytes an entry takes (code and place), what ``docs/performance.md`` states; a merge adds ~24 for a moment.
 ENTRY_BYTES = 16
+
+_Run = TypeVar("_Run")
+
+
+def push_run(runs: list[_Run], run: _Run, size: Callable[[_Run], int], merge: Callable[[_Run, _Run], _Run]) -> None:
+    """Append the sorted ``run`` to ``runs`` and merge like a binary counter: while the newest run is at least half
+    the one before, the two become one (``merge(older, newer)``). So ``runs`` holds O(log n) runs, each under half
+    the one before it, and an entry is merged O(log n) times."""
+    runs.append(run)
+    while len(runs) > 1 and 2 * size(runs[-1]) >= size(runs[-2]):
+        newer, older = runs.pop(), runs.pop()
+        runs.append(merge(older, newer))
 
 
 def codes(keys: list[str]) -> npt.NDArray[np.uint64]:
@@ -53,10 +67,7 @@ class KeyIndex:
             (np.int64(segment) << 32) | np.arange(len(row_group_sizes), dtype=np.int64),
             np.asarray(row_group_sizes, dtype=np.int64),
         )[: len(keys)]
-        self._runs.append(_sorted(codes(keys), places))
-        while len(self._runs) > 1 and 2 * len(self._runs[-1][0]) >= len(self._runs[-2][0]):
-            (new_c, new_p), (old_c, old_p) = self._runs.pop(), self._runs.pop()
-            self._runs.append(_sorted(np.concatenate([old_c, new_c]), np.concatenate([old_p, new_p])))
+        push_run(self._runs, _sorted(codes(keys), places), lambda run: len(run[0]), _merged)
 
     def find(self, keys: list[str]) -> list[tuple[int, int] | None]:
         """Each key's ``(segment, row group)``, None for a key never added."""
@@ -70,6 +81,13 @@ class KeyIndex:
             hit[hit] = run[at[hit]] == wanted[hit]
             found[hit] = places[at[hit]]
         return [None if p < 0 else (int(p >> 32), int(p & 0xFFFFFFFF)) for p in found.tolist()]
+
+
+def _merged(
+    older: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
+    newer: tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]],
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int64]]:
+    return _sorted(np.concatenate([older[0], newer[0]]), np.concatenate([older[1], newer[1]]))
 
 
 def _sorted(
