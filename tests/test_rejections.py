@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ContextOverflowError
@@ -28,6 +30,7 @@ from tests import judge_script
 from tests.fake_openai import error_body, extract_user_text
 from tests.test_caching import ROOT, cli_env
 from tests.test_pipeline import KEY, make_rows, write_parquet
+from tests.test_sentences import OTHER_THREADS_RANDOM, PROPERTY
 
 LONG = "lorem ipsum dolor sit amet " * 600  # ~16 KB: ~4000 tokens by the fake's count
 LONG_ROWS = ("r0005", "r0017")
@@ -256,3 +259,37 @@ def test_known_windows_and_the_estimate():
     assert count("") == 0 and count("hello world") == 2 and count("internationalization") == 4
     assert count("2024") == 2 and count("東京都") == 3 and count("🙂") == 4
     assert json.dumps(context_window.POLICIES) == '["refuse", "truncate", "send"]'
+
+
+# -- the bound that spares the count ------------------------------------------------------------------------------
+
+#: any text: every Unicode category, lone surrogates included (the count encodes with ``surrogatepass``)
+_ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=300)
+
+
+@OTHER_THREADS_RANDOM
+@settings(max_examples=800, **PROPERTY)
+@given(st.lists(_ANY_TEXT, min_size=1, max_size=3), st.integers(0, 4096), st.booleans())
+def test_the_byte_bound_is_never_below_the_count(contents, budget, with_schema):
+    msgs = [{"role": "user", "content": c} for c in contents]
+    schema = {"type": "object", "properties": {"verdicts": {"type": "array"}}} if with_schema else None
+    assert context_window.tokens_at_most(msgs, budget, schema) >= context_window.tokens_needed(msgs, budget, schema)
+
+
+def test_a_request_whose_bytes_fit_is_not_counted_one_near_the_window_is():
+    def uncounted(_: JudgeRequest) -> int:
+        raise AssertionError("counted a request whose bytes fit the window")
+
+    def bound(request: JudgeRequest) -> int:
+        return judge.tokens_at_most(request)
+
+    judge = OpenAIJudge(api_key=KEY, base_url="http://127.0.0.1:9/v1")
+    request = at_the_window(judge, 1500)
+    at_most = judge.tokens_at_most(request)
+    assert at_most > 1500  # "ab" words: 3 bytes and 1 token each, so the bound is far above the count here
+    assert context_window.fit(request, uncounted, at_most, "refuse", "m", bound) == (request, None)
+    for policy in context_window.POLICIES:  # over by its bytes, not by its count: counted, then sent as is
+        assert context_window.fit(request, judge.tokens_needed, 1500, policy, "m", bound) == (request, None)
+    with pytest.raises(ContextOverflowError, match="need about 1500 tokens"):
+        context_window.fit(request, judge.tokens_needed, 1499, "refuse", "m", bound)
+    assert context_window.fit(request, uncounted, 10, "send", "m", bound) == (request, None)  # send: never counted

@@ -104,20 +104,39 @@ def tokens_needed(msgs: list[dict[str, str]], budget: int, schema: dict[str, Any
     return prompt + budget
 
 
+def tokens_at_most(msgs: list[dict[str, str]], budget: int, schema: dict[str, Any] | None = None) -> int:
+    """An upper bound of :func:`tokens_needed` that counts nothing: each piece :func:`count_tokens` counts is at
+    most its UTF-8 bytes, so a text's estimate is at most its length in bytes (one encode, in C)."""
+    prompt = sum(PER_MESSAGE + _utf8_len(m["content"]) for m in msgs) + PER_REPLY
+    if schema is not None:
+        prompt += _utf8_len(json.dumps(schema, separators=(",", ":")))
+    return prompt + budget
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def fit(
     request: JudgeRequest,
     need: Callable[[JudgeRequest], int],
     window: int,
     policy: str,
     model: str,
+    at_most: Callable[[JudgeRequest], int] | None = None,
 ) -> tuple[JudgeRequest, str | None]:
     """``request`` as it may be sent under ``policy``, and the flag of a cut context (None when it fits as is).
 
     ``need(request)``: the tokens the request needs (:func:`tokens_needed` of its messages, budget and schema).
+    ``at_most(request)``: an upper bound of it (:func:`tokens_at_most`); a request whose bound fits is not counted.
+    The count costs ~0.3 ms of CPU for a 3 KB prompt, about a quarter of a judged row's CPU in a run, while the
+    bound is an encode; a request is counted only when its bytes come near the window.
     Raises :class:`ContextOverflowError` (``refuse``, or a request that does not fit with its whole context cut).
     """
+    if policy == "send" or (at_most is not None and at_most(request) <= window):
+        return request, None
     needed = need(request)
-    if needed <= window or policy == "send":
+    if needed <= window:
         return request, None
     what = f"the prompt and its reply budget need about {needed} tokens, over {model}'s context window of {window}"
     if policy == "refuse":

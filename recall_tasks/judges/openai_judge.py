@@ -245,6 +245,13 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
         msgs = prompts.messages(request, self._prompt_version)
         return context_window.tokens_needed(msgs, wire.verdict_budget(request), schema)
 
+    def tokens_at_most(self, request: JudgeRequest) -> int:
+        """An upper bound of :meth:`tokens_needed` that counts nothing
+        (:func:`~recall_tasks.judges.context_window.tokens_at_most`)."""
+        schema = wire.VERDICTS[1] if self._format == "json_schema" else None
+        msgs = prompts.messages(request, self._prompt_version)
+        return context_window.tokens_at_most(msgs, wire.verdict_budget(request), schema)
+
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
         """Ask the endpoint for one verdict per statement; one request in the normal path.
 
@@ -253,7 +260,7 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
         cut = None
         if self.context_window is not None:
             request, cut = context_window.fit(
-                request, self.tokens_needed, self.context_window, self.on_overlong, self._model
+                request, self.tokens_needed, self.context_window, self.on_overlong, self._model, self.tokens_at_most
             )
         state = self._state()
         msgs = prompts.messages(request, self._prompt_version)
