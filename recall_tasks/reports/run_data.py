@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -81,62 +82,120 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
     """The run's rows with the light columns for all, and :data:`HEAVY_COLUMNS` only for the worst ``keep`` rows.
 
     Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows, whose chunks are
-    the only ones looked up by content hash. A row costs ~49 bytes of Arrow (issue 42, item 3): ``run_id`` is
+    the only ones looked up by content hash. A row costs ~35 bytes of Arrow (issue 42, item 3): ``run_id`` is
     filtered on, not returned (every row has the same one); ``source_file`` is dictionary-encoded (one path per
     file, not per row); the worst rows' columns are placed by Arrow's ``index_in``, with no Python object per row
-    (a list of every row id was ~75 MB at 1M rows).
+    (a list of every row id was ~75 MB at 1M rows). Both reads go file by file (:func:`_run_batches`).
     """
     names = results_ds.schema.names
     light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS and c != "run_id"]
     heavy = [c for c in HEAVY_COLUMNS if c in names]
-    in_run = pads.field("run_id") == run_id
-    batches = [_compact(batch) for batch in results_ds.to_batches(columns=light, filter=in_run)]
-    table = pa.Table.from_batches(batches) if batches else results_ds.to_table(columns=light, filter=in_run)
+    batches = [_compact(batch) for batch in _run_batches(results_ds, run_id, light, LIGHT_BATCH_ROWS)]
+    if not batches:
+        in_run = pads.field("run_id") == run_id
+        return results_ds.to_table(columns=light, filter=in_run & pads.scalar(False))
+    table = pa.Table.from_batches(batches)
     if not heavy or table.num_rows == 0:
         return table
     order = worst_first(table)
     worst_ids = table.column("row_id").take(order[:keep])
-    detail = _rows_with_text(results_ds, run_id, worst_ids, heavy)
+    found = list(_run_batches(results_ds, run_id, ["row_id", *heavy], TEXT_BATCH_ROWS, rows=worst_ids))
+    detail = pa.Table.from_batches(found, schema=found[0].schema) if found else None
+    if detail is None:
+        detail = results_ds.to_table(columns=["row_id", *heavy], filter=pads.scalar(False))
     index = pc.index_in(table.column("row_id"), value_set=detail.column("row_id"))
     for name in heavy:
-        table = table.append_column(name, detail.column(name).take(index))
+        table = table.append_column(name, _placed(detail.column(name).combine_chunks(), index))
     return table
 
 
-#: Rows decoded at a time when the worst rows' text is looked for (:func:`_rows_with_text`).
+def _placed(values: pa.Array, index: pa.Array) -> pa.Array:
+    """``values.take(index)`` for an ``index`` that is null but at a few rows: nulls, and the values at their rows.
+
+    Arrow's take of a string column reserves the values' mean length for every row of the result, nulls
+    included: ~120 MB for a reason column placed over 1,000,000 rows, to hold 50 strings."""
+    at = pc.indices_nonzero(pc.is_valid(index)).to_pylist()
+    if len(at) == len(index):
+        return values.take(index)
+    pieces: list[pa.Array] = []
+    start = 0
+    for row in at:
+        if row > start:
+            pieces.append(pa.nulls(row - start, values.type))
+        pieces.append(values.slice(index[row].as_py(), 1))
+        start = row + 1
+    if start < len(index):
+        pieces.append(pa.nulls(len(index) - start, values.type))
+    return pa.concat_arrays(pieces) if pieces else pa.nulls(0, values.type)
+
+
+#: Rows decoded at a time for the light columns of every row, and when the worst rows' text is looked for.
+LIGHT_BATCH_ROWS = 16_384
 TEXT_BATCH_ROWS = 1024
 
 
-def _rows_with_text(results_ds: Any, run_id: str, row_ids: pa.Array, heavy: list[str]) -> pa.Table:
-    """The rows ``row_ids`` of ``run_id`` with their text columns ``heavy``, read :data:`TEXT_BATCH_ROWS` rows at a
-    time from each Parquet file of the table (``ParquetFile.iter_batches``, no pre-buffering).
+def _run_batches(
+    results_ds: Any, run_id: str, columns: list[str], batch_rows: int, rows: pa.Array | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The batches of ``run_id``'s rows (those of ``rows`` only, when given), with ``columns``: read
+    ``batch_rows`` rows at a time from each Parquet file of the table (``ParquetFile.iter_batches``, no
+    pre-buffering, no readahead).
 
-    A dataset scan decodes a whole row group of text per batch, readahead included: ~190 MB for the results table's
-    row groups of 65,536 rows, to find 50 rows (issue 42, item 3); this holds ~70. A dataset that is not Parquet
-    files, is filtered, or whose files lack ``run_id`` is scanned as before.
+    A dataset scan decodes whole row groups with a readahead of several: for the light columns of a 1,000,000-row
+    run, +190 MiB of RSS against +78 file by file for a 35 MiB table; for the worst rows' text, ~190 MB for the
+    results table's row groups of 65,536 rows, to find 50 rows (issue 42, item 3). A dataset that is not Parquet
+    files, is filtered, or whose files lack a column is scanned as before, a batch at a time without readahead.
     """
-    columns = ["run_id", "row_id", *heavy]
-    in_run = pads.field("run_id") == run_id
-    wanted = in_run & pads.field("row_id").isin(row_ids)
-    if not isinstance(results_ds, pads.FileSystemDataset) or not isinstance(results_ds.format, pads.ParquetFileFormat):
-        return results_ds.to_table(columns=["row_id", *heavy], filter=wanted)
-    try:
-        fragments = list(results_ds.get_fragments(filter=in_run))
-    except ValueError:  # a filtered dataset (the parquet format's committed rows) only scans as a whole
-        return results_ds.to_table(columns=["row_id", *heavy], filter=wanted)
-    found: list[pa.Table] = []
-    for fragment in fragments:
-        with results_ds.filesystem.open_input_file(fragment.path) as fh:
+    wanted = pads.field("run_id") == run_id
+    if rows is not None:
+        wanted = wanted & pads.field("row_id").isin(rows)
+    paths = _parquet_files(results_ds, run_id, ["run_id", *columns])
+    if paths is None:
+        yield from results_ds.to_batches(
+            columns=columns, filter=wanted, batch_size=batch_rows, batch_readahead=1, fragment_readahead=1
+        )
+        return
+    for path in paths:
+        with results_ds.filesystem.open_input_file(path) as fh:
             parquet = pq.ParquetFile(fh, pre_buffer=False)
-            if not set(columns) <= set(parquet.schema_arrow.names):
-                return results_ds.to_table(columns=["row_id", *heavy], filter=wanted)
-            for batch in parquet.iter_batches(batch_size=TEXT_BATCH_ROWS, columns=columns, use_threads=False):
-                rows = pa.Table.from_batches([batch]).filter(wanted)
-                if rows.num_rows:
-                    found.append(rows.select(["row_id", *heavy]))
-    if not found:
-        return results_ds.to_table(columns=["row_id", *heavy], filter=pads.scalar(False))
-    return pa.concat_tables(found)
+            groups = _groups_with(parquet.metadata, run_id)
+            if not groups:
+                continue
+            read = parquet.iter_batches(batch_size=batch_rows, row_groups=groups, columns=["run_id", *columns],
+                                        use_threads=False)  # fmt: skip
+            for batch in read:  # a mask, not an expression: Table.filter(expression) runs an Acero plan a batch
+                mask = pc.equal(batch.column("run_id"), run_id)
+                if rows is not None:
+                    mask = pc.and_(mask, pc.is_in(batch.column("row_id"), value_set=rows))
+                mine = batch.filter(mask).select(columns)
+                if mine.num_rows:
+                    yield mine
+
+
+def _groups_with(meta: pq.FileMetaData, run_id: str) -> list[int]:
+    """The row groups whose ``run_id`` statistics admit ``run_id`` (all of them without statistics): a file
+    compacted by ``maintain`` holds many runs."""
+    at = next((k for k in range(meta.num_columns) if meta.schema.column(k).path == "run_id"), None)
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = None if at is None else meta.row_group(i).column(at).statistics
+        if stats is None or not stats.has_min_max or not isinstance(stats.min, str) or stats.min <= run_id <= stats.max:
+            groups.append(i)
+    return groups
+
+
+def _parquet_files(results_ds: Any, run_id: str, columns: list[str]) -> list[str] | None:
+    """The paths of the Parquet files that may hold ``run_id``'s rows, when each file has ``columns``; else None
+    (not a dataset of Parquet files, a filtered one, a file without one of the columns)."""
+    if not isinstance(results_ds, pads.FileSystemDataset) or not isinstance(results_ds.format, pads.ParquetFileFormat):
+        return None
+    try:
+        fragments = list(results_ds.get_fragments(filter=pads.field("run_id") == run_id))
+    except ValueError:  # a filtered dataset (the parquet format's committed rows) only scans as a whole
+        return None
+    if any(not set(columns) <= set(f.physical_schema.names) for f in fragments):
+        return None
+    return [f.path for f in fragments]
 
 
 def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
