@@ -129,7 +129,7 @@ def fit(
 
     ``need(request)``: the tokens the request needs (:func:`tokens_needed` of its messages, budget and schema).
     ``at_most(request)``: an upper bound of it (:func:`tokens_at_most`); a request whose bound fits is not counted.
-    The count costs ~0.3 ms of CPU for a 3 KB prompt, about a quarter of a judged row's CPU in a run, while the
+    The count costs ~0.3 ms of CPU for a 3 KB prompt, about half of a judged row's client CPU, while the
     bound is an encode; a request is counted only when its bytes come near the window.
     Raises :class:`ContextOverflowError` (``refuse``, or a request that does not fit with its whole context cut).
     """

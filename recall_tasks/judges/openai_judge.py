@@ -241,16 +241,17 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
     def tokens_needed(self, request: JudgeRequest) -> int:
         """The estimated prompt tokens of the first request for ``request`` plus its completion budget: what must
         fit :attr:`context_window` (:func:`~recall_tasks.judges.context_window.tokens_needed`)."""
-        schema = wire.VERDICTS[1] if self._format == "json_schema" else None
-        msgs = prompts.messages(request, self._prompt_version)
-        return context_window.tokens_needed(msgs, wire.verdict_budget(request), schema)
+        return context_window.tokens_needed(*self._window_inputs(request))
 
     def tokens_at_most(self, request: JudgeRequest) -> int:
         """An upper bound of :meth:`tokens_needed` that counts nothing
         (:func:`~recall_tasks.judges.context_window.tokens_at_most`)."""
+        return context_window.tokens_at_most(*self._window_inputs(request))
+
+    def _window_inputs(self, request: JudgeRequest) -> tuple[list[dict[str, str]], int, dict[str, Any] | None]:
+        """What counts against the window: the first request's messages, its completion budget, its schema."""
         schema = wire.VERDICTS[1] if self._format == "json_schema" else None
-        msgs = prompts.messages(request, self._prompt_version)
-        return context_window.tokens_at_most(msgs, wire.verdict_budget(request), schema)
+        return prompts.messages(request, self._prompt_version), wire.verdict_budget(request), schema
 
     async def judge(self, request: JudgeRequest) -> JudgeResponse:
         """Ask the endpoint for one verdict per statement; one request in the normal path.
