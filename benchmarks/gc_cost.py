@@ -1,10 +1,11 @@
 """What garbage collection costs a ``recall-bench run`` process: collections and seconds per generation, and the
 interpreter's shutdown after the last line printed.
 
-    python benchmarks/gc_cost.py [--rows 1000] [--runs 3] [--code-dir DIR] [--vs DIR]
+    python benchmarks/gc_cost.py [--rows 1000] [--runs 3] [--latency 0.2] [--chunk-size N] [--code-dir DIR] [--vs DIR]
 
 Each run is ``python -c <wrapper> run DATA -o NEW_OUTPUT --judge openai`` against the fake judge
-(``benchmarks/fake_judge.py``, 200 ms) and the local Prefect server the first run starts (a temporary state
+(``benchmarks/fake_judge.py``, ``--latency`` seconds a reply; 0 makes the run CPU-bound, where a run's own
+collections show: ``recall_tasks/_gc.py``) and the local Prefect server the first run starts (a temporary state
 directory, as ``benchmarks/startup.py``). The wrapper counts every collection with ``gc.callbacks`` (its
 generation and duration), notes the collections made before the first judge request, and registers a first
 ``atexit`` handler (so the last to run) that prints the time; the harness takes the process's end from
@@ -84,22 +85,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3, help="warm runs per checkout, after one cold run")
+    parser.add_argument("--latency", type=float, default=0.2, help="the fake judge's seconds a reply")
+    parser.add_argument("--chunk-size", type=int, default=None, help="the run's --chunk-size (default: the CLI's)")
     parser.add_argument("--code-dir", type=Path, default=ROOT)
     parser.add_argument("--vs", type=Path, default=None)
     args = parser.parse_args()
 
     code_dir = args.code_dir.resolve()
     results: list[tuple[str, dict]] = []
-    with bench_setup(code_dir, args.rows, 0.2, "recall-gc-") as bench:
+    with bench_setup(code_dir, args.rows, args.latency, "recall-gc-") as bench:
         for name, where, i in alternate(code_dir, args.vs, args.runs):
             tag = f"{name.replace(' ', '-')}{i}"
             cmd = [sys.executable, "-c", WRAPPER, "run", bench.data, "--output", str(bench.tmp / f"out-{tag}"),
                    "--judge", "openai", "--base-url", bench.base_url, "--max-concurrency", "100"]  # fmt: skip
+            if args.chunk_size:
+                cmd += ["--chunk-size", str(args.chunk_size)]
             results.append(
                 (name, one_run(cmd, {**bench.env, "PYTHONPATH": str(where)}, where, bench.tmp / f"{tag}.log"))
             )
 
-    print(f"\ngarbage collection in recall-bench run: {args.rows} rows, code {args.code_dir.resolve()}"
+    print(f"\ngarbage collection in recall-bench run: {args.rows} rows, judge latency {args.latency} s, "
+          f"chunk size {args.chunk_size or 'default'}, "
+          f"code {args.code_dir.resolve()}"
           + (f", alternating with vs {args.vs.resolve()}" if args.vs else "") + "\n")  # fmt: skip
     header = (
         f"{'run':<10} {'GC s':>6} {'gen0/1/2 s':>18} {'collections':>16} {'GC before 1st req s':>20} "

@@ -15,7 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "recall_tasks"
 
 #: Lowest first; a module may import its own layer and the layers before it, never a later one.
 LAYERS = ["core", "judges", "metrics", "io", "analysis", "reports", "fleet", "pipeline", "cli"]
-CORE = {"errors", "models", "config", "id_params", "settings", "summaries", "sentences", "secrets", "_logging", "_sync"}
+CORE = {
+    "errors", "models", "config", "id_params", "settings", "summaries", "sentences", "secrets", "_logging", "_sync",
+    "_gc",
+}  # fmt: skip
 
 #: The only modules that import Prefect: the adapter, the event helpers, the fleet limits, the command line.
 PREFECT_ALLOWED = (

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
+from recall_tasks._gc import raise_thresholds
 from recall_tasks.cli.common import err
 
 
@@ -39,6 +40,7 @@ def freeze_heap() -> None:
     Prefect's).
     """
     gc.freeze()
+    raise_thresholds()  # and a run's own collections rarer (recall_tasks/_gc.py)
     gc.enable()
 
 

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recall_tasks._gc import run_thresholds
 from recall_tasks.config import RunParams
 from recall_tasks.errors import StorageError
 from recall_tasks.pipeline import commit, dask_paths, head_start, publish, steps
@@ -64,6 +65,11 @@ def conduct(
     ``observer`` (``steps.keep_judged``, once even if the chunk loop did it first). A plan taken but not assigned
     yet when the interrupt lands is reached through ``prepared`` (a ``Prepared`` remembers the plan it handed out).
     """
+    with run_thresholds():  # fewer garbage collections while the run's rows are in flight (recall_tasks/_gc.py)
+        return _conduct(params, host, prepared, observer)
+
+
+def _conduct(params: RunParams, host: RunHost, prepared: Prepared | None, observer: RunObserver) -> FlowSummary:
     params = dask_paths.absolute(params)  # a deployment's relative paths: this process's folder, not the workers'
     plan: RunPlan | None = None
     try:
