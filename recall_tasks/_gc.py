@@ -34,9 +34,9 @@ _found: tuple[int, ...] = ()
 def raised(found: tuple[int, ...]) -> tuple[int, ...]:
     """The thresholds a run uses given the process's ``found``: each at least :data:`RUN_THRESHOLDS`' value;
     ``found`` whole when its first is 0 (collection switched off by its owner)."""
-    if not found or found[0] == 0:
+    if found[0] == 0:
         return found
-    return tuple(max(a, b) for a, b in zip(found, RUN_THRESHOLDS, strict=False)) + found[len(RUN_THRESHOLDS) :]
+    return tuple(max(a, b) for a, b in zip(found, RUN_THRESHOLDS, strict=True))
 
 
 def raise_thresholds() -> None:
