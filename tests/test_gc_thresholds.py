@@ -128,6 +128,21 @@ def test_the_cli_process_keeps_them_raised(own_thresholds: None, monkeypatch: py
     assert gc.get_threshold() == RAISED and gc.isenabled()
 
 
+@pytest.mark.parametrize("extra", [["--dry-run"], ["--threshold", "-1"]])
+def test_a_run_command_that_stops_before_judging_leaves_the_collector_on(extra: list[str], tmp_path: Path) -> None:
+    """``run`` pauses the collector while it starts; called in process (CliRunner, a notebook), a dry run or a
+    refused option gave the process back with it off (a later test of this process then saw no collection)."""
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli import app as cli
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(3))
+    assert gc.isenabled()
+    done = CliRunner().invoke(cli.app, ["run", data, "-o", str(tmp_path / "out"), *extra])
+    assert done.exit_code == (0 if extra == ["--dry-run"] else 2), done.output
+    assert gc.isenabled()
+
+
 def test_a_run_of_thousands_of_rows_makes_no_full_collection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """With CPython's defaults this run makes full collections (4 when written, counted below); the
     run's thresholds leave none. Each full collection walks every object of the process."""
@@ -139,6 +154,7 @@ def test_a_run_of_thousands_of_rows_makes_no_full_collection(monkeypatch: pytest
 
     rows = make_rows(5000)
     before = gc.get_threshold()  # an in-process CLI test may have raised this process's for good
+    assert gc.isenabled()  # and none left it off (the test above)
     gc.set_threshold(*DEFAULTS)
     gc.collect()
     gc.callbacks.append(count)

@@ -183,52 +183,53 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from recall_tasks.cli.runtime import pause_gc
+    from recall_tasks.cli.runtime import gc_paused
 
-    pause_gc()  # from here to Prefect's import (run_flow._run freezes and enables it again)
-    from recall_tasks.io.columns import parse_column_overrides
+    with gc_paused():  # from here to Prefect's import (run_flow._run freezes and enables it again)
+        from recall_tasks.io.columns import parse_column_overrides
 
-    with one_line_errors(debug):
-        params = RunParams.model_validate(
-            {
-                "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
-                "base_url": base_url, "threshold": threshold, "scale": scale, "strict_mode": strict,
-                "include_reason": reason, "on_missing": on_missing, "max_concurrency": max_concurrency,
-                "requests_per_minute": rpm, "tokens_per_minute": tpm, "rate_limit_key": rate_limit_key,
-                "chunk_size": chunk_size,
-                "max_workers": max_workers, "timeout_s": timeout_s, "max_retries": max_retries, "label": label,
-                "context_window": context_window, "on_overlong": on_overlong,
-                "dataset_name": dataset_name, "segment_by": segment_by or [],
-                "columns": parse_column_overrides(column or []),
-                "format": format or ("iceberg" if catalog else _detect_format(output, storage_option)),
-                "catalog": catalog, "namespace": namespace,
-                "storage_options": _split_storage_options(storage_option or []), "cache": cache,
-                "refresh_cache": refresh_cache, "cache_uri": cache_uri, "chunk_cache_storage": chunk_cache_storage,
-                "chunk_cache_days": chunk_cache_days, "max_cost_usd": max_cost_usd, "max_requests": max_requests,
-                "prices": price or {},
-                "max_error_rate": max_error_rate, "index_version": index_version,
-                "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
-                "canary": canary,
-                "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
-                "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
-                "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
-                "units": units, "extractor_model": extractor_model, "context_from": context_from,
-                "context_extractor": context_extractor,
-                "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
-                "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval, "batch_timeout_s": batch_timeout,
-                "batch_fallback": batch_fallback, "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
-            }
-        )  # fmt: skip
-        from recall_tasks.pipeline.dask_paths import absolute
+        with one_line_errors(debug):
+            params = RunParams.model_validate(
+                {
+                    "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
+                    "base_url": base_url, "threshold": threshold, "scale": scale, "strict_mode": strict,
+                    "include_reason": reason, "on_missing": on_missing, "max_concurrency": max_concurrency,
+                    "requests_per_minute": rpm, "tokens_per_minute": tpm, "rate_limit_key": rate_limit_key,
+                    "chunk_size": chunk_size,
+                    "max_workers": max_workers, "timeout_s": timeout_s, "max_retries": max_retries, "label": label,
+                    "context_window": context_window, "on_overlong": on_overlong,
+                    "dataset_name": dataset_name, "segment_by": segment_by or [],
+                    "columns": parse_column_overrides(column or []),
+                    "format": format or ("iceberg" if catalog else _detect_format(output, storage_option)),
+                    "catalog": catalog, "namespace": namespace,
+                    "storage_options": _split_storage_options(storage_option or []), "cache": cache,
+                    "refresh_cache": refresh_cache, "cache_uri": cache_uri, "chunk_cache_storage": chunk_cache_storage,
+                    "chunk_cache_days": chunk_cache_days, "max_cost_usd": max_cost_usd, "max_requests": max_requests,
+                    "prices": price or {},
+                    "max_error_rate": max_error_rate, "index_version": index_version,
+                    "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
+                    "canary": canary,
+                    "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
+                    "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
+                    "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
+                    "units": units, "extractor_model": extractor_model, "context_from": context_from,
+                    "context_extractor": context_extractor,
+                    "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
+                    "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval,
+                    "batch_timeout_s": batch_timeout, "batch_fallback": batch_fallback,
+                    "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
+                }
+            )  # fmt: skip
+            from recall_tasks.pipeline.dask_paths import absolute
 
-        params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
-        if dry_run:
-            from recall_tasks.pipeline.estimate import estimate, report
+            params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
+            if dry_run:
+                from recall_tasks.pipeline.estimate import estimate, report
 
-            for line in report(params, estimate(params)):
-                console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
-            return
-    execute(params, output, debug)
+                for line in report(params, estimate(params)):
+                    console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+                return
+        execute(params, output, debug)
 
 
 @app.command()
