@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recall_tasks import _heap
 from recall_tasks._gc import run_thresholds
 from recall_tasks.config import RunParams
 from recall_tasks.errors import StorageError
@@ -126,6 +127,7 @@ def _commit(judged: Judged, host: RunHost) -> FlowSummary:
         committed = commit.commit_run(plan, judged.tally.parts, host.flow_run_id(), judged.batch_columns)
     except StorageError as exc:  # the rows are judged and cached (or spilled): the rerun commits them unpaid
         raise steps.store_outage(plan, exc) from None
+    _heap.trim_heap()  # the commit's buffers back to the system before the report reads the rows
     summary, publication = publish.publish_run(plan, committed, host.logger)
     host.send(publication)
     steps.finish_run(plan)

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from recall_tasks import _heap
 from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import head_start, steps
@@ -109,6 +110,7 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver =
         observer.rows(seq, None)  # its rows counted as they settled are in done_rows from now on
         observer.progress(tally.done_rows, total)
         executor.progress(tally.done_rows, total, final=False)
+        _heap.trim_heap(_heap.TRIM_EVERY_S)  # the settled chunk's pages back to the system (recall_tasks/_heap.py)
 
     def settle() -> None:
         handle, seq, key = window.popleft()

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from recall_tasks import _heap
 from recall_tasks._gc import run_thresholds
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
@@ -216,7 +217,7 @@ def _budget(spec: ChunkSpec) -> Budget:
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
     """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file (with
-    a run's garbage collection thresholds, ``recall_tasks/_gc.py``, while it does)."""
+    a run's garbage collection thresholds, ``recall_tasks/_gc.py``, while it does; its heap trimmed after)."""
     with run_thresholds(), checked_out(spec) as plan:
         if spec.positions:
             ids = list(spec.row_ids) if spec.row_ids else None
@@ -234,6 +235,7 @@ def score_spec(spec: ChunkSpec) -> ChunkReport:
                 uri=spec.source,
             )
         report = steps.score_chunk(plan, spec.seq, block, key)
+    _heap.trim_heap(_heap.TRIM_EVERY_S)  # the worker's heap too (recall_tasks/_heap.py)
     reason = plan.breaker.tripped_reason if plan.breaker is not None else None
     spent = plan.budget.exhausted_reason if plan.budget is not None else None
     return dataclasses.replace(report, stopped=reason, budget=spent) if reason or spent else report
