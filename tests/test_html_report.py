@@ -368,7 +368,10 @@ def test_drops_get_their_question_back_from_the_dataset(tmp_path: Any, with_row_
     assert len(set(ids)) == 5 and (with_row_id or ids[4] == f"{ids[0]}~2")
     results = pa.table({"row_id": ids, "source_file": [ds.files[0].uri] * 5, "source_row": [0, 1, 2, 3, 4]})
     drops = [{"row_id": ids[2]}, {"row_id": ids[4]}, {"row_id": "not-in-results"}]
-    got = run_data.with_questions(None, {}, results, drops, ds)  # type: ignore[arg-type]
-    assert [d.get("question") for d in got] == ["question 2?", "question 0?", None]
+    wanted = [str(d["row_id"]) for d in drops]
+    for keep in (0, 50):  # the drops' rows read as wanted ones, or among the worst
+        got = run_data.with_questions(None, {}, run_data.RunRows.of(results, keep, wanted), drops, ds)  # type: ignore[arg-type]
+        assert [d.get("question") for d in got] == ["question 2?", "question 0?", None]
     moved = results.set_column(2, "source_row", pa.array([1, 0, 3, 2, 4]))  # rows rewritten since: ids differ
-    assert [d.get("question") for d in run_data.with_questions(None, {}, moved, drops, ds)][:1] == [None]  # type: ignore[arg-type]
+    moved_rows = run_data.RunRows.of(moved, 0, wanted)
+    assert [d.get("question") for d in run_data.with_questions(None, {}, moved_rows, drops, ds)][:1] == [None]  # type: ignore[arg-type]

@@ -93,7 +93,6 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     summary = cast("RunSummary", {**row})  # comparison and report_uri are added below
     log_commit(plan, row, logger)
     out = Publication()
-    rows = run_results(plan)  # one scan of the run for both reports
     keys = {
         k: artifact_key(k, plan.dataset.name, plan.params.metric) for k in ("summary", "report", "regression", "html")
     }
@@ -113,6 +112,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
         )  # fmt: skip
         summary["comparison"] = comparison.event_payload()
     drops = [w.model_dump() for w in comparison.worst_rows] if comparison is not None else []
+    rows = run_results(plan, wanted=[str(d["row_id"]) for d in drops])  # one scan of the run for both reports
     report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset, drops=drops)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
     report_md = markdown_report(plan, summary, results=rows)

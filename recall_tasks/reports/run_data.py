@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -37,94 +38,137 @@ def timestamp(value: object) -> float:
     return value.timestamp() if isinstance(value, dt.datetime) else -math.inf
 
 
-def result_scores(table: pa.Table) -> np.ndarray:
-    """Scores as float64 (null -> NaN); empty when the column is missing."""
-    if "score" not in table.column_names or table.num_rows == 0:
+def result_scores(table: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Scores as float64 (null -> NaN), a copy (a view would keep the batch's Arrow buffer); all NaN when the
+    column is missing."""
+    if "score" not in table.schema.names or table.num_rows == 0:
         return np.full(table.num_rows, np.nan)
-    return np.asarray(pc.cast(table.column("score"), pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
+    return np.array(pc.cast(table.column("score"), pa.float64()).to_numpy(zero_copy_only=False), dtype=float)
 
 
-def _flags(table: pa.Table, name: str, valid: bool = False) -> np.ndarray:
+def _flags(table: pa.Table | pa.RecordBatch, name: str, valid: bool = False) -> np.ndarray:
     """Per row: the boolean column ``name`` is true (or, with ``valid``, not null); all False when it is missing."""
-    if name not in table.column_names:
+    if name not in table.schema.names:
         return np.zeros(table.num_rows, dtype=bool)
     col = pc.is_valid(table.column(name)) if valid else pc.fill_null(pc.cast(table.column(name), pa.bool_()), False)
     return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def computed_figures(table: pa.Table, scores: np.ndarray) -> dict[str, Any]:
-    """Headline figures from the result rows, used where the runs row has none (None for a missing column)."""
-    valid, names = scores[np.isfinite(scores)], table.column_names
-    count = {k: int(_flags(table, k, k == "error").sum()) for k in ("error", "skipped", "cached") if k in names}
-    success = None
-    if "success" in table.column_names and table.column("success").null_count < table.num_rows:
-        success = pc.mean(pc.cast(pc.drop_null(table.column("success")), pa.float64())).as_py()
-    return {
-        "rows": table.num_rows, "scored": int(valid.size), "errors": count.get("error"),
-        "skipped": count.get("skipped"), "cached": count.get("cached"),
-        "mean_score": float(valid.mean()) if valid.size else None, "pass_rate": success,
-    }  # fmt: skip
-
-
 def worst_first(table: pa.Table) -> pa.Array:
-    """Row indices of ``table`` (``error`` and ``score`` columns), errors first, then lowest score, nulls last.
-
-    The one "worst rows" order of the reports: which rows :func:`bounded_results` reads the text of, and the
-    Markdown report's worst rows (``summary.worst_rows``). Stable: ties keep the table's order.
-    """
+    """Row indices of ``table``: errors first, then lowest score, rows without a score last (a missing ``error``
+    or ``score`` column: none). The one "worst rows" order of the reports. Stable: ties keep the table's order."""
+    n = table.num_rows
+    error = table.column("error") if "error" in table.column_names else pa.nulls(n, pa.string())
+    score = table.column("score") if "score" in table.column_names else pa.nulls(n, pa.float64())
     return pc.sort_indices(
-        pa.table({"e": pc.is_null(table.column("error")), "s": table.column("score")}),
-        sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")],
+        pa.table({"e": pc.is_null(error), "s": score}), sort_keys=[("e", "ascending"), ("s", "ascending", "at_end")]
     )
 
 
-def bounded_results(results_ds: Any, run_id: str, keep: int = 50) -> pa.Table:
-    """The run's rows with the light columns for all, and :data:`HEAVY_COLUMNS` only for the worst ``keep`` rows.
+@dataclass(frozen=True)
+class RunRows:
+    """A run's result rows as the reports use them, bounded for a 1,000,000-row run (:func:`bounded_results`).
 
-    Keeps a 1M-row report in tens of MB: verdicts and questions are only shown for the worst rows, whose chunks are
-    the only ones looked up by content hash. A row costs ~35 bytes of Arrow (issue 42, item 3): ``run_id`` is
-    filtered on, not returned (every row has the same one); ``source_file`` is dictionary-encoded (one path per
-    file, not per row); the worst rows' columns are placed by Arrow's ``index_in``, with no Python object per row
-    (a list of every row id was ~75 MB at 1M rows). Both reads go file by file (:func:`_run_batches`).
+    ``scores``: every row's score (NaN: none), the histogram's; ``figures``: the headline figures of every row,
+    used where the runs row has none; ``worst``: the worst rows in :func:`worst_first` order, every result
+    column the table has; ``wanted``: the rows asked for by ``row_id`` (the comparison's largest drops, whose
+    questions are looked up); ``columns``: the result columns the table has.
+    """
+
+    scores: np.ndarray
+    figures: dict[str, Any]
+    worst: pa.Table
+    wanted: pa.Table
+    columns: tuple[str, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.scores.size)
+
+    @classmethod
+    def of(cls, table: pa.Table, keep: int = 50, wanted: list[str] | None = None) -> RunRows:
+        """The rows of a table in memory (every row of it: filter it to one run first)."""
+        gather = _Gather(table.schema, keep, wanted)
+        for batch in table.to_batches(max_chunksize=LIGHT_BATCH_ROWS):
+            gather.add(batch)
+        return gather.rows()
+
+
+class _Gather:
+    """A :class:`RunRows` built a batch at a time: what it keeps of a batch is its scores, counters, and the rows
+    that stay among the worst ``keep`` or are ``wanted``."""
+
+    def __init__(self, schema: pa.Schema, keep: int, wanted: list[str] | None) -> None:
+        self.schema, self.keep = schema, keep
+        self.wanted = pa.array(sorted(set(wanted or [])), pa.string())
+        self.scores: list[np.ndarray] = []
+        self.counts = dict.fromkeys((k for k in ("error", "skipped", "cached") if k in schema.names), 0)
+        self.passed = self.judged = 0
+        self.worst = schema.empty_table()
+        self.found: list[pa.Table] = []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.scores.append(result_scores(batch))
+        for k in self.counts:
+            self.counts[k] += int(_flags(batch, k, valid=k == "error").sum())
+        if "success" in batch.schema.names:
+            success = pc.drop_null(pc.cast(batch.column("success"), pa.bool_()))
+            self.judged += len(success)
+            self.passed += int(pc.sum(success).as_py() or 0)
+        rows = pa.Table.from_batches([batch])
+        if not rows.schema.equals(self.schema):  # a file's own types (string, large_string) as the table's
+            rows = rows.cast(self.schema)
+        if self.keep > 0:  # the kept rows first: ties stay in the table's order
+            both = pa.concat_tables([self.worst, rows])
+            self.worst = both.take(worst_first(both)[: self.keep])
+        if len(self.wanted) and "row_id" in rows.column_names:
+            mine = rows.filter(pc.is_in(rows.column("row_id"), value_set=self.wanted))
+            if mine.num_rows:
+                self.found.append(mine)
+
+    def rows(self) -> RunRows:
+        scores = np.concatenate(self.scores) if self.scores else np.full(0, np.nan)
+        valid = scores[np.isfinite(scores)]
+        figures = {
+            "rows": int(scores.size), "scored": int(valid.size), "errors": self.counts.get("error"),
+            "skipped": self.counts.get("skipped"), "cached": self.counts.get("cached"),
+            "mean_score": float(valid.mean()) if valid.size else None,
+            "pass_rate": self.passed / self.judged if self.judged else None,
+        }  # fmt: skip
+        wanted = pa.concat_tables(self.found) if self.found else self.schema.empty_table()
+        return RunRows(scores, figures, self.worst.combine_chunks(), wanted, tuple(self.schema.names))
+
+
+def bounded_results(results_ds: Any, run_id: str, keep: int = 50, wanted: list[str] | None = None) -> RunRows:
+    """The run's rows for the reports: every row's score and figures, and whole rows for the worst ``keep`` (and
+    the light columns of the rows of ``wanted`` ids).
+
+    Keeps a 1M-row report in a few MB: the light columns (:data:`RESULT_COLUMNS` but :data:`HEAVY_COLUMNS`) are
+    read a batch at a time and folded (:class:`_Gather`), so a row costs its score (8 bytes of NumPy); the
+    heavy columns are then read for the worst rows only, the only ones whose text is shown and whose chunks are
+    looked up by content hash. A table of every row's light columns was ~35 bytes of Arrow a row and +108 MiB
+    of RSS at 1,000,000 rows, its sort and the worst rows' pick +40 more (issue 42, item 3). Both reads go file by
+    file (:func:`_run_batches`).
     """
     names = results_ds.schema.names
     light = [c for c in RESULT_COLUMNS if c in names and c not in HEAVY_COLUMNS and c != "run_id"]
     heavy = [c for c in HEAVY_COLUMNS if c in names]
     paths = _parquet_files(results_ds, run_id, ["run_id", *light, *heavy])  # listed once for both reads
-    batches = [_compact(batch) for batch in _run_batches(results_ds, paths, run_id, light, LIGHT_BATCH_ROWS)]
-    if not batches:
-        return _empty(results_ds, light)
-    table = pa.Table.from_batches(batches)
-    if not heavy or table.num_rows == 0:
-        return table
-    order = worst_first(table)
-    worst_ids = table.column("row_id").take(order[:keep])
-    found = list(_run_batches(results_ds, paths, run_id, ["row_id", *heavy], TEXT_BATCH_ROWS, rows=worst_ids))
+    gather = _Gather(pa.schema([results_ds.schema.field(c) for c in light]), keep, wanted)
+    for batch in _run_batches(results_ds, paths, run_id, light, LIGHT_BATCH_ROWS):
+        gather.add(batch)
+    rows = gather.rows()
+    if not heavy or rows.worst.num_rows == 0:
+        return rows
+    worst = rows.worst
+    found = list(_run_batches(results_ds, paths, run_id, ["row_id", *heavy], TEXT_BATCH_ROWS,
+                              rows=worst.column("row_id")))  # fmt: skip
     detail = pa.Table.from_batches(found) if found else _empty(results_ds, ["row_id", *heavy])
-    index = pc.index_in(table.column("row_id"), value_set=detail.column("row_id"))
+    at = pc.index_in(worst.column("row_id"), value_set=detail.column("row_id"))
     for name in heavy:
-        table = table.append_column(name, _placed(detail.column(name).combine_chunks(), index))
-    return table
-
-
-def _placed(values: pa.Array, index: pa.Array) -> pa.Array:
-    """``values.take(index)`` for an ``index`` that is null but at a few rows: nulls, and the values at their rows.
-
-    Arrow's take of a string column reserves the values' mean length for every row of the result, nulls
-    included: ~120 MB for a reason column placed over 1,000,000 rows, to hold 50 strings."""
-    at = pc.indices_nonzero(pc.is_valid(index)).to_pylist()
-    if len(at) == len(index):
-        return values.take(index)
-    pieces: list[pa.Array] = []
-    start = 0
-    for row in at:
-        if row > start:
-            pieces.append(pa.nulls(row - start, values.type))
-        pieces.append(values.slice(index[row].as_py(), 1))
-        start = row + 1
-    if start < len(index):
-        pieces.append(pa.nulls(len(index) - start, values.type))
-    return pa.concat_arrays(pieces)  # an empty index took the take above
+        worst = worst.append_column(name, detail.column(name).take(at))
+    columns = (*light, *heavy)
+    return RunRows(rows.scores, rows.figures, worst, rows.wanted, tuple(columns))
 
 
 def _empty(results_ds: Any, columns: list[str]) -> pa.Table:
@@ -205,24 +249,12 @@ def _parquet_files(results_ds: Any, run_id: str, columns: list[str]) -> list[str
     return [f.path for f in fragments]
 
 
-def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``source_file`` dictionary-encoded: a few distinct paths, one per row otherwise."""
-    if "source_file" not in batch.schema.names:
-        return batch
-    at = batch.schema.get_field_index("source_file")
-    encoded = pc.dictionary_encode(batch.column(at))
-    return batch.set_column(at, "source_file", encoded)
-
-
-def worst_result_rows(table: pa.Table, scores: np.ndarray, limit: int) -> list[dict[str, Any]]:
-    """Errors first, then scored rows lowest first, then other unscored rows (stable within each group)."""
-    if table.num_rows == 0 or limit <= 0:
+def worst_result_rows(rows: RunRows, limit: int) -> list[dict[str, Any]]:
+    """The worst ``limit`` rows (:func:`worst_first`: errors first, then scored rows lowest first, then unscored)."""
+    if limit <= 0:
         return []
-    scored = np.isfinite(scores)
-    rank = np.where(_flags(table, "error", valid=True), 0, np.where(scored, 1, 2))
-    order = np.lexsort((np.where(scored, scores, np.inf), rank))[:limit]
-    columns = [c for c in RESULT_COLUMNS if c in table.column_names and c != "run_id"]
-    return cast(list[dict[str, Any]], table.select(columns).take(pa.array(order)).to_pylist())
+    columns = [c for c in RESULT_COLUMNS if c in rows.worst.column_names and c != "run_id"]
+    return cast(list[dict[str, Any]], rows.worst.slice(0, limit).select(columns).to_pylist())
 
 
 def with_chunks(rows: list[dict[str, Any]], chunks: dict[tuple[str, int], list[str]] | None) -> list[dict[str, Any]]:
@@ -294,15 +326,14 @@ def largest_drops(store: ResultStore, run_id: str, comparisons: pa.Table | None)
     return [w.model_dump() for w in drops_of(store, run_id, str(latest["baseline_run_id"]))]
 
 
-def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, dataset: Any) -> Any:
+def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: RunRows, dataset: Any) -> Any:
     """Retrieved chunks of the worst rows, read back from the dataset when its content is unchanged."""
     from recall_tasks.io.datasets import open_dataset
     from recall_tasks.io.lookup import read_contexts
 
-    needed = {"source_file", "source_row", "content_hash"}
-    if results.num_rows == 0 or not needed <= set(results.column_names):
+    if results.num_rows == 0 or not {"source_file", "source_row", "content_hash"} <= set(results.columns):
         return None
-    worst = worst_result_rows(results, result_scores(results), 15)
+    worst = worst_result_rows(results, 15)
     refs = [(r["source_file"], r["source_row"], r["content_hash"]) for r in worst if r.get("source_file")]
     try:
         if dataset is None:
@@ -313,27 +344,31 @@ def chunks_of_worst(store: ResultStore, run: dict[str, Any], results: pa.Table, 
 
 
 def with_questions(
-    store: ResultStore, run: dict[str, Any], results: pa.Table, drops: list[dict[str, Any]], dataset: Any
+    store: ResultStore, run: dict[str, Any], results: RunRows, drops: list[dict[str, Any]], dataset: Any
 ) -> list[dict[str, Any]]:
     """The largest drops with each row's ``question``, read back from the dataset (the results table has none).
 
+    The drops' rows are ``results.wanted`` (:func:`bounded_results` was given their ids) or among the worst.
     Best effort, like :func:`chunks_of_worst`: a dataset moved, rewritten or unreadable leaves the drops as they are.
     """
     from recall_tasks.io.datasets import open_dataset
     from recall_tasks.io.lookup import read_questions
 
-    if not drops or not {"row_id", "source_file", "source_row"} <= set(results.column_names):
+    columns = ["source_file", "source_row", "row_id"]
+    if not drops or not set(columns) <= set(results.columns):
         return drops
-    wanted = {str(d.get("row_id")) for d in drops}
-    where = results.filter(pc.is_in(results.column("row_id"), pa.array(sorted(wanted), pa.string())))
-    refs = [(r["source_file"], r["source_row"], r["row_id"]) for r in where.select(
-        ["source_file", "source_row", "row_id"]).to_pylist() if r["source_file"] is not None]  # fmt: skip
+    wanted = pa.array(sorted({str(d.get("row_id")) for d in drops}), pa.string())
+    refs: dict[str, tuple[Any, Any, str]] = {}
+    for table in (results.worst, results.wanted):
+        where = table.filter(pc.is_in(table.column("row_id"), value_set=wanted)).select(columns)
+        refs |= {r["row_id"]: (r["source_file"], r["source_row"], r["row_id"]) for r in where.to_pylist()
+                 if r["source_file"] is not None}  # fmt: skip
     try:
         if dataset is None:
             dataset = open_dataset(
                 str(run.get("dataset_uri")), store.storage, str(run.get("metric")), {}, context_supplied=True
             )
-        questions = read_questions(dataset, refs)
+        questions = read_questions(dataset, list(refs.values()))
     except Exception:  # noqa: BLE001 - best effort: a report never fails a committed run over its questions
         return drops
     return [{**d, "question": questions.get(str(d.get("row_id")))} for d in drops]

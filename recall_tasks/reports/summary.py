@@ -6,13 +6,15 @@ Dataset values in the markdown report are escaped (``recall_tasks.reports.markdo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks.reports.markdown import md_code, md_text
 from recall_tasks.summaries import RunSummary
+
+if TYPE_CHECKING:
+    from recall_tasks.reports.run_data import RunRows
 
 
 def _fmt(value: Any) -> str:
@@ -84,35 +86,33 @@ def _num(x: Any) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def run_results(plan: Any) -> pa.Table | None:
-    """The committed run's rows for the reports: light columns for all, text for the worst (one scan)."""
+def run_results(plan: Any, wanted: list[str] | None = None) -> RunRows | None:
+    """The committed run's rows for the reports (``run_data.bounded_results``, one scan): every row's score and
+    figures, whole rows for the worst, light columns for the rows of ``wanted`` ids."""
     from recall_tasks.reports.run_data import bounded_results
 
     ds = plan.store.read_table("results")
-    return None if ds is None else bounded_results(ds, plan.run_id)
+    return None if ds is None else bounded_results(ds, plan.run_id, wanted=wanted)
 
 
-def worst_rows(plan: Any, limit: int = 10, results: pa.Table | None = None) -> list[dict[str, Any]]:
+def worst_rows(plan: Any, limit: int = 10, results: RunRows | None = None) -> list[dict[str, Any]]:
     """The lowest-scoring rows of a committed run (errors first), with their unsupported statements.
 
-    Reads scores for every row but verdict text only for the worst ones (bounded memory on 1M-row runs);
-    ``results`` is ``run_results(plan)`` when the caller already has it.
+    Among the worst rows ``bounded_results`` read the verdicts of (bounded memory on 1M-row runs), those with
+    verdicts; ``results`` is ``run_results(plan)`` when the caller already has it.
     """
-    from recall_tasks.reports.run_data import worst_first
-
-    table = run_results(plan) if results is None else results
-    if table is None or table.num_rows == 0 or "verdicts" not in table.column_names:
+    rows = run_results(plan) if results is None else results
+    if rows is None or "verdicts" not in rows.worst.column_names:
         return []
-    table = table.filter(pc.is_valid(table.column("verdicts")))
-    order = worst_first(table)
+    table = rows.worst.filter(pc.is_valid(rows.worst.column("verdicts")))  # already worst first
     out = []
-    for row in table.take(order[:limit]).to_pylist():
+    for row in table.slice(0, limit).to_pylist():
         missing = [v["statement"] for v in row["verdicts"] or [] if v["verdict"] == "no"]
         out.append({**row, "missing": missing})
     return out
 
 
-def markdown_report(plan: Any, summary: RunSummary, limit: int = 10, results: pa.Table | None = None) -> str:
+def markdown_report(plan: Any, summary: RunSummary, limit: int = 10, results: RunRows | None = None) -> str:
     """Markdown: headline figures, then the worst rows and the sentences their context lacks."""
     lines = [
         f"# Contextual recall run {md_code(summary['run_id'])}",
