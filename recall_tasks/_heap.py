@@ -1,11 +1,12 @@
 """Handing the C heap's free pages back to the system while a run judges (glibc's ``malloc_trim``).
 
-A run's rows come and go by the thousand a second: requests, replies, verdicts, a chunk's Arrow buffers. What
-stays is small (the key index and the dedup digests, ~28 bytes a row; docs/performance.md), yet glibc's heap grew
-~100 bytes a row: the few long-lived allocations land between short-lived ones, the pages around them stay free
-but resident, and glibc returns only the heap's top to the system on its own. ``malloc_trim(0)`` releases every
-whole free page of every arena (``madvise``) without moving anything: measured on a 300,000-row
-``benchmarks/scale.py`` run, resident growth fell from 161 to 41 bytes a row, a call took 5 ms (20 at most).
+A run's rows come and go by the thousand a second: requests, replies, verdicts. What stays is small (the key
+index and the dedup digests, ~28 bytes a row; docs/performance.md), yet the run's resident memory crept with its
+rows: the few long-lived allocations land between short-lived ones, the pages around them stay free but
+resident, and glibc returns only the heap's top to the system on its own. ``malloc_trim(0)`` releases every
+whole free page of every arena (``madvise``) without moving anything; a call takes milliseconds, so every
+:data:`TRIM_EVERY_S` costs a fraction of a percent of a run. ``benchmarks/scale.py`` prints the creep
+(docs/performance.md, "1,000,000 rows").
 
 :func:`trim_heap` is called between chunks (``pipeline/window``) at most every :data:`TRIM_EVERY_S` and once
 after the commit, before the report reads its rows back. Elsewhere than glibc (macOS, musl, Windows) it does
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from functools import cache
 
-#: Seconds between two trims from the chunk loop (a trim costs ~5 ms: 0.25 % of a run's time at most).
+#: Seconds between two trims from the chunk loop.
 TRIM_EVERY_S = 2.0
 
 _lock = threading.Lock()
