@@ -130,3 +130,28 @@ def test_a_file_of_many_runs_is_read_only_in_the_row_groups_of_the_run(tmp_path)
     assert out.worst.column("verdicts").to_pylist() == [
         [{"statement": f"s{i}", "verdict": "yes"}] for i in (1000, 1001, 1002)
     ]
+
+
+def test_a_drop_beyond_the_worst_rows_keeps_its_question_in_the_runs_report(tmp_path):
+    """The report keeps whole rows for the worst 50 only: the comparison's drops are read by id. Here 80 rows score 0
+    in both runs and row r100 drops from 1.0 to 0.5, so it is not among the worst; its question still shows."""
+    from recall_tasks import evaluate
+
+    def rows(degraded: bool) -> list[dict]:
+        out = []
+        for i in range(120):
+            expected, chunks = f"Zebra herd {i} migrates across the plain.", ["unrelated filler text"]
+            if i >= 80:
+                chunks = [f"Tower {i} stands in Paris.", f"River {i} flows through the city."]
+                expected = " ".join(chunks)
+                chunks = chunks[:1] if degraded and i == 100 else chunks
+            row = {"row_id": f"r{i}", "input": f"question {i}?", "expected_output": expected}
+            out.append({**row, "retrieval_context": chunks})
+        return out
+
+    evaluate(rows(False), output=tmp_path / "out")
+    current = evaluate(rows(True), output=tmp_path / "out")
+    assert sorted(current.results.column("score").to_pylist())[:81] == [0.0] * 80 + [0.5]
+    doc = (tmp_path / "out" / "reports" / f"{current.run['run_id']}.html").read_text()
+    drops = doc.split("Largest drops", 1)[1].split("</table>", 1)[0]
+    assert "<code>r100</code>" in drops and "question 100?" in drops
