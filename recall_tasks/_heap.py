@@ -8,8 +8,9 @@ whole free page of every arena (``madvise``) without moving anything; a call tak
 :data:`TRIM_EVERY_S` costs a fraction of a percent of a run. ``benchmarks/scale.py`` prints the creep
 (docs/performance.md, "1,000,000 rows").
 
-:func:`trim_heap` is called between chunks (``pipeline/window``) at most every :data:`TRIM_EVERY_S` and once
-after the commit, before the report reads its rows back. Elsewhere than glibc (macOS, musl, Windows) it does
+:func:`trim_heap` is called between chunks (``pipeline/window``) and after a worker process's chunk
+(``pipeline/workers``), at most every :data:`TRIM_EVERY_S`, and once after the commit, before the report reads
+its rows back. Elsewhere than glibc (macOS, musl, Windows) it does
 nothing: their allocators return memory their own way, and no other allocator's call is made in its place.
 """
 
