@@ -8,7 +8,6 @@ line. The process around a run (Prefect API, signals, quiet console logging) is 
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -28,8 +27,8 @@ from recall_tasks.cli.runtime import (
     _prefect_api,
     _quiet_prefect_console,
     freeze_heap,
+    gc_paused,
     interrupts_deferred,
-    pause_gc,
 )
 from recall_tasks.config import RunParams
 from recall_tasks.errors import (
@@ -150,8 +149,7 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
     watch = _Watch()
     prepared = None
     with _interrupts() as state, contextlib.ExitStack() as stack:
-        pause_gc()  # until Prefect is imported (freeze_heap below)
-        stack.callback(gc.enable)
+        stack.enter_context(gc_paused())  # until Prefect is imported (freeze_heap below)
         try:
             if preflight:
                 prepared = _preflight(params)

@@ -21,21 +21,17 @@ from recall_tasks._gc import raise_thresholds
 from recall_tasks.cli.common import err
 
 
-def pause_gc() -> None:
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
     """No garbage collection while a run starts up (its imports, the pre-flight, the head start's first
     requests), until :func:`freeze_heap`: start-up allocates ~200,000 objects that live as long as the process,
     and the collections they trigger walked them again and again (~0.3 s of CPU before the first request).
-    ``run`` pauses before it reads its options (the table format detection imports pyarrow, :func:`gc_paused`),
-    ``_run`` again."""
+    ``run`` pauses before it reads its options (the table format detection imports pyarrow), ``_run`` again.
+
+    The collector is on again when the block ends, however: a ``run`` that stops before :func:`freeze_heap`
+    (``--dry-run``, a refused option) leaves a process that goes on (the command called in process:
+    ``CliRunner``, a notebook) with its collector on."""
     gc.disable()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """:func:`pause_gc` for the block, and the collector on again when it ends, however: a ``run`` that stops
-    before :func:`freeze_heap` (``--dry-run``, a refused option) leaves a process that goes on (the command
-    called in process: ``CliRunner``, a notebook) with its collector on."""
-    pause_gc()
     try:
         yield
     finally:

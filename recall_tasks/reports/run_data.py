@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -167,8 +167,7 @@ def bounded_results(results_ds: Any, run_id: str, keep: int = 50, wanted: list[s
     at = pc.index_in(worst.column("row_id"), value_set=detail.column("row_id"))
     for name in heavy:
         worst = worst.append_column(name, detail.column(name).take(at))
-    columns = (*light, *heavy)
-    return RunRows(rows.scores, rows.figures, worst, rows.wanted, tuple(columns))
+    return replace(rows, worst=worst, columns=(*rows.columns, *heavy))
 
 
 def _empty(results_ds: Any, columns: list[str]) -> pa.Table:
