@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         None,
         validation_alias="RECALL_BENCH_STATE_DIR",
         description="The local state directory (the local Prefect server's state; the row cache's spill while the "
-        "output is unreachable); default `$XDG_STATE_HOME/recall-bench`",
+        "output is unreachable; `evaluate()`'s private copies of in-memory data, `inputs/`); default "
+        "`$XDG_STATE_HOME/recall-bench`",
     )
     xdg_state_home: str | None = Field(
         None,

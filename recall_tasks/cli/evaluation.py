@@ -20,8 +20,10 @@ Decisions:
 - **Output.** ``output=None``: the tables (and the row cache) go to a temporary folder read back, then removed;
   nothing is kept. ``output="recall-output"`` (or ``s3://...``): the tables stay there as ``run`` writes them, the
   row cache makes a rerun judge only what changed, and the next run is compared with this one.
-- **In-memory data** is written once as Parquet under the system's temporary folder, named by its content (the
-  same data is the same file: an interrupted run resumes), in the series ``dataset_name`` (default ``in-memory``).
+- **In-memory data** is written as Parquet in a private per-user folder, ``<state dir>/inputs`` (0700, files 0600),
+  named by its bytes and reused only when it holds exactly them (the same data is the same file: an interrupted
+  run resumes), in the series ``dataset_name`` (default ``in-memory``); removed once the run committed
+  (``cli/memory_copy.py``).
 - **Outcomes.** A committed run is returned whatever its status: a failed run, a budget stop or a regression is
   in ``result.run["status"]`` and ``result.comparison``, not raised. Errors before the commit raise as ``run``'s do
   (one :class:`~recall_tasks.errors.RecallBenchError`, or pydantic's ``ValidationError`` for a bad option).
@@ -33,13 +35,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import hashlib
 import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from recall_tasks.errors import BudgetExhausted, ConfigError, IncomparableBaseline, RegressionDetected, RunFailed
@@ -167,13 +167,13 @@ def _evaluate(data: Any, output: Any, columns: Any, prefect: bool, options: dict
     if options.get("batch") and not options.get("batch_wait"):
         raise ConfigError("evaluate(batch=True) waits for its batches: pass batch_wait=True as well")
     given = dict(options)
-    dataset_uri = _dataset_uri(data, given)
-    with _output_folder(output) as out:
-        given.update(dataset_uri=dataset_uri, output_uri=out, columns=parse_column_overrides(columns or {}))
+    with _dataset(data, given) as dataset, _output_folder(output) as out:
+        given.update(dataset_uri=dataset.uri, output_uri=out, columns=parse_column_overrides(columns or {}))
         params = _params(given)
         summary = _run(params, prefect)
         if summary["status"] in ("batch_pending", "batch_idle"):  # batch_timeout_s passed before they ended
             raise ConfigError(f"run {summary['run_id']} is pending: its batches are not collected yet")
+        dataset.committed()  # nothing left to resume: an in-memory copy goes
         results, run = _read_back(params, summary["run_id"])
     if output is None:
         summary.pop("report_uri", None)  # written in the temporary folder, now removed
@@ -189,12 +189,24 @@ def _output_folder(output: Any) -> Iterator[str]:
         yield os.path.join(tmp, "recall-output")
 
 
-def _dataset_uri(data: Any, options: dict[str, Any]) -> str:
-    """A path as is; in-memory data as a Parquet file named by its content, in the series ``in-memory``."""
+@dataclass
+class _Dataset:
+    """What the run reads (``uri``); ``committed`` when nothing is left to resume (an in-memory copy then goes)."""
+
+    uri: str
+    committed: Callable[[], None] = lambda: None
+
+
+@contextlib.contextmanager
+def _dataset(data: Any, options: dict[str, Any]) -> Iterator[_Dataset]:
+    """A path as is; in-memory data as its private Parquet copy (``cli/memory_copy.py``), in the series
+    ``in-memory``: kept while a run may resume it, removed once the run committed."""
     if isinstance(data, str | os.PathLike):
-        return os.fspath(data)
+        yield _Dataset(os.fspath(data))
+        return
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from recall_tasks.cli.memory_copy import memory_copy
 
     if isinstance(data, pa.Table):
         table = data
@@ -209,19 +221,9 @@ def _dataset_uri(data: Any, options: dict[str, Any]) -> str:
             "evaluate() reads a path, a pyarrow Table, a pandas DataFrame or a list of dicts, "
             f"not {type(data).__name__}"
         )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    digest = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:24]
-    folder = Path(tempfile.gettempdir()) / "recall-bench-inputs"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.parquet"
-    if not path.exists():  # the same content, the same file (and fingerprint): an interrupted run resumes
-        part = folder / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
-        pq.write_table(table, part)
-        os.replace(part, path)
     options.setdefault("dataset_name", IN_MEMORY_NAME)
-    return str(path)
+    with memory_copy(table) as copy:
+        yield _Dataset(str(copy.path), copy.committed)
 
 
 def _params(given: dict[str, Any]) -> RunParams:
