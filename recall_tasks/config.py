@@ -27,6 +27,8 @@ RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
 
 #: Parameters that only decide a committed run's exit code: not part of the run key (the same run, resumed or not).
 GATE_CONTROL_FIELDS = frozenset({"allow_incomparable"})
+#: Parameters of Prefect's chunk cache, removed, with their former defaults: refused when set (``_removed_chunk_cache``)
+REMOVED_FIELDS: dict[str, object] = {"chunk_cache_storage": None, "chunk_cache_days": 30.0}
 #: Whether to wait for a live attempt of the same run: not part of the run key (the same run, waited for or not).
 LOCK_CONTROL_FIELDS = frozenset({"wait_for_lock"})
 
@@ -136,13 +138,9 @@ class RunParams(IdParams):
         "the output records)",
     )
     storage_options: dict[str, str] = Field(default_factory=dict, description="Non-secret storage settings")
-    cache: bool = Field(True, description="Use the row verdict cache and Prefect's chunk cache (--no-cache: off)")
+    cache: bool = Field(True, description="Use the row verdict cache (--no-cache: off)")
     refresh_cache: bool = Field(False, description="Re-judge everything, then refresh the caches")
     cache_uri: str | None = Field(None, description="Row verdict cache location; default <output>/cache")
-    chunk_cache_storage: str | None = Field(
-        None, description="Prefect result storage for the chunk cache: a path, an fsspec URL or block:<slug>"
-    )
-    chunk_cache_days: float = Field(30.0, gt=0, description="Expiry of Prefect's chunk cache entries")
     max_cost_usd: float | None = Field(
         None,
         gt=0,
@@ -243,6 +241,22 @@ class RunParams(IdParams):
         "until it ends or its lease expires, then resume its run if it did not commit (default: refused, exit 2)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_chunk_cache(cls, value: object) -> object:
+        """Prefect's chunk cache is gone (it loaded pickled records from storage a parameter named): a run that
+        still sets its options is told so, never run as if they applied. Unset or blank, they are dropped."""
+        if isinstance(value, dict) and any(name in value for name in REMOVED_FIELDS):
+            value = dict(value)
+            for name, default in REMOVED_FIELDS.items():
+                given = value.pop(name, None)
+                if given not in (None, "", "None", "null", default):
+                    raise ValueError(
+                        f"{name} was removed with Prefect's chunk cache: the row cache (--cache-uri, default "
+                        "<output>/cache) serves a rerun; remove the parameter"
+                    )
+        return value
+
     @field_validator("storage_options")
     @classmethod
     def _no_secrets(cls, value: dict[str, str]) -> dict[str, str]:
@@ -317,7 +331,6 @@ class RunParams(IdParams):
         "dataset_name",
         "base_url",
         "cache_uri",
-        "chunk_cache_storage",
         "extractor_model",
         "context_from",
         "context_extractor",

@@ -44,7 +44,7 @@ START_FIRST = (
     "tests/test_ratelimit_fleet.py::test_worker_processes_share_one_budget_instead_of_one_each",  # 28 s
     "tests/test_maintain.py::test_maintain_leaves_every_run_readable_exactly_once",  # 25 s and 8 cases of 2-10 s
     "tests/test_runners.py::test_sigkill_of_one_worker_process_then_rerun_gives_every_row_once",  # 24 s
-    "tests/test_runners.py::test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results",  # 23 s
+    "tests/test_runners.py::test_processes_on_object_storage_share_the_row_cache_next_to_the_results",  # 23 s
     "tests/test_dask_paths.py::",  # 22 s
     "tests/test_browser.py::",  # 21 s and 4 more
     "tests/test_runners.py::test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache",  # 18 + 13 s

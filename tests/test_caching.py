@@ -442,30 +442,56 @@ def test_object_store_outage_mid_run(prefect_harness, judge_env, s3_server, s3_b
         )
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_chunk_cache_alone_serves_a_rerun_from_its_result_storage(
-    prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, tmp_path, where
-):
-    """Row cache deleted between runs: only Prefect's chunk cache (in the configured storage) can answer."""
-    import shutil
+class _PlantedRecord:
+    """Unpickling this creates ``marker``: proof that a record found in storage ran code."""
 
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
-    storage = str(tmp_path / "prefect-results") if where == "local" else f"s3://{s3_bucket}/prefect-results"
-    data = write(tmp_path / "eval.parquet", make_rows(30, seed=23))
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_no_record_in_prefect_result_storage_is_ever_unpickled(prefect_harness, judge_env, tmp_path):
+    """Issue 58.2: Prefect's chunk cache loaded cloudpickle records from its storage; anyone who could write there
+    (a shared prefix, a catch-all server named by a parameter) ran code on the worker. A run persists no record,
+    and a record planted at the name the chunk cache used is never read."""
+    from prefect.results import ResultRecord, ResultRecordMetadata
+    from prefect.serializers import PickleSerializer
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+    storage = Path(PREFECT_LOCAL_STORAGE_PATH.value())
+    before = set(storage.glob("recall-chunk-*")) if storage.exists() else set()
+    data = write(tmp_path / "eval.parquet", make_rows(20, seed=23))
     out = tmp_path / "out"
-    first = run(judge_env, data, out, chunk_cache_storage=storage)
-    shutil.rmtree(out / "cache")
+    first = run(judge_env, data, out)
+    assert (set(storage.glob("recall-chunk-*")) if storage.exists() else set()) == before  # nothing persisted
+    marker = tmp_path / "planted-record-ran"
+    keys = {p.name for p in (out / "_chunks").glob("*/*")}
+    assert len(keys) == 2
+    storage.mkdir(parents=True, exist_ok=True)
+    for key in keys:
+        record = ResultRecord(
+            result=_PlantedRecord(marker),
+            metadata=ResultRecordMetadata(storage_key=f"recall-chunk-{key}", serializer=PickleSerializer()),
+        )
+        (storage / f"recall-chunk-{key}").write_bytes(record.serialize())
+    shutil.rmtree(out / "cache")  # the old chunk cache would answer from the planted records now
     judge_env.reset()
     judge_env.set_responder(judge_script.responder)
-    second = run(judge_env, data, out, chunk_cache_storage=storage)
-    assert judge_env.chat_requests == [] and second["cached"] == 30
-    assert second["mean_score"] == first["mean_score"]
-    if where == "local":
-        assert any((tmp_path / "prefect-results").iterdir())
-    else:
-        keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
-        assert any(k.startswith("prefect-results/") for k in keys)
+    second = run(judge_env, data, out)
+    assert not marker.exists()
+    assert second["requests"] == 20 and second["mean_score"] == first["mean_score"]
+
+
+@pytest.mark.parametrize("given", [{"chunk_cache_storage": "http://127.0.0.1:9/"}, {"chunk_cache_days": 3}])
+def test_the_removed_chunk_cache_options_are_refused_by_name(given):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=f"{next(iter(given))} was removed with Prefect's chunk cache"):
+        RunParams(dataset_uri="d.parquet", **given)
+    unset = RunParams.model_validate({"dataset_uri": "d.parquet", "chunk_cache_storage": "", "chunk_cache_days": 30})
+    assert "chunk_cache_storage" not in unset.model_dump()
 
 
 def _chunk_task_runs(flow_run_id: str) -> list:
@@ -479,26 +505,22 @@ def _chunk_task_runs(flow_run_id: str) -> list:
     return [r for r in runs if r.name.startswith("score-chunk")]
 
 
-def test_unchanged_rerun_takes_chunks_from_prefect_cache_without_task_runs(prefect_harness, judge_env, tmp_path):
-    """Prefect's cache records are read directly: no task-run round trip per cached chunk."""
-    import shutil
-
+def test_an_unchanged_rerun_is_served_by_the_row_cache_in_one_task_per_chunk(prefect_harness, judge_env, tmp_path):
     data = write(tmp_path / "eval.parquet", make_rows(40, seed=31))
     out = tmp_path / "out"
     first = run(judge_env, data, out)
     assert len(_chunk_task_runs(first["flow_run_id"])) == 4
-    shutil.rmtree(out / "cache")  # only the chunk cache can answer now
     judge_env.reset()
     judge_env.set_responder(judge_script.responder)
     second = run(judge_env, data, out)
     assert judge_env.chat_requests == [] and second["cached"] == 40
-    assert _chunk_task_runs(second["flow_run_id"]) == []
+    assert len(_chunk_task_runs(second["flow_run_id"])) == 4
     a, b = results_of(out, first["run_id"]), results_of(out, second["run_id"])
     assert {k: r["score"] for k, r in a.items()} == {k: r["score"] for k, r in b.items()}
 
 
 def test_pruned_chunk_files_are_judged_again(prefect_harness, judge_env, tmp_path):
-    """A cache record whose chunk file is gone must not produce rows: the chunk goes back to the judge."""
+    """An earlier run's chunk files and row cache gone: every row goes back to the judge, none is lost."""
     import shutil
 
     rows = make_rows(30, seed=37)
@@ -514,20 +536,6 @@ def test_pruned_chunk_files_are_judged_again(prefect_harness, judge_env, tmp_pat
     assert len(_chunk_task_runs(second["flow_run_id"])) == 3
     got = results_of(out, second["run_id"])
     assert {k: r["score"] for k, r in got.items()} == {r["row_id"]: expected(r) for r in rows}
-
-
-def test_expired_chunk_cache_records_are_not_used(prefect_harness, judge_env, tmp_path):
-    import shutil
-
-    data = write(tmp_path / "eval.parquet", make_rows(20, seed=41))
-    out = tmp_path / "out"
-    run(judge_env, data, out, chunk_cache_days=2e-6)  # records expire ~0.2 s after they are written
-    shutil.rmtree(out / "cache")
-    time.sleep(0.5)
-    judge_env.reset()
-    judge_env.set_responder(judge_script.responder)
-    second = run(judge_env, data, out)
-    assert second["requests"] == 20 and second["cached"] == 0
 
 
 def _response(i: int) -> JudgeResponse:
@@ -578,7 +586,7 @@ def _all_scored_right(out: Path, summary: dict, rows: list[dict]) -> None:
 
 def test_outage_then_healthy_rerun_judges_every_row(prefect_harness, judge_env, tmp_path):
     """The judge goes down after the pre-flight probe (every chat request reset): the rerun with the judge back
-    judges the rows, none is served from the chunk cache as an error."""
+    judges the rows, none is served from a cache as an error."""
     rows = make_rows(40, seed=51)
     data = write(tmp_path / "eval.parquet", rows)
     out = tmp_path / "out"
@@ -595,11 +603,9 @@ def test_outage_then_healthy_rerun_judges_every_row(prefect_harness, judge_env, 
     assert second["status"] == "completed"
     _all_scored_right(out, second, rows)
     assert len(_chunk_task_runs(second["flow_run_id"])) == 4  # every failed chunk went through its task again
-    shutil.rmtree(out / "cache")  # only the chunk cache can answer now: its records were refreshed
     _fresh(judge_env)
     third = run(judge_env, data, out)
     assert judge_env.chat_requests == [] and third["cached"] == 40 and third["scored"] == 40
-    assert _chunk_task_runs(third["flow_run_id"]) == []
 
 
 def test_budget_stop_then_rerun_without_budget_judges_the_rest(prefect_harness, judge_env, tmp_path):
@@ -630,13 +636,3 @@ def test_rows_left_in_error_by_transient_faults_are_judged_on_rerun(prefect_harn
     assert len(judge_env.chat_requests) == 3 and second["requests"] == 3
     assert second["errors"] == 0 and second["scored"] == 40 and second["cached"] == 37
     _all_scored_right(out, second, rows)
-
-
-def test_reports_cached_before_not_judged_existed_are_not_reused():
-    """A pickled report of an older version has no ``not_judged``: unknown, so never served whole."""
-    from recall_tasks.pipeline.steps import ChunkReport
-
-    assert not ChunkReport(seq=0, rows=10, errors=0, scored=10, path="p").reusable
-    assert not ChunkReport(seq=0, rows=10, errors=1, scored=9, path="p", not_judged=0).reusable
-    assert not ChunkReport(seq=0, rows=10, errors=0, scored=8, path="p", not_judged=2).reusable
-    assert ChunkReport(seq=0, rows=10, errors=0, scored=10, path="p", not_judged=0).reusable

@@ -65,7 +65,6 @@ def test_every_option_of_every_command_has_help() -> None:
         (["--tpm", "90000"], "tokens_per_minute", 90000),
         (["--no-reason"], "include_reason", False),
         (["--max-workers", "2"], "max_workers", 2),
-        (["--chunk-cache-days", "3"], "chunk_cache_days", 3.0),
         (["--price", "my-model=0.15,0.6", "--price", "free=0,0"], "prices", {"my-model": (0.15, 0.6), "free": (0, 0)}),
     ],
 )

@@ -20,7 +20,7 @@ from recall_tasks.io.blocks import iter_blocks, read_block
 from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline import workers
-from recall_tasks.pipeline.flow import chunk_task, recall_benchmark, score_chunk_spec
+from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests.test_pipeline import KEY, make_rows, write_parquet
 
@@ -98,8 +98,8 @@ def test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache(
     requests = len(judge_env.chat_requests)
     again = run(data, out, judge_env.base_url, task_runner=runner, workers=2)
     assert again["rows"] == ROWS and again["run_id"] != first["run_id"]
-    assert len(judge_env.chat_requests) == requests  # zero judge requests: served by the caches
-    assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]  # no chunk task ran at all
+    assert len(judge_env.chat_requests) == requests and again["requests"] == 0  # the row cache served every row
+    assert again["scored"] == first["scored"] and table(out) == threads_table
 
 
 def test_duplicate_rows_get_their_ids_back_when_a_worker_rereads_a_block(tmp_path):
@@ -135,7 +135,6 @@ def test_the_spec_pickles_and_holds_no_rows(tmp_path):
         assert report.path == plan.store.chunk_path(spec.key, plan.run_id)
     finally:
         steps.release(plan)
-    assert chunk_task(params).fn is score_chunk_spec.fn
 
 
 @pytest.mark.parametrize(
@@ -152,20 +151,8 @@ def test_options_a_runner_cannot_honour_are_refused(kw, message):
         RunParams(dataset_uri="d.parquet", **kw)
 
 
-def test_shared_chunk_cache_storage_for_distributed_runners():
-    p = RunParams(dataset_uri="d.parquet", output_uri="s3://bucket/out", task_runner="dask")
-    assert workers.cache_storage(p) == "s3://bucket/out/_prefect-cache"
-    assert workers.cache_storage(p.model_copy(update={"task_runner": "threads"})) is None
-    assert workers.cache_storage(p.model_copy(update={"chunk_cache_storage": "block:x"})) == "block:x"
-    assert workers.cache_storage(p.model_copy(update={"output_uri": "/tmp/out"})) is None
-    assert workers.local_cache_warning(p, workers.cache_storage(p)) is None
-    remote = RunParams(dataset_uri="d.parquet", output_uri="/tmp/out", task_runner="dask", dask_address="tcp://h:1")
-    warning = workers.local_cache_warning(remote, workers.cache_storage(remote))
-    assert warning is not None and "local to each machine" in warning
-
-
 @pytest.mark.concurrency
-def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
+def test_processes_on_object_storage_share_the_row_cache_next_to_the_results(
     prefect_harness, judge_env, s3_server, s3_bucket, monkeypatch, record_pids, tmp_path
 ):
     for k, v in s3_server.env().items():
@@ -180,10 +167,11 @@ def test_processes_on_object_storage_share_the_chunk_cache_next_to_the_results(
     assert first["scored"] == 24 and len(judge_env.chat_requests) == 24
     assert len({pid for run_id, pid in record_pids if run_id == first["run_id"]}) >= 2
     keys = [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
-    assert any(k.startswith("out/_prefect-cache/") for k in keys)  # the workers wrote the cache records there
+    assert any(k.startswith("out/cache/") for k in keys)  # the workers' verdicts, next to the results
+    assert not any("_prefect-cache" in k for k in keys)  # no Prefect result record anywhere
     again = recall_benchmark(params)
-    assert again["rows"] == 24 and len(judge_env.chat_requests) == 24
-    assert not [1 for run_id, _ in record_pids if run_id == again["run_id"]]
+    assert again["rows"] == 24 and len(judge_env.chat_requests) == 24 and again["requests"] == 0
+    assert again["cached"] == 24 and again["scored"] == 24
 
 
 @pytest.mark.concurrency

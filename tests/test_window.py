@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +19,8 @@ from tests.test_pipeline import make_rows, write_parquet
 
 
 class PoolHandle:
-    def __init__(self, future: Future[ChunkReport], from_cache: bool) -> None:
-        self.future, self.from_cache = future, from_cache
+    def __init__(self, future: Future[ChunkReport]) -> None:
+        self.future = future
 
     def wait(self, timeout: float) -> bool:
         try:
@@ -30,50 +29,37 @@ class PoolHandle:
             return False
         return True
 
-    def report(self) -> tuple[ChunkReport, bool]:
-        return self.future.result(), self.from_cache
+    def report(self) -> ChunkReport:
+        return self.future.result()
 
 
 class PoolExecutor:
-    """Scores chunks on threads; ``records`` plays the chunk cache (key -> report)."""
+    """Scores chunks on threads, counting what is in flight."""
 
-    def __init__(self, plan: RunPlan, records: dict[str, ChunkReport] | None = None, fail_seq: int | None = None):
+    def __init__(self, plan: RunPlan, fail_seq: int | None = None):
         self.plan = plan
         self.pool = ThreadPoolExecutor(4)
-        self.records = records if records is not None else {}
         self.fail_seq = fail_seq
-        self.submitted: list[tuple[int, bool]] = []
+        self.submitted: list[int] = []
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
         self.progress_calls: list[tuple[int, int, bool]] = []
-        self.serve_from_cache: dict[str, ChunkReport] = {}  # what a task run would return as "Cached"
-
-    def cached(self, key: str) -> ChunkReport | None:
-        return self.records.get(key)
 
     def _run(self, seq: int, key: str) -> ChunkReport:
         try:
             if seq == self.fail_seq:
                 raise ValueError(f"chunk {seq} broke")
-            report = steps.score_chunk(self.plan, seq, self.plan.pending_blocks[seq], key)
-            self.records[key] = report
-            return report
+            return steps.score_chunk(self.plan, seq, self.plan.pending_blocks[seq], key)
         finally:
             with self.lock:
                 self.in_flight -= 1
 
-    def submit(self, seq: int, key: str, *, refresh: bool) -> PoolHandle:
-        self.submitted.append((seq, refresh))
+    def submit(self, seq: int, key: str) -> PoolHandle:
+        self.submitted.append(seq)
         with self.lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        if not refresh and key in self.serve_from_cache:
-            with self.lock:
-                self.in_flight -= 1
-            done: Future[ChunkReport] = Future()
-            done.set_result(self.serve_from_cache[key])
-            return PoolHandle(done, from_cache=True)
-        return PoolHandle(self.pool.submit(self._run, seq, key), from_cache=False)
+        return PoolHandle(self.pool.submit(self._run, seq, key))
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
         self.progress_calls.append((done_rows, total_rows, final))
@@ -93,11 +79,9 @@ def test_every_chunk_is_scored_once_with_at_most_max_workers_in_flight(data: str
     plan = plan_for(data, tmp_path / "out")
     executor = PoolExecutor(plan)
     tally = score_chunks(plan, executor)
-    assert [seq for seq, _ in executor.submitted] == list(range(9))
-    assert not any(refresh for _, refresh in executor.submitted)
+    assert executor.submitted == list(range(9))
     assert executor.max_in_flight <= 2
-    assert tally.done_rows == 45 and len(tally.parts) == 9 and tally.served_from_cache == 0
-    assert not any(p.reused for p in tally.parts)
+    assert tally.done_rows == 45 and len(tally.parts) == 9
     assert plan.pending_blocks == {}  # every parked block released once settled
     assert executor.progress_calls[-1] == (45, 45, True)
     assert [c[0] for c in executor.progress_calls[:-1]] == sorted(c[0] for c in executor.progress_calls[:-1])
@@ -105,38 +89,18 @@ def test_every_chunk_is_scored_once_with_at_most_max_workers_in_flight(data: str
     assert summary["rows"] == 45 and summary["errors"] == 0
 
 
-def test_a_rerun_takes_successful_chunks_from_the_cache_without_submitting(data: str, tmp_path: Path) -> None:
+def test_a_rerun_submits_every_chunk_and_the_row_cache_serves_its_rows(data: str, tmp_path: Path) -> None:
     first = plan_for(data, tmp_path / "out")
-    records: dict[str, ChunkReport] = {}
-    commit.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
+    commit.commit_run(first, score_chunks(first, PoolExecutor(first)).parts)
     steps.finish_run(first)
 
     second = plan_for(data, tmp_path / "out")
-    failed_key = sorted(records)[0]
-    records[failed_key] = replace(records[failed_key], errors=1)  # a cached chunk with a failure
-    executor = PoolExecutor(second, records)
+    executor = PoolExecutor(second)
     tally = score_chunks(second, executor)
-    assert tally.served_from_cache == 8
-    assert len(executor.submitted) == 1 and executor.submitted[0][1] is True  # judged again, record refreshed
-    assert sum(p.reused for p in tally.parts) == 8  # the served files belong to the first run
-    assert tally.done_rows == 45
-
-
-def test_a_chunk_the_cache_served_with_failures_is_scored_again(data: str, tmp_path: Path) -> None:
-    """A task run that comes back Cached with an errored row: the loop refreshes it instead of keeping it."""
-    first = plan_for(data, tmp_path / "out")
-    records: dict[str, ChunkReport] = {}
-    commit.commit_run(first, score_chunks(first, PoolExecutor(first, records)).parts)
-    steps.finish_run(first)
-
-    second = plan_for(data, tmp_path / "out")
-    executor = PoolExecutor(second, records={})  # the pre-check finds nothing ...
-    key = sorted(records)[0]
-    executor.serve_from_cache[key] = replace(records[key], errors=2)  # ... but the task run is served a bad record
-    tally = score_chunks(second, executor)
-    refreshed = [seq for seq, refresh in executor.submitted if refresh]
-    assert len(refreshed) == 1
-    assert tally.done_rows == 45 and not any(p.reused for p in tally.parts)
+    assert executor.submitted == list(range(9)) and tally.done_rows == 45
+    assert all(p.path.endswith(f"/{second.run_id}.parquet") for p in tally.parts)  # this run's own files
+    summary = commit.commit_run(second, tally.parts)
+    assert summary["cached"] == 45 and summary["requests"] == 0
 
 
 def test_an_error_aborts_the_run_and_flushes_what_was_judged(data: str, tmp_path: Path) -> None:

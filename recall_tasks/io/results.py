@@ -57,26 +57,9 @@ FORMATS: tuple[str, ...] = ("delta", "parquet", "iceberg")
 
 @dataclass(frozen=True)
 class ChunkPart:
-    """One chunk file of a run; ``reused`` when a Prefect cache hit took it from an earlier run."""
+    """One chunk file of a run."""
 
     path: str
-    reused: bool = False
-
-
-def _as_cached(table: pa.Table) -> pa.Table:
-    """Rows reused from an earlier run cost nothing in this one."""
-    n = table.num_rows
-    replace = {
-        "cached": pa.array([True] * n),
-        "prompt_tokens": pa.array([0] * n, pa.int64()),
-        "completion_tokens": pa.array([0] * n, pa.int64()),
-        "requests": pa.array([0] * n, pa.int32()),
-        "cost_usd": pa.array([0.0] * n),
-    }
-    for name, values in replace.items():
-        if name in table.column_names:
-            table = table.set_column(table.column_names.index(name), name, values)
-    return table
 
 
 def crashpoint(name: str) -> None:
@@ -203,11 +186,9 @@ class ResultStore:
     # -- commit ----------------------------------------------------------------------------------
 
     def read_parts(self, parts: list[ChunkPart], columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """The rows of a run's chunk files in order; rows of chunks reused from earlier runs read as cached."""
+        """The rows of a run's chunk files in order."""
         for part in parts:
             table = pq.read_table(part.path, filesystem=self.fs, columns=columns)
-            if part.reused:
-                table = _as_cached(table)
             yield from table.to_batches(max_chunksize=65_536)
 
     def commit(

@@ -114,8 +114,6 @@ def _judge(params: RunParams, plan: RunPlan, host: RunHost, observer: RunObserve
             tally = score_chunks(plan, executor, observer)
     except StorageError as exc:  # mid-run: the checks had reached it. Judged rows kept by the abort (keep_judged)
         raise steps.store_outage(plan, exc) from None
-    if tally.served_from_cache:
-        host.logger.info("%d chunk(s) taken from Prefect's chunk cache without a task run", tally.served_from_cache)
     return Judged(plan, tally, columns)
 
 

@@ -29,7 +29,7 @@ from recall_tasks.io.storage import split_uri
 
 #: Parameters that may name a local path read or written by the workers (``canary``: read by the flow, made
 #: absolute alike so a deployment's parameters mean the same wherever it runs).
-PATH_FIELDS = ("dataset_uri", "output_uri", "cache_uri", "retrieval_uri", "canary", "chunk_cache_storage")
+PATH_FIELDS = ("dataset_uri", "output_uri", "cache_uri", "retrieval_uri", "canary")
 
 #: Seconds to connect to the cluster's scheduler for the check.
 CONNECT_TIMEOUT_S = 20

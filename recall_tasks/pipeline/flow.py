@@ -5,9 +5,8 @@
 (``window.score_chunks`` through :class:`PrefectChunks`), commit, publish, finish; the ``@flow``
 :func:`recall_benchmark` is a thin wrapper around it. What Prefect adds here and nowhere else:
 
-- each chunk is a task with retries for transient failures and Prefect's cache keyed on the chunk's content
-  (``steps.chunk_key``), in the run's result storage (``flow_tasks``);
-- the cache pre-check reads the same record the task engine would, without creating a task run;
+- each chunk is a task with retries for transient failures (``flow_tasks``; never cached by Prefect: the row
+  cache is the one verdict store);
 - the progress artifact, the artifacts and events of :class:`~recall_tasks.pipeline.publish.Publication`.
 
 The CLI's preparation reaches the flow through :data:`HANDOFF`, one ``ContextVar`` set around its call of the flow
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import datetime as dt
 import os
 import threading
 import time
@@ -45,7 +43,6 @@ from prefect.artifacts import (
 from prefect.context import get_run_context
 from prefect.events import emit_event
 from prefect.futures import PrefectFuture
-from prefect.results import get_result_store
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
@@ -55,7 +52,7 @@ from recall_tasks.errors import ConfigError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.pipeline import publish, workers
 from recall_tasks.pipeline.conduct import conduct
-from recall_tasks.pipeline.flow_tasks import _CACHE_PREFIX, chunk_task
+from recall_tasks.pipeline.flow_tasks import score_chunk
 from recall_tasks.pipeline.flow_tasks import score_chunk_spec as score_chunk_spec  # tests take the task from here
 from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, Prepared, RunObserver, RunPlan
 from recall_tasks.reports import alerts
@@ -106,51 +103,30 @@ class _TaskHandle:
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
 
-    def report(self) -> tuple[ChunkReport, bool]:
+    def report(self) -> ChunkReport:
         report = self._future.result()
         if self._plan is not None:
             workers.adopt(self._plan, report)
-        return report, self._future.state.name == "Cached"
+        return report
 
 
 class PrefectChunks:
-    """:class:`~recall_tasks.pipeline.window.ChunkExecutor` on Prefect tasks, cache and progress artifact."""
+    """:class:`~recall_tasks.pipeline.window.ChunkExecutor` on Prefect tasks and the progress artifact."""
 
     def __init__(self, plan: RunPlan, runner: TaskRunner[Any] | None = None) -> None:
         self.plan = plan
         self.runner = runner  # None: the flow's thread pool and the plan in memory; else specs to other processes
-        self.task = chunk_task(plan.params)
-        self.store: Any = (
-            get_result_store().update_for_task(self.task, _sync=True) if plan.params.cache else None  # type: ignore[call-arg]
-        )
         self.progress_id = cast(
             UUID, create_progress_artifact(progress=0.0, description=f"rows scored in run {plan.run_id}")
         )
         self._last_progress = 0.0
 
-    def cached(self, key: str) -> ChunkReport | None:
-        """The record the task engine would read (same key, storage and expiry), without a task run.
-
-        Any read problem (missing, expired, unreadable) means "not cached": the chunk goes through its task.
-        """
-        if self.store is None:
-            return None
-        try:
-            record = self.store.read(_CACHE_PREFIX + key)
-        except Exception:  # noqa: BLE001
-            return None
-        expiration = record.metadata.expiration
-        if expiration is not None and expiration <= dt.datetime.now(dt.UTC):
-            return None
-        result = record.result
-        return result if isinstance(result, ChunkReport) else None
-
-    def submit(self, seq: int, key: str, *, refresh: bool) -> _TaskHandle:
-        submit = self.task.with_options(refresh_cache=True) if refresh and self.plan.params.cache else self.task
+    def submit(self, seq: int, key: str) -> _TaskHandle:
         if self.runner is None:
-            return _TaskHandle(submit.submit(quote(self.plan), seq, key))
+            task: Any = score_chunk  # ``quote(plan)`` stands for the plan, which Prefect's overloads cannot type
+            return _TaskHandle(task.submit(quote(self.plan), seq, key))
         spec = workers.chunk_spec(self.plan, seq, self.plan.window.pending[seq], key)
-        return _TaskHandle(self.runner.submit(submit, {"spec": spec}), self.plan)
+        return _TaskHandle(self.runner.submit(score_chunk_spec, {"spec": spec}), self.plan)
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
         now = time.monotonic()
@@ -182,7 +158,7 @@ def announce(plan: RunPlan, logger: Any) -> None:
 
 
 @contextlib.contextmanager
-def chunk_runner(params: RunParams, logger: Any) -> Iterator[TaskRunner[Any] | None]:
+def chunk_runner(params: RunParams) -> Iterator[TaskRunner[Any] | None]:
     """The run's ``--task-runner`` for the chunk tasks, started for the chunk loop (None: the flow's threads).
 
     A worker process that dies (SIGKILL, out of memory) breaks the whole pool: every chunk in flight fails with
@@ -193,9 +169,6 @@ def chunk_runner(params: RunParams, logger: Any) -> Iterator[TaskRunner[Any] | N
     if runner is None:
         yield None
         return
-    warning = workers.local_cache_warning(params, workers.cache_storage(params))
-    if warning:
-        logger.warning("%s", warning)
     with runner:
         try:
             yield runner
@@ -280,7 +253,7 @@ class PrefectHost:
     @contextlib.contextmanager
     def chunks(self, plan: RunPlan) -> Iterator[PrefectChunks]:
         try:
-            with chunk_runner(plan.params, self.logger) as runner:
+            with chunk_runner(plan.params) as runner:
                 yield PrefectChunks(plan, runner)
         except WorkerDied as exc:  # nothing committed, but a person is told (the run.failed alert)
             params = plan.params

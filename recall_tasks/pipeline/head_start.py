@@ -115,20 +115,3 @@ def abandon(prepared: Prepared, observer: RunObserver = NO_OBSERVER) -> int:
     finally:
         steps.release(plan)
         steps.let_go(plan)
-
-
-def drop_head_start(plan: RunPlan, seq: int, kept: ChunkReport) -> None:
-    """Chunk ``seq`` came from Prefect's chunk cache after all: let its head start finish, drop its file.
-
-    Unless it is the cached report's own file: a resumed run (same run id) rewrote that very path.
-    """
-    head = plan.window.head_starts.pop(seq, None)
-    if head is None:
-        return
-    try:
-        report = head.future.result()
-    except BaseException:  # noqa: BLE001 - the cached report stands; an error here changes nothing
-        return
-    if report.path != kept.path:
-        with contextlib.suppress(Exception):
-            plan.store.fs.rm(report.path)

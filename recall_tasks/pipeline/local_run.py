@@ -45,21 +45,18 @@ class _PoolHandle:
             return False
         return True
 
-    def report(self) -> tuple[ChunkReport, bool]:
-        return self._future.result(), False
+    def report(self) -> ChunkReport:
+        return self._future.result()
 
 
 class ThreadChunks:
-    """:class:`~recall_tasks.pipeline.window.ChunkExecutor` on a thread pool: no chunk cache, no task runs."""
+    """:class:`~recall_tasks.pipeline.window.ChunkExecutor` on a thread pool: no task runs."""
 
     def __init__(self, plan: RunPlan, pool: ThreadPoolExecutor) -> None:
         self.plan = plan
         self.pool = pool
 
-    def cached(self, key: str) -> ChunkReport | None:
-        return None
-
-    def submit(self, seq: int, key: str, *, refresh: bool) -> _PoolHandle:
+    def submit(self, seq: int, key: str) -> _PoolHandle:
         return _PoolHandle(self.pool.submit(steps.score_chunk, self.plan, seq, self.plan.pending_blocks[seq], key))
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:

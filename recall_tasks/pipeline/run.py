@@ -51,10 +51,9 @@ T = TypeVar("T")
 
 @dataclass
 class ChunkReport:
-    """What a chunk task returns: small, so Prefect never holds row data (and can cache it).
+    """What a chunk task returns: small, so Prefect never holds row data.
 
-    ``not_judged``: rows the budget or the circuit breaker kept from the judge. ``None`` in reports cached
-    before the field existed: unknown, so such a report is not reused (see :attr:`reusable`).
+    ``not_judged``: rows the budget or the circuit breaker kept from the judge.
     """
 
     seq: int
@@ -67,17 +66,6 @@ class ChunkReport:
     stopped: str | None = None  # a worker process's circuit breaker reason, carried back to the flow's run
     budget: str | None = None  # a worker process's exhausted --max-requests or --max-cost-usd, carried back likewise
     substituted: int = 0  # rows a reply from another model judged (never cached: judged again next time)
-
-    @property
-    def reusable(self) -> bool:
-        """Only successes are cached: a report with an errored or not-judged row is never served whole.
-
-        A row judged by a reply from another model than the one asked for counts as a failure here.
-        Prefect persists every task result under the chunk's key (a cache policy cannot see the result), so
-        the flow checks this before using a cached report; such a chunk goes through its task again (its
-        good rows then come from the row cache, which only holds parsed verdicts) and refreshes the record.
-        """
-        return self.errors == 0 and self.not_judged == 0 and self.substituted == 0
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,10 @@
-"""The chunk loop, without Prefect: cache pre-check, a bounded window of chunks in flight, abort on any error.
+"""The chunk loop, without Prefect: a bounded window of chunks in flight, abort on any error.
 
 The flow hands :func:`score_chunks` a :class:`ChunkExecutor`; the Prefect adapter (``pipeline/flow.py``) runs
-each chunk as a cached Prefect task, a test can run them on a thread pool. What the loop decides:
+each chunk as a Prefect task, a test can run them on a thread pool. What the loop decides:
 
-- **Served without a task** (:func:`served_from_cache`): a live chunk-cache record for the chunk's content key
-  whose rows all succeeded and whose result file still exists. A rerun of an unchanged dataset then costs no
-  task run per chunk.
-- **Judged again**: a record with failures or a pruned file goes through its task with the cache refreshed; the
-  good rows come from the row cache, so only the failures reach the judge.
+- **Every chunk through its task**: there is no chunk cache. A rerun's rows are served by the row cache
+  (``io/cache.py``, the one verdict store) inside the chunk's task, so only rows it cannot serve reach the judge.
 - **Bounded memory**: a task's parameters stay in memory until it finishes, so at most ``max_workers`` chunks are
   in flight (not one ``.map`` over the dataset); the rows themselves wait in the window's state
   (``plan.window.pending``, :class:`~recall_tasks.pipeline.run.ChunkWindow`).
@@ -26,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from recall_tasks import _heap
-from recall_tasks.io.blocks import RowBlock
 from recall_tasks.io.results import ChunkPart
 from recall_tasks.pipeline import head_start, steps
 from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, RunObserver, RunPlan
@@ -45,20 +41,16 @@ class ChunkHandle(Protocol):
         """True once the chunk has settled (finished, failed or cancelled), waiting at most ``timeout`` s."""
         ...
 
-    def report(self) -> tuple[ChunkReport, bool]:
-        """The settled chunk's report, and whether it came from the chunk cache; raises the chunk's error."""
+    def report(self) -> ChunkReport:
+        """The settled chunk's report; raises the chunk's error."""
         ...
 
 
 class ChunkExecutor(Protocol):
-    """Runs chunks; the Prefect adapter implements it with (cached) tasks."""
+    """Runs chunks; the Prefect adapter implements it with tasks."""
 
-    def cached(self, key: str) -> ChunkReport | None:
-        """The chunk cache's live record for ``key``, read without running anything (None: not cached)."""
-        ...
-
-    def submit(self, seq: int, key: str, *, refresh: bool) -> ChunkHandle:
-        """Score the chunk parked in ``plan.window.pending[seq]``; ``refresh`` overwrites its cache record."""
+    def submit(self, seq: int, key: str) -> ChunkHandle:
+        """Score the chunk parked in ``plan.window.pending[seq]``."""
         ...
 
     def progress(self, done_rows: int, total_rows: int, *, final: bool) -> None:
@@ -68,30 +60,10 @@ class ChunkExecutor(Protocol):
 
 @dataclass
 class ChunkTally:
-    """What the loop settled: the result parts to commit and how many chunks the cache served whole."""
+    """What the loop settled: the result parts to commit and the rows they hold."""
 
     parts: list[ChunkPart] = field(default_factory=list)
     done_rows: int = 0
-    served_from_cache: int = 0
-
-
-def is_reused(plan: RunPlan, report: ChunkReport) -> bool:
-    """A report whose result file belongs to an earlier run (its file name is not this run's id)."""
-    return not report.path.endswith(f"/{plan.run_id}.parquet")
-
-
-def served_from_cache(plan: RunPlan, report: ChunkReport | None, block: RowBlock) -> bool:
-    """Whether a cached report stands for the block as is: every row succeeded and its file still exists."""
-    return (
-        report is not None and report.reusable and report.rows == len(block.row_ids) and plan.store.exists(report.path)
-    )
-
-
-def needs_rescore(plan: RunPlan, report: ChunkReport, from_cache: bool) -> bool:
-    """A report the chunk cache served with failures, or whose earlier run's file was pruned: judge it again."""
-    if not from_cache:
-        return False
-    return not report.reusable or (is_reused(plan, report) and not plan.store.exists(report.path))
 
 
 def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver = NO_OBSERVER) -> ChunkTally:
@@ -103,9 +75,9 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver =
     window: deque[tuple[ChunkHandle, int, str]] = deque()
     observer.progress(0, total)  # the total is known from the start: a bar shows 0/N, not 0/?
 
-    def record(seq: int, report: ChunkReport, reused: bool) -> None:
+    def record(seq: int, report: ChunkReport) -> None:
         parked.pop(seq, None)
-        tally.parts.append(ChunkPart(report.path, reused=reused))
+        tally.parts.append(ChunkPart(report.path))
         tally.done_rows += report.rows
         observer.rows(seq, None)  # its rows counted as they settled are in done_rows from now on
         observer.progress(tally.done_rows, total)
@@ -116,28 +88,14 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver =
         handle, seq, key = window.popleft()
         while not handle.wait(SIGNAL_POLL_S):
             pass
-        report, from_cache = handle.report()
-        reused = from_cache and is_reused(plan, report)
-        if needs_rescore(plan, report, from_cache):
-            retry = executor.submit(seq, key, refresh=True)
-            while not retry.wait(SIGNAL_POLL_S):
-                pass
-            report, _ = retry.report()
-            reused = False
-        record(seq, report, reused)
+        record(seq, handle.report())
 
     try:
         for seq, raw in enumerate(steps.blocks(plan)):
             block = plan.prepare_block(raw)
             key = steps.chunk_key(plan, block)
-            cached = None if not params.cache or params.refresh_cache else executor.cached(key)
-            if cached is not None and served_from_cache(plan, cached, block):
-                head_start.drop_head_start(plan, seq, cached)
-                tally.served_from_cache += 1
-                record(seq, cached, reused=is_reused(plan, cached))
-                continue
             parked[seq] = block
-            window.append((executor.submit(seq, key, refresh=cached is not None), seq, key))
+            window.append((executor.submit(seq, key), seq, key))
             while len(window) >= params.max_workers:
                 settle()
         while window:

@@ -59,10 +59,6 @@ log = logging.getLogger(__name__)
 #: Run plans a worker process keeps (one per run id; a long-lived Dask worker serves run after run).
 KEEP_PLANS = 4
 
-#: Where a distributed runner keeps Prefect's chunk cache when the output is on object storage (and
-#: ``--chunk-cache-storage`` is not given): next to the results, so every worker and the flow see it.
-SHARED_CACHE_FOLDER = "_prefect-cache"
-
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -245,33 +241,9 @@ def adopt(plan: RunPlan, report: ChunkReport) -> None:
     """The flow's side: a worker's tripped circuit breaker decides the run's outcome as the flow's own would."""
     if report.stopped and plan.breaker is not None and plan.breaker.tripped_reason is None:
         plan.breaker.tripped_reason = report.stopped
-    budget = getattr(report, "budget", None)  # reports cached before the field existed lack it
+    budget = report.budget
     if budget and plan.budget is not None and plan.budget.exhausted_reason is None:
         plan.budget.exhausted_reason = budget
-
-
-def cache_storage(params: RunParams) -> str | None:
-    """The chunk cache's storage for this run: ``--chunk-cache-storage``, else shared storage next to results
-    on object storage for ``processes``/``dask``; None: Prefect's default (local) result storage."""
-    if params.chunk_cache_storage or params.task_runner == "threads" or not params.cache:
-        return params.chunk_cache_storage
-    if "://" in params.output_uri and not params.output_uri.startswith("file://"):
-        return join_uri(params.output_uri, SHARED_CACHE_FOLDER)
-    return None
-
-
-def local_cache_warning(params: RunParams, storage: str | None) -> str | None:
-    """A Dask cluster elsewhere with a machine-local chunk cache: each machine caches (and misses) alone."""
-    if params.task_runner != "dask" or not params.dask_address or not params.cache:
-        return None
-    if storage and (storage.startswith("block:") or ("://" in storage and not storage.startswith("file://"))):
-        return None
-    where = storage or "Prefect's local result storage"
-    return (
-        f"--task-runner dask --dask-address {params.dask_address}: the chunk cache is in {where}, local to each "
-        "machine; chunks run elsewhere are not served from it: put --output on object storage or set "
-        "--chunk-cache-storage to shared storage"
-    )
 
 
 def _close(plan: RunPlan) -> None:
