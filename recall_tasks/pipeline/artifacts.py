@@ -8,7 +8,8 @@ Decisions:
   default. A presigned https URL grants read access to anyone who has it, and Prefect keeps artifacts for every
   user of the workspace to read (with the access key id in it): it is opt-in, ``RECALL_BENCH_REPORT_LINK_S``
   seconds (at most :data:`LINK_EXPIRY_MAX_S`, 7 days, the SigV4 maximum; e.g. 3600), the expiry written in the
-  link text, and only where the filesystem can sign (s3fs can). Events and alerts never carry one.
+  link text, and only where the filesystem can sign (s3fs can). Events and alerts never carry one. A local
+  path is percent-encoded into its ``file://`` URL; ``publish`` makes every link target Markdown-safe.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from typing import Any
+from urllib.parse import quote
 
 from recall_tasks.io.storage import join_uri, normalize_uri
 from recall_tasks.summaries import RunRow
@@ -75,7 +77,7 @@ def browser_link(store: Any, *parts: str) -> tuple[str, str]:
     uri = join_uri(store.output_uri, *parts)
     norm = normalize_uri(uri)
     if "://" not in norm:
-        return "file://" + norm, "local file"
+        return "file://" + quote(norm, safe="/"), "local file"  # a URL: a ``%`` or ``#`` in a folder name encoded
     seconds = report_link_seconds()
     sign = getattr(store.fs, "sign", None)
     if seconds is not None and sign is not None:

@@ -11,6 +11,11 @@ One function per step the flow names (``publish_run``, ``raise_for_outcome``); t
   ``recall.run.budget_exhausted``, ``recall.regression.detected`` or ``recall.comparison.incomparable``, its payload
   carrying the rendered message the shipped automation sends (``deployments/alerts.yaml``).
 
+Every artifact is Markdown in the UI (a link artifact is ``[text](link)``), and the output location is data: a
+flow-run parameter or an event's payload. Link targets are percent-encoded (``reports.markdown.md_url``: an
+output ``/tmp/x) <img src=x onerror=alert(1)> (`` cannot end the link and add HTML), link texts escaped (``md_text``);
+the reports' own Markdown escapes the dataset values it shows.
+
 A failed run is neither compared nor used as a baseline; its tables and reports are still written.
 """
 
@@ -26,6 +31,7 @@ from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_
 from recall_tasks.reports.alerts import alert_for_run, alert_resource
 from recall_tasks.reports.comparison import comparison_markdown
 from recall_tasks.reports.html import write_report
+from recall_tasks.reports.markdown import md_text, md_url
 from recall_tasks.reports.summary import markdown_report, run_results
 from recall_tasks.summaries import RunRow, RunSummary
 
@@ -97,7 +103,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
         k: artifact_key(k, plan.dataset.name, plan.params.metric) for k in ("summary", "report", "regression", "html")
     }
     out.artifacts.append(Artifact("table", keys["summary"], summary_table(row), f"run {plan.run_id}"))
-    out.artifacts.append(Artifact("link", "recall-results", plan.store.results_uri, link_text="results table"))
+    out.artifacts.append(Artifact("link", "recall-results", md_url(plan.store.results_uri), link_text="results table"))
     comparison, no_baseline = compare(plan, row, logger)
     if no_baseline is not None:
         summary["no_baseline"] = no_baseline
@@ -115,6 +121,7 @@ def publish_run(plan: Any, row: RunRow, logger: Any) -> tuple[RunSummary, Public
     rows = run_results(plan, wanted=[str(d["row_id"]) for d in drops])  # one scan of the run for both reports
     report_uri = write_report(plan.store, plan.run_id, rows, dataset=plan.dataset, drops=drops)
     link, link_note = browser_link(plan.store, "reports", f"{plan.run_id}.html")
+    link, link_note = md_url(link), md_text(link_note)  # Markdown: the output's URI is data (module docstring)
     report_md = markdown_report(plan, summary, results=rows)
     if comparison is not None:
         report_md += "\n\n" + comparison_markdown(comparison, plan.params.threshold)

@@ -2,7 +2,7 @@
 
 Dataset text (statements, errors, row ids, URIs, labels) must never become markup: a ``<script>`` or an
 ``<img onerror=…>``, an image beacon ``![x](http://…)`` every viewer would fetch, a link, a heading, a pipe that
-adds table cells or a newline that adds table rows. Two helpers, used by every Markdown view (``summary.py``,
+adds table cells or a newline that adds table rows. Three helpers, used by every Markdown view (``summary.py``,
 ``comparison.py``):
 
 - :func:`md_text`: text for a paragraph, list item or table cell, never at the start of a line. ``&``, ``<``,
@@ -13,6 +13,10 @@ adds table cells or a newline that adds table rows. Two helpers, used by every M
   text; the fence is one backtick longer than the longest run of backticks in the value (padded with spaces
   when the value starts or ends with a backtick or a space); line breaks become spaces; in a table cell
   (``table=True``) ``|`` is escaped (a table splits cells on it even inside code, and drops the backslash).
+- :func:`md_url`: a link target (``[text](…)``: the output's URI, a presigned URL). Percent-encoded but for
+  letters, digits and ``-._~:/?#[]@!$&*+,;=%``: a space, ``(``, ``)``, ``<``, ``>``, ``"``, ``'``, a backtick, a
+  backslash, a control character or any non-ASCII one cannot end the target or add markup, while ``s3://b/x``,
+  ``file:///tmp/out/r.html`` and a presigned URL's query (already encoded: ``%`` is kept) stay the same link.
 
 ``limit`` cuts the value (before escaping, so an escape is never cut in half) and marks the cut with ``…``.
 """
@@ -20,11 +24,14 @@ adds table cells or a newline that adds table rows. Two helpers, used by every M
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 _PUNCT = re.compile(r"([\\`*_{}\[\]()#+\-!|~^$])")
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 _BACKTICKS = re.compile(r"`+")
+#: What a link target keeps as it is (:func:`md_url`); ``quote`` always keeps letters, digits and ``-._~``.
+_URL_SAFE = ":/?#[]@!$&*+,;=%"
 
 
 def _clip(value: object, limit: int | None) -> str:
@@ -48,3 +55,8 @@ def md_code(value: object, limit: int | None = None, *, table: bool = False) -> 
     fence = "`" * (longest + 1)
     pad = " " if text[:1] in ("`", " ") or text[-1:] in ("`", " ") else ""  # CommonMark strips one space each side
     return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_url(uri: str) -> str:
+    """``uri`` as a Markdown link target nothing in it can close or turn into markup (see the module docstring)."""
+    return quote(uri, safe=_URL_SAFE)
