@@ -28,6 +28,16 @@ RunKeyArgument = Annotated[
 ]
 
 
+def _stdout() -> Console:
+    """Made when printing (the streams of the moment); no emoji codes in data (cli.common's consoles)."""
+    return Console(emoji=False)
+
+
+def _stderr() -> Console:
+    """Error lines: no emoji codes, no highlighting inside the data (cli.common's ``err``)."""
+    return Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
+
+
 def _records(output: str, storage_option: list[str] | None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """The filesystem and the records under ``output``; an unreadable output: one error line, exit 2."""
     from recall_tasks.io.storage import StorageConfig, filesystem, parse_storage_options
@@ -37,7 +47,7 @@ def _records(output: str, storage_option: list[str] | None) -> tuple[Any, list[t
         fs, root = filesystem(output, StorageConfig.from_options(parse_storage_options(storage_option or [])))
         return fs, records(fs, root)
     except Exception as exc:  # noqa: BLE001 - one line, as every command
-        Console(stderr=True).print(f"error: cannot read {output}/_batches: {escape(redact(str(exc)))}", highlight=False)
+        _stderr().print(f"error: cannot read {escape(output)}/_batches: {escape(redact(str(exc)))}")
         raise typer.Exit(code=2) from None
 
 
@@ -51,7 +61,7 @@ def status(output: OutputOption = "recall-output", storage_option: StorageOption
 
     As last seen: no provider call (batch collect checks and collects).
     """
-    console = Console()
+    console = _stdout()
     _, found = _records(output, storage_option)
     if not found:
         console.print(f"no batches recorded under {escape(output)}", highlight=False)
@@ -80,10 +90,10 @@ def _open_record(output: str, storage_option: list[str] | None, run_key: str | N
     try:
         path, record = choose_open(found, output, run_key)
     except LookupError as exc:
-        _say(Console(), str(exc))
+        _say(_stdout(), str(exc))
         raise typer.Exit(code=0) from None
     except ConfigError as exc:
-        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        _stderr().print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None
     return fs, path, record
 
@@ -121,7 +131,7 @@ def _command_params(
                 "location from here: run `batch collect` from the directory the run was submitted from"
             )
     except ConfigError as exc:
-        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        _stderr().print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None
     return params
 
@@ -177,8 +187,8 @@ def cancel(
     try:
         record, cancelled = batch_record.cancel(fs, path, params)
     except RecallBenchError as exc:
-        Console(stderr=True).print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
+        _stderr().print("[bold red]error:[/]", escape(redact(str(exc))), soft_wrap=True)
         raise typer.Exit(code=2) from None
     ids = ", ".join(cancelled) if cancelled else "none was still running"
-    _say(Console(), f"run {record.get('run_id')} (key {record.get('run_key')}): cancelled; batches cancelled: {ids}")
-    _say(Console(), "a later `run --batch` with the same parameters submits new batches")
+    _say(_stdout(), f"run {record.get('run_id')} (key {record.get('run_key')}): cancelled; batches cancelled: {ids}")
+    _say(_stdout(), "a later `run --batch` with the same parameters submits new batches")

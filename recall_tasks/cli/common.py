@@ -19,8 +19,11 @@ from recall_tasks.errors import ConfigError, one_line
 from recall_tasks.io.storage import parse_storage_options
 from recall_tasks.secrets import looks_secret, redact
 
-console = Console()
-err = Console(stderr=True, soft_wrap=True)
+# Data is printed as it is: no emoji codes (``doc:100:7`` stays, never ``doc💯7``), and no highlighting on stderr
+# (an error line's ids are never cut by colour codes). Markup is only ever recall-bench's own: data goes through
+# ``plain`` (escaped) or is printed with ``markup=False`` or as ``rich.text.Text``.
+console = Console(emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False)
 
 DEFAULT_OUTPUT = RunParams.model_fields["output_uri"].default
 """Every command's ``--output`` default, unless the ``RECALL_OUTPUT`` environment variable is set."""
@@ -46,6 +49,14 @@ StorageOption = Annotated[
 ]
 OutputFormatOption = Annotated[
     str, typer.Option("--output-format", help="table | csv | json (JSON lines, one object per row) | markdown")
+]
+RawCellsOption = Annotated[
+    bool,
+    typer.Option(
+        "--raw-cells",
+        help="csv: keep text cells starting with = + - @ (formula-like) exactly, for programs, not spreadsheets "
+        "(default: such a cell gets a ' in front, so a spreadsheet shows it as text and runs nothing)",
+    ),
 ]
 
 

@@ -12,12 +12,18 @@ Decisions:
   line breaks and tabs as an escape (``\x1b[2J``, :func:`recall_tasks._logging.inert`); ``csv`` and ``markdown``
   do too when written to a terminal, and ``json`` there escapes DEL and the C1 controls (``\u009b``) that JSON
   leaves raw (it escapes the rest itself). Written to a pipe or a file, csv, markdown and json keep the exact
-  bytes: an export is the data.
+  bytes (an export is the data), but for csv's formula-like text cells (below).
 * ``table`` on a terminal fits the terminal and folds long values (never ``…``); piped (stdout not a terminal)
   it is rendered at the width its widest values need, so every value is printed in full, one row per line
   unless a value holds a newline.
 * ``json`` is JSON lines: one object per row (dates in ISO 8601, NaN as null), for ``jq`` and scripts.
 * ``csv`` and ``markdown`` print lists and structs as JSON text; markdown escapes ``|``, newlines and HTML.
+* ``csv`` is opened in spreadsheets, which run a cell starting with ``=``, ``+``, ``-``, ``@``, a tab or a CR as a
+  formula (CWE-1236: ``=HYPERLINK(…)`` sends data away, DDE runs commands). Such a text cell, the header's too, is
+  written with a ``'`` in front (OWASP's advice; :func:`sheet_cell`), wherever the csv goes: a file or a pipe is
+  opened by people as well. Numbers (ints, floats, decimals) are never touched (``-0.25`` in a numeric column
+  stays a number); a text cell that is a plain decimal number (``-0.25``, ``+3``, ``1e-5``) is kept too: a spreadsheet
+  reads the number and nothing runs. ``--raw-cells`` (``raw_cells``) keeps the exact text, for programs.
 * A listing cut by ``--limit`` says so on stderr ("50 of 300 rows shown; --limit 0 for all"), never silently.
 """
 
@@ -42,7 +48,9 @@ from rich.text import Text
 from recall_tasks._logging import inert
 from recall_tasks.secrets import MASK, redact, redactor
 
-__all__ = ["OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "text"]
+__all__ = [
+    "OUTPUT_FORMATS", "OutputFormat", "cut_notice", "json_value", "judge_line", "print_rows", "sheet_cell", "text",
+]  # fmt: skip
 
 OutputFormat = Literal["table", "csv", "json", "markdown"]
 OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
@@ -102,6 +110,24 @@ def shown(value: Any, mask: Mask = redact) -> str:
     return text(value, mask)
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBERS = (int, float, decimal.Decimal)
+
+
+def sheet_cell(cell: str) -> str:
+    """A csv text cell a spreadsheet shows as text: ``'`` before a formula-like start (module docstring)."""
+    if cell.startswith(_FORMULA_START) and _PLAIN_NUMBER.fullmatch(cell) is None:
+        return "'" + cell
+    return cell
+
+
+def _csv_cells(values: Sequence[Any], mask: Mask, raw: bool) -> list[str]:
+    if raw:
+        return [text(v, mask) for v in values]
+    return [text(v, mask) if isinstance(v, _NUMBERS) else sheet_cell(text(v, mask)) for v in values]
+
+
 def _markdown_cell(value: str) -> str:
     value = value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return value.replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
@@ -134,8 +160,9 @@ def print_table(
     if piped:
         # wide enough for the longest values: nothing wrapped, nothing cut
         console = Console(
-            file=console.file, width=max(80, width_needed(columns, cells)), color_system=None, highlight=False
-        )
+            file=console.file, width=max(80, width_needed(columns, cells)), color_system=None, highlight=False,
+            emoji=False,
+        )  # fmt: skip
     table = Table(title=Text(title) if title is not None else None, show_header=show_header)
     for i, name in enumerate(columns):
         keep = piped or name in whole
@@ -155,11 +182,13 @@ def print_rows(
     title: str | None = None,
     keep_whole: Iterable[str] = (),
     file: IO[str] | None = None,
+    raw_cells: bool = False,
 ) -> int:
     """Print ``rows`` (sequences in ``columns`` order) in ``fmt``, values redacted first; the number printed.
 
     ``console`` renders ``table`` (which needs every row to size its columns); the other formats stream plain
-    text to ``file`` (default: stdout) a row at a time.
+    text to ``file`` (default: stdout) a row at a time. ``raw_cells``: csv text cells exactly as they are, a
+    formula-like start included (``--raw-cells``; by default :func:`sheet_cell`).
     """
     out = file if file is not None else sys.stdout
     mask = redactor()  # the secrets looked up once, not once per value
@@ -174,8 +203,11 @@ def print_rows(
             count += 1
         _say_masked(mask.masked)
         return count
-    as_text = text if fmt == "csv" else shown
-    cells = ([as_text(v, mask) for v in row] for row in rows)
+    if fmt == "csv":
+        cells = (_csv_cells(row, mask, raw_cells) for row in rows)
+        names = names if raw_cells else [sheet_cell(n) for n in names]
+    else:
+        cells = ([shown(v, mask) for v in row] for row in rows)
     if tty and fmt != "table":  # the table is made inert in print_table
         cells = ([inert(c) for c in row] for row in cells)
         names = [inert(n) for n in names]

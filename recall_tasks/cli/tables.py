@@ -16,6 +16,7 @@ from recall_tasks.cli.common import (
     FormatOption,
     OutputFormatOption,
     OutputOption,
+    RawCellsOption,
     StorageOption,
     _fail,
     _store,
@@ -37,8 +38,9 @@ def _print_notice(message: str | None) -> None:
         err.print(message, markup=False, highlight=False)
 
 
-def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputFormat) -> None:
-    """Run ``sql`` on the read-only connection (see recall_tasks.io.sql) and print at most ``limit`` rows."""
+def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputFormat, raw_cells: bool = False) -> None:
+    """Run ``sql`` on the read-only connection (see recall_tasks.io.sql) and print at most ``limit`` rows
+    (``raw_cells``: csv text cells exactly, see cli.output.sheet_cell)."""
     import duckdb
 
     from recall_tasks.cli.output import cut_notice, print_rows
@@ -59,7 +61,7 @@ def _print_query(store: Any, output: str, sql: str, limit: int, fmt: OutputForma
             if len(head) > limit:
                 head, total = head[:limit], rel.aggregate("count(*)").fetchall()[0][0]
             rows = head
-        shown = print_rows(rel.columns, rows, fmt, console)
+        shown = print_rows(rel.columns, rows, fmt, console, raw_cells=raw_cells)
     except duckdb.Error as exc:
         raise explain_error(exc, set(tables), output) from None
     finally:
@@ -77,6 +79,7 @@ def query(
     storage_option: StorageOption = None,
     limit: LimitOption = 50,
     output_format: OutputFormatOption = "table",
+    raw_cells: RawCellsOption = False,
 ) -> None:
     """Run read-only SQL over the result tables.
 
@@ -85,7 +88,7 @@ def query(
     """
     fmt = _output_format(output_format)
     try:
-        _print_query(_store(output, format, storage_option), output, sql, limit, fmt)
+        _print_query(_store(output, format, storage_option), output, sql, limit, fmt, raw_cells)
     except RecallBenchError as exc:
         _fail(exc)
 
@@ -100,6 +103,7 @@ def history(
     metric: Annotated[
         str | None, typer.Option(help="An id metric (recall@10, ndcg@5...): its means, intervals and verdicts")
     ] = None,
+    raw_cells: RawCellsOption = False,
 ) -> None:
     """List the series of runs, each with its verdict.
 
@@ -143,7 +147,7 @@ def history(
     records = history_records(runs, comparisons)
     shown = records[-limit:] if limit > 0 else records
     if fmt in ("csv", "json"):
-        print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console)
+        print_rows(HISTORY_FIELDS, ([r[f] for f in HISTORY_FIELDS] for r in shown), fmt, console, raw_cells=raw_cells)
     else:
         columns, cells = list(HISTORY_COLUMNS), [history_cells(r) for r in shown]
         if fmt == "table" and console.is_terminal:  # made inert first: the fit measures what is shown
