@@ -111,6 +111,26 @@ class Settings(BaseSettings):
         description="Seconds a run attempt's lease holds without renewal (renewed every third of it while the "
         "attempt runs): a crashed attempt on another host blocks the same command that long; default 60",
     )
+    allow_callables: str | None = Field(
+        None,
+        validation_alias="RECALL_BENCH_ALLOW_CALLABLES",
+        description="A worker's leave: `module:function` names (comma-separated; `module:*` for a module) a "
+        "deployment's flow run may give as `retriever` or `context_extractor`; default none (docs/security.md)",
+    )
+    allow_endpoints: str | None = Field(
+        None,
+        validation_alias="RECALL_BENCH_ALLOW_ENDPOINTS",
+        description="A worker's leave: URL prefixes (comma-separated) a deployment's flow run may give as "
+        "`base_url`, a storage `endpoint_url` or `dask_address`, besides the worker's own `OPENAI_BASE_URL` and "
+        "`AWS_ENDPOINT_URL`; default none (docs/security.md)",
+    )
+    allow_storage: str | None = Field(
+        None,
+        validation_alias="RECALL_BENCH_ALLOW_STORAGE",
+        description="A worker's leave: the storage prefixes (comma-separated: `s3://bucket/prefix`, a local folder, "
+        "`s3://` for any bucket) a deployment's flow run may read and write; default any bucket of s3, gs, az "
+        "and abfs, and local paths under the worker's working folder (docs/security.md)",
+    )
     crash_at: str | None = Field(
         None,
         validation_alias="RECALL_BENCH_CRASH_AT",

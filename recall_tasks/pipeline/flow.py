@@ -50,7 +50,7 @@ from recall_tasks import _logging
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
-from recall_tasks.pipeline import publish, workers
+from recall_tasks.pipeline import publish, trust, workers
 from recall_tasks.pipeline.conduct import conduct
 from recall_tasks.pipeline.flow_tasks import score_chunk
 from recall_tasks.pipeline.flow_tasks import score_chunk_spec as score_chunk_spec  # tests take the task from here
@@ -184,6 +184,12 @@ def flow_run_id() -> str | None:
     return str(run.id) if run is not None else None
 
 
+def deployment_run() -> bool:
+    """Whether this flow run was created from a deployment (a schedule, a trigger, the UI, the API)."""
+    run = getattr(get_run_context(), "flow_run", None)
+    return run is not None and run.deployment_id is not None
+
+
 def _flow_run_name() -> str:
     params = get_run_context().flow_run.parameters["params"]  # type: ignore[union-attr]
     get = params.get if isinstance(params, dict) else lambda k: getattr(params, k)
@@ -219,7 +225,13 @@ def handing_off(prepared: Prepared | None, observer: RunObserver = NO_OBSERVER) 
     task_runner=ThreadPoolTaskRunner(max_workers=16),  # type: ignore[arg-type]
 )
 def recall_benchmark(params: RunParams) -> FlowSummary:
-    """Score a dataset's contextual recall and commit per-row results and run aggregates."""
+    """Score a dataset's contextual recall and commit per-row results and run aggregates.
+
+    A deployment's flow run (its parameters come from whoever may create runs) is checked against what the
+    worker allows first (``pipeline/trust.py``); a run from the command line or Python is the worker's own user.
+    """
+    if deployment_run():
+        trust.check_flow_run(params)
     handoff = handed_off()
     return run_benchmark(params, prepared=handoff.prepared, observer=handoff.observer)
 
@@ -305,6 +317,10 @@ def maintain_tables(
     from recall_tasks.io.maintenance import maintain
     from recall_tasks.io.results import ResultStore, detect_format
 
+    if deployment_run():
+        policy = trust.WorkerPolicy.from_environment()
+        trust.check_storage_options(storage_options or {}, policy)
+        trust.check_location("output_uri", output_uri, policy)
     storage = StorageConfig.from_options(storage_options or {})
     store = ResultStore(output_uri, storage, detect_format(output_uri, storage))
     if store.format == "parquet":
