@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recall_tasks.errors import ConfigError, DatasetError
+from recall_tasks.id_params import IdPattern, compile_id_pattern
 
 METRICS = ("recall", "precision", "hit_rate", "mrr", "ndcg")
 DEFAULT_KS = (1, 5, 10)
@@ -87,7 +88,7 @@ def normalise_ids(
     *,
     column: str,
     source: str,
-    chunk_to_doc: re.Pattern[str] | None = None,
+    chunk_to_doc: IdPattern | re.Pattern[str] | None = None,
     first_row: int = 0,
 ) -> pa.ListArray:
     """The ids of ``column`` as ``list<string>``: integers become their decimal text, chunk ids their document id.
@@ -96,13 +97,11 @@ def normalise_ids(
     are not lists, float or other non-id element types, a null inside a list, an empty id, and a chunk id that
     ``chunk_to_doc`` does not match. A null list stays null (no ids: retrieved nothing / not assessed).
     ``chunk_to_doc`` must have exactly one group (a :class:`ConfigError` otherwise); the id becomes what the group
-    captured in the first match (``re.search``).
+    captured in the first match (``re.search``), matched by RE2 in linear time (a ``re.Pattern`` too, its flags
+    kept: RE2 syntax, see :class:`recall_tasks.id_params.IdPattern`).
     """
-    if chunk_to_doc is not None and chunk_to_doc.groups != 1:
-        raise ConfigError(
-            f"the chunk-to-document pattern {chunk_to_doc.pattern!r} has {chunk_to_doc.groups} groups; it needs "
-            r"exactly one, capturing the document id (e.g. '^(.+)::chunk-\d+$')"
-        )
+    if isinstance(chunk_to_doc, re.Pattern):
+        chunk_to_doc = _from_re(chunk_to_doc)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
     typ = arr.type
@@ -151,23 +150,59 @@ def normalise_ids(
     return pa.ListArray.from_arrays(pa.array(_offsets(lists).astype(np.int32)), strings, type=_IDS, mask=mask)
 
 
+_RE_FLAGS = {re.IGNORECASE: "i", re.MULTILINE: "m", re.DOTALL: "s"}
+_NO_DOC = pa.scalar(None, pa.string())
+
+
+def _from_re(pattern: re.Pattern[str]) -> IdPattern:
+    """A ``re.Pattern`` as the :class:`IdPattern` of its text and flags (IGNORECASE, MULTILINE, DOTALL)."""
+    if pattern.groups != 1:
+        raise ConfigError(
+            f"the chunk-to-document pattern {pattern.pattern[:100]!r} has {pattern.groups} groups; it needs "
+            r"exactly one, capturing the document id (e.g. '^(.+)::chunk-\d+$')"
+        )
+    flags = pattern.flags & ~(re.UNICODE | re.ASCII)
+    inline = "".join(letter for flag, letter in _RE_FLAGS.items() if flags & flag)
+    if flags & ~(re.IGNORECASE | re.MULTILINE | re.DOTALL):
+        raise ConfigError(f"the chunk-to-document pattern {pattern.pattern[:100]!r}: only the flags i, m, s are read")
+    try:
+        return compile_id_pattern(f"(?{inline}){pattern.pattern}" if inline else pattern.pattern)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _documents(pattern: IdPattern, chunks: pa.Array) -> pa.Array:
+    """Each chunk id's document id (null: no match, or the group captured nothing), by RE2 in linear time:
+    Arrow's kernel for the whole array at once, else (a pattern the kernel refuses) id by id."""
+    if pattern.kernel is not None:
+        try:
+            found = pc.extract_regex(chunks, pattern=pattern.kernel)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # an RE2 build older than the binding's: the binding's RE2, one id at a time
+        else:
+            docs = found.field(0)
+            return pc.if_else(pc.and_(found.is_valid(), pc.greater(pc.binary_length(docs), 0)), docs, _NO_DOC)
+    search = pattern.search
+    return pa.array([search(chunk) or None for chunk in chunks.to_pylist()], pa.string())
+
+
 def _chunks_to_docs(
-    lists: pa.ListArray, strings: pa.Array, pattern: re.Pattern[str], *, column: str, source: str, first_row: int
+    lists: pa.ListArray, strings: pa.Array, pattern: IdPattern, *, column: str, source: str, first_row: int
 ) -> pa.Array:
     """Each chunk id mapped to its document id, the pattern run once per distinct id."""
     encoded = pc.dictionary_encode(strings)
-    chunks: list[str] = encoded.dictionary.to_pylist()
-    search = pattern.search
-    docs = [found.group(1) if (found := search(chunk)) else None for chunk in chunks]
-    if not all(docs):  # no match, or the group captured nothing; the dictionary is in order of first appearance
-        position = next(i for i, doc in enumerate(docs) if not doc)
+    docs = _documents(pattern, encoded.dictionary)
+    if docs.null_count:  # no match, or the group captured nothing; the dictionary is in order of first appearance
+        position = int(np.flatnonzero(np.asarray(docs.is_null()))[0])
         element = pc.equal(encoded.indices, pa.scalar(position, encoded.indices.type))
+        chunk = encoded.dictionary[position].as_py()
+        shown = pattern.pattern if len(pattern.pattern) <= 100 else f"{pattern.pattern[:100]}..."
         raise DatasetError(
-            f"the chunk id {chunks[position][:80]!r} does not match the chunk-to-document pattern "
-            f"{pattern.pattern!r} (or its group captured nothing)", uri=source, column=column,
+            f"the chunk id {chunk[:80]!r}{'...' if len(chunk) > 80 else ''} does not match the chunk-to-document "
+            f"pattern {shown!r} (or its group captured nothing)", uri=source, column=column,
             row=first_row + _first_row_with(lists, element),
         )  # fmt: skip
-    return pa.array(docs, pa.string()).take(encoded.indices)
+    return docs.take(encoded.indices)
 
 
 def normalise_relevance(

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ import pyarrow.compute as pc
 
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, RecallBenchError
+from recall_tasks.id_params import IdPattern, compile_id_pattern
 from recall_tasks.io.blocks import RowBlock, iter_row_ids
 from recall_tasks.io.columns import ID_ROLES
 from recall_tasks.io.datasets import Dataset
@@ -49,7 +49,7 @@ class IdSetup:
     """What a run's id metrics need: cut-offs, the chunk-to-document pattern, the qrels, the verdict metric."""
 
     ks: tuple[int, ...]
-    pattern: re.Pattern[str] | None
+    pattern: IdPattern | None  # --id-pattern, checked (RE2: matched in linear time)
     verdict: str
     qrels: Any = None  # io/qrels.py's table of relevant ids by row id
     columns: tuple[tuple[str, str], ...] = ()  # (role, dataset column) of the id roles the dataset has
@@ -57,7 +57,7 @@ class IdSetup:
     def column(self, role: str) -> str:
         return dict(self.columns).get(role, role)
 
-    def mapping(self, role: str) -> re.Pattern[str] | None:
+    def mapping(self, role: str) -> IdPattern | None:
         """``--id-pattern`` maps retrieved chunk ids; the relevant ids are document ids already."""
         return self.pattern if role == RETRIEVED else None
 
@@ -104,7 +104,10 @@ def build_setup(
         from recall_tasks.io.qrels import read_qrels
 
         qrels = read_qrels(params.qrels_uri, storage)
-    pattern = re.compile(params.id_pattern) if params.id_pattern else None
+    try:
+        pattern = compile_id_pattern(params.id_pattern) if params.id_pattern else None
+    except ValueError as exc:  # RunParams checked it already: a model built without validation
+        raise ConfigError(str(exc)) from None
     columns = tuple((role, dataset.columns[role]) for role in ID_ROLES if role in dataset.columns)
     return IdSetup(ks, pattern, params.verdict_metric, qrels, columns)
 
