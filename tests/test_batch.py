@@ -82,7 +82,17 @@ def test_output_lines_are_parsed_tolerantly_by_custom_id() -> None:
     lines, problems = parse_output(text)
     assert lines["a"].content == "{}" and (lines["a"].prompt_tokens, lines["a"].completion_tokens) == (7, 3)
     assert lines["b"].error == "HTTP 500: boom" and lines["c"].error == "batch_expired: too late"
-    assert problems == ["line 3 has no custom_id", f"line 6 is not JSON (a truncated file?): {json.dumps(ok)[:20]!r}"]
+    assert problems == ["line 3 has no custom_id", "line 6 is not JSON (a truncated file?): 20 bytes"]
+
+
+def test_an_output_lines_problem_names_the_line_not_its_text() -> None:
+    """A batch output file's line is quoted nowhere: a problem says its number and length (issue 58)."""
+    shadow = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"
+    odd_body = {"custom_id": "b", "response": {"status_code": 200, "body": {"choices": shadow}}}
+    lines, problems = parse_output("\n".join(["{}", shadow, json.dumps(odd_body)]))
+    assert problems == ["line 1 has no custom_id", f"line 2 is not JSON (a truncated file?): {len(shadow)} bytes"]
+    assert lines["b"].line == 3 and lines["b"].error == "the response is not a chat completion (no choices[0])"
+    assert all("saltsalt" not in text for text in [*problems, lines["b"].error])
 
 
 def test_a_batch_line_carries_the_live_judges_request_body(judge_env) -> None:

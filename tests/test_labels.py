@@ -159,6 +159,29 @@ def test_a_bad_row_is_one_error_naming_file_row_and_column(
     assert f"(file {path}, row 1, column {column!r})" in text
 
 
+SHADOW = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"
+UNIT = {"task": "contextual_recall", "statement": "Paris is in France.", "evidence": ["Paris is in France."]}
+
+
+@pytest.mark.parametrize(
+    ("rows", "column"),
+    [
+        ([dict(UNIT, label="yes"), dict(UNIT, label=SHADOW)], "label"),
+        ([ROWS[0], dict(ROWS[1], expected_score=SHADOW, labels=None)], "expected_score"),
+        ([ROWS[0], dict(ROWS[1], sentences=[SHADOW])], "sentences"),
+    ],
+    ids=["label", "expected_score", "sentences"],
+)
+def test_a_bad_value_is_named_and_quoted_cut_short(tmp_path: Path, rows: list[dict[str, Any]], column: str) -> None:
+    """The offending field is named by file, row and column; at most a short prefix of it is quoted (issue 58)."""
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DatasetError) as info:
+        load_labels(path)
+    text = str(info.value)
+    assert f"(file {path}, row 1, column {column!r})" in text and "root:$6$" in text, text
+    assert SHADOW not in text and ":99999:7:::" not in text, text
+
+
 def test_bad_files(tmp_path: Path) -> None:
     (tmp_path / "broken.jsonl").write_text('{"labels": [true]}\n{"labels": [tru\n', encoding="utf-8")
     with pytest.raises(DatasetError, match=r"line 2 is not JSON: .*\(file .*broken.jsonl\)"):

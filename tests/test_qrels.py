@@ -99,6 +99,36 @@ def test_bad_text_names_file_and_line(tmp_path: Path, text: str, message: str) -
     assert f"file {uri}" in str(info.value)
 
 
+#: A line of /etc/shadow: what ``--qrels /etc/shadow`` used to print the first 80 characters of.
+SHADOW = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"q1 0 doc-1 1\n{SHADOW}\n", "malformed qrels line 2: 1 field, expected 4 (query_id 0 doc_id relevance"),
+        (f"q1 0 doc-1 1\n{SHADOW} 0 x\n", "malformed qrels line 2: 3 fields, expected 4 (query_id 0 doc_id"),
+        (f"q1 0 doc-1 1\nq1 0 doc-2 {SHADOW}\n", "qrels line 2: relevance 'root:$6$'... is not an integer"),
+    ],
+    ids=["one-field", "three-fields", "relevance"],
+)
+def test_an_error_names_the_file_line_and_field_not_the_lines_text(tmp_path: Path, text: str, message: str) -> None:
+    uri = write_text(tmp_path, text, name="shadow")
+    with pytest.raises(DatasetError) as info:
+        read_qrels(uri)
+    said = str(info.value)
+    assert message in said and f"file {uri}" in said, said
+    assert SHADOW not in said and "saltsalt" not in said and "hashhash" not in said, said
+
+
+def test_a_conflict_names_ids_cut_short(tmp_path: Path) -> None:
+    long_id = "d" * 500
+    uri = write_text(tmp_path, f"q1 0 {long_id} 1\nq1 0 {long_id} 2\n")
+    with pytest.raises(DatasetError, match=f"doc '{'d' * 80}'... twice with different relevance") as info:
+        read_qrels(uri)
+    assert "d" * 81 not in str(info.value)
+
+
 def test_binary_that_is_not_parquet(tmp_path: Path) -> None:
     path = tmp_path / "qrels.txt"
     path.write_bytes(b"\xff\xfe\x00garbage")
@@ -166,3 +196,22 @@ def test_the_first_conflict_in_the_file_is_named(tmp_path: Path) -> None:
         DatasetError, match=re.escape("query 'a' doc 'x' twice with different relevance: 1 on line 2, 3 on line 4")
     ):
         read_qrels(write_text(tmp_path, text))
+
+
+def test_query_ids_matching_no_row_are_quoted_cut_short(tmp_path: Path) -> None:
+    """A file given as --qrels by mistake (four fields a line, an integer last) is refused before any work: its
+    lines' first fields are quoted at most 40 characters each."""
+    from recall_tasks.config import RunParams
+    from recall_tasks.errors import ConfigError
+    from recall_tasks.pipeline.steps import check_run
+
+    secret = "s3cr3t-" + "k" * 60
+    qrels = write_text(tmp_path, f"{secret} x y 1\n")
+    data = tmp_path / "eval.parquet"
+    pq.write_table(pa.Table.from_pylist([{"row_id": "r1", "question": "q", "answer": "a", "contexts": ["c"],
+                                          "retrieved_context_ids": ["d1"]}]), data)  # fmt: skip
+    params = RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "out"), metric="retrieval_ids",
+                       qrels_uri=qrels)  # fmt: skip
+    with pytest.raises(ConfigError, match="0 of 1 row ids found") as info:
+        check_run(params, contact=False)
+    assert f"query ids such as {secret[:40]!r}..." in str(info.value) and secret not in str(info.value)

@@ -93,6 +93,17 @@ def test_text_format_errors_name_file_row_and_column(tmp_path: Path) -> None:
     assert "row_id must be unique" in message and "rows 0" in message
 
 
+def test_a_csv_line_that_does_not_parse_is_named_not_quoted(tmp_path: Path) -> None:
+    """A CSV line with the wrong number of fields: its line number and counts, never its text (issue 58)."""
+    shadow = "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::"
+    path = _csv(tmp_path / "bad.csv", make_rows(3, seed=3))
+    lines = Path(path).read_text().splitlines()
+    Path(path).write_text("\n".join([*lines[:2], shadow, *lines[2:]]) + "\n")
+    message = _error(path)
+    assert path in message and "line 3" in message and f"1 field, expected {lines[0].count(',') + 1}" in message
+    assert "saltsalt" not in message and "hashhash" not in message, message
+
+
 def test_unknown_format_names_the_expected_ones(tmp_path: Path) -> None:
     path = tmp_path / "data.txt"
     path.write_text("just some words\n")

@@ -192,6 +192,14 @@ def _read(uri: str, storage: StorageConfig | None) -> tuple[list[dict[str, Any]]
 # ------------------------------------------------------------------------------------------ validation
 
 
+def _cut(value: Any, limit: int) -> str:
+    """An offending field's value quoted, cut to its first ``limit`` characters (never a whole record)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}..."
+    shown = repr(value)
+    return shown if len(shown) <= limit else f"{shown[:limit]}..."
+
+
 def _text(uri: str, i: int, column: str, value: Any, required: bool) -> str | None:
     if value is None:
         if required:
@@ -224,7 +232,8 @@ def _task(uri: str, i: int, value: Any, default: Task) -> Task:
     if value is None:
         return default
     if value not in _TASKS:
-        raise DatasetError(f"unknown task {value!r}; choose {', '.join(_TASKS)}", uri=uri, row=i, column="task")
+        raise DatasetError(f"unknown task {_cut(value, 20)}; choose {', '.join(_TASKS)}", uri=uri, row=i,
+                           column="task")  # fmt: skip
     return cast(Task, value)
 
 
@@ -245,7 +254,8 @@ def _unit_row(uri: str, i: int, rec: dict[str, Any], default: Task) -> LabelledR
     elif isinstance(label, bool):
         verdict = label
     else:
-        raise DatasetError(f'expected "yes", "no" or a boolean, found {label!r}', uri=uri, row=i, column="label")
+        raise DatasetError(f'expected "yes", "no" or a boolean, found {_cut(label, 8)}', uri=uri, row=i,
+                           column="label")  # fmt: skip
     if task == "contextual_recall":
         row = {"input": question, "expected_output": statement, "retrieval_context": evidence, "actual_output": None}
         units = split_sentences(statement)
@@ -303,7 +313,7 @@ def _dataset_rows(
             key = rows[-1].key
             if key in seen:
                 raise DatasetError(
-                    f"row_id {key!r} already used by row {seen[key]}: row ids must be unique",
+                    f"row_id {_cut(key, 80)} already used by row {seen[key]}: row ids must be unique",
                     uri=uri, row=i, column=columns["row_id"],
                 )  # fmt: skip
             seen[key] = i
@@ -323,7 +333,8 @@ def _dataset_row(uri: str, i: int, rec: dict[str, Any], columns: dict[str, str],
     score = rec.get("expected_score")
     if score is not None:
         if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
-            raise DatasetError(f"expected a number in 0..1, found {score!r}", uri=uri, row=i, column="expected_score")
+            raise DatasetError(f"expected a number in 0..1, found {_cut(score, 8)}", uri=uri, row=i,
+                               column="expected_score")  # fmt: skip
         score = float(score)
     if labels is None and score is None:
         raise DatasetError("no human verdict: give labels or expected_score", uri=uri, row=i, column="labels")
@@ -340,7 +351,7 @@ def _dataset_row(uri: str, i: int, rec: dict[str, Any], columns: dict[str, str],
         if given is not None and [s.strip() for s in given] != units:
             first = next((k for k, (a, b) in enumerate(zip(given, units, strict=False)) if a.strip() != b), None)
             detail = (
-                f"sentence {first + 1} is {given[first]!r} but the splitter gives {units[first]!r}"
+                f"sentence {first + 1} is {_cut(given[first], 40)} but the splitter gives {_cut(units[first], 40)}"
                 if first is not None
                 else f"{len(given)} sentences given, the splitter finds {len(units)}"
             )

@@ -70,6 +70,11 @@ def read_qrels(uri: str, storage: StorageConfig | None = None) -> Qrels:
     return _group(uri, *_text(raw, uri))
 
 
+def _cut(field: str, limit: int) -> str:
+    """One field of the file quoted, cut to its first ``limit`` characters."""
+    return repr(field) if len(field) <= limit else f"{field[:limit]!r}..."
+
+
 def _text(raw: bytes, uri: str) -> tuple[pa.Array, pa.Array, Ints, Callable[[int], str]]:
     try:
         text = raw.decode("utf-8")
@@ -85,14 +90,15 @@ def _text(raw: bytes, uri: str) -> tuple[pa.Array, pa.Array, Ints, Callable[[int
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue
-        if len(fields) != 4:
+        if len(fields) != 4:  # the line itself is never quoted: a file given by mistake may hold secrets
             raise DatasetError(
-                f"malformed qrels line {number}: {len(fields)} fields in {line.strip()[:80]!r}; expected {FORMAT}",
-                uri=uri,
-            )
+                f"malformed qrels line {number}: {len(fields)} field{'s' if len(fields) != 1 else ''}, expected 4 "
+                "(query_id 0 doc_id relevance, whitespace-separated; or a Parquet file with query_id, doc_id, "
+                "relevance)", uri=uri,
+            )  # fmt: skip
         grade = fields[3]
         if not _INTEGER.fullmatch(grade):
-            raise DatasetError(f"qrels line {number}: relevance {grade[:20]!r} is not an integer", uri=uri)
+            raise DatasetError(f"qrels line {number}: relevance {_cut(grade, 8)} is not an integer", uri=uri)
         if int(grade) < 0:
             raise DatasetError(f"qrels line {number}: relevance {grade} is negative (0 = judged not relevant)", uri=uri)
         queries.append(fields[0])
@@ -188,8 +194,8 @@ def _group(uri: str, queries: pa.Array, docs: pa.Array, grades: Ints, where: Cal
         at = conflict[np.argmin(order[conflict])]
         i, j = int(order[at]), int(first[at])
         raise DatasetError(
-            f"qrels judge query {queries[i].as_py()!r} doc {docs[i].as_py()!r} twice with different relevance: "
-            f"{grades[j]} on {where(j)}, {grades[i]} on {where(i)}", uri=uri,
+            f"qrels judge query {_cut(queries[i].as_py(), 80)} doc {_cut(docs[i].as_py(), 80)} twice with different "
+            f"relevance: {grades[j]} on {where(j)}, {grades[i]} on {where(i)}", uri=uri,
         )  # fmt: skip
     kept = np.sort(order[start])
     kept = kept[np.argsort(q_codes[kept], kind="stable")]

@@ -75,8 +75,8 @@ def open_parquet(fs: Any, path: str, uri: str, fh: Any, json_columns: Iterable[s
     return pq.ParquetFile(pa.BufferReader(raw))
 
 
-def _arrow_error(exc: Exception, uri: str, what: str) -> DatasetError:
-    text = one_line(exc, empty="")
+def _arrow_error(exc: Exception, uri: str, what: str, text: str | None = None) -> DatasetError:
+    text = one_line(exc, empty="") if text is None else text
     row = re.search(r"in row (\d+)", text)
     column = re.search(r"Column\(/([^)]*)\)", text)
     return DatasetError(
@@ -94,11 +94,43 @@ def _read_jsonl(fh: Any, uri: str) -> pa.Table:
         raise _arrow_error(exc, uri, "JSON lines (one JSON object per line)") from None
 
 
+_FIELD_COUNT = re.compile(r"Expected (\d+) columns, got (\d+)")
+_QUOTED = re.compile(r"'([^']{40})[^']*'")
+
+
+def _csv_error(exc: Exception, fh: Any, uri: str) -> DatasetError:
+    """A CSV that does not parse, by line and field counts: Arrow's message quotes the line itself (a file read by
+    mistake may hold secrets), so that part is dropped and a value it quotes is cut to 40 characters."""
+    text = one_line(exc, empty="")
+    counts = _FIELD_COUNT.search(text)
+    if counts is None:
+        return _arrow_error(exc, uri, "CSV", _QUOTED.sub(r"'\1'...", text))
+    expected, got = counts.groups()
+    lines: list[int] = []
+
+    def record(row: Any) -> str:
+        if row.number is not None and row.number > 0:
+            lines.append(int(row.number))
+        return "error"
+
+    try:  # again, one thread: only then does Arrow count the lines
+        fh.seek(0)
+        pcsv.read_csv(fh, read_options=pcsv.ReadOptions(use_threads=False),
+                      parse_options=pcsv.ParseOptions(invalid_row_handler=record))  # fmt: skip
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+        pass
+    where = f"line {lines[0]} has" if lines else "a line has"
+    return DatasetError(
+        f"not readable as CSV: {where} {got} field{'s' if got != '1' else ''}, expected {expected} (as the header)",
+        uri=uri,
+    )
+
+
 def _read_csv(fh: Any, uri: str, json_columns: tuple[str, ...]) -> pa.Table:
     try:
         table = pcsv.read_csv(fh)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise _arrow_error(exc, uri, "CSV") from None
+        raise _csv_error(exc, fh, uri) from None
     for name in json_columns:
         if name not in table.column_names:
             continue

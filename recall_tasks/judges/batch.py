@@ -93,8 +93,8 @@ def parse_output(text: str) -> tuple[dict[str, OutputLine], list[str]]:
             continue
         try:
             item = json.loads(raw)
-        except ValueError:
-            problems.append(f"line {n} is not JSON (a truncated file?): {raw[:80]!r}")
+        except ValueError:  # its number and length, never its text (the file's lines are the endpoint's answers)
+            problems.append(f"line {n} is not JSON (a truncated file?): {len(raw.encode('utf-8', 'replace'))} bytes")
             continue
         if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str):
             problems.append(f"line {n} has no custom_id")
@@ -126,8 +126,18 @@ def _line(item: dict[str, Any], n: int) -> OutputLine:
         out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         out.completion_tokens = int(usage.get("completion_tokens") or 0)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError):
-        out.error = f"the response is not a chat completion: {json.dumps(body)[:120]}"
+        out.error = f"the response is not a chat completion ({_missing(body)})"
     return out
+
+
+def _missing(body: dict[str, Any]) -> str:
+    """What a body that is not a chat completion lacks, in the completion's field names (never the body's text)."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "no choices[0]"
+    if not isinstance(choices[0].get("message") or {}, dict):
+        return "choices[0].message is not an object"
+    return "usage is not token counts"
 
 
 class BatchClient:

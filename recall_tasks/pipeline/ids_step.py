@@ -134,6 +134,11 @@ def setup_of(plan: Any) -> IdSetup | None:
     return _CHECKED[key]
 
 
+def _cut(value: str) -> str:
+    """An id quoted, cut to 40 characters (a file given as --qrels by mistake: its lines' first fields)."""
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
+
+
 def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> None:
     """Refused when no query id of the qrels is a row id of the dataset (as ``--retrieval-uri`` is)."""
     known = set(setup.qrels.query_ids.to_pylist())
@@ -146,10 +151,10 @@ def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> No
         elif len(examples) < 2:
             examples.append(row_id)
     if total and found == 0:
-        theirs = ", ".join(repr(v) for v in sorted(known)[:2]) or "none"
+        theirs = ", ".join(_cut(v) for v in sorted(known)[:2]) or "none"
         raise ConfigError(
             f"--qrels: 0 of {total} row ids found in {params.qrels_uri} (dataset ids such as "
-            f"{', '.join(map(repr, examples))}; the qrels have query ids such as {theirs}): the query ids must be the "
+            f"{', '.join(map(_cut, examples))}; the qrels have query ids such as {theirs}): the query ids must be the "
             'dataset\'s row_id values (docs/usage.md, "Row ids")'
         )
 
