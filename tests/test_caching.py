@@ -230,7 +230,7 @@ def cli_env(judge, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def cli_run(judge, data: str, out: Path, env: dict[str, str]) -> subprocess.Popen:
+def cli_run(judge, data: str, out: Path, env: dict[str, str], chunk_size: int = 10) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -244,7 +244,7 @@ def cli_run(judge, data: str, out: Path, env: dict[str, str]) -> subprocess.Pope
         "--base-url",
         judge.base_url,
         "--chunk-size",
-        "10",
+        str(chunk_size),
         "--max-concurrency",
         "8",
     ]
@@ -636,3 +636,60 @@ def test_rows_left_in_error_by_transient_faults_are_judged_on_rerun(prefect_harn
     assert len(judge_env.chat_requests) == 3 and second["requests"] == 3
     assert second["errors"] == 0 and second["scored"] == 40 and second["cached"] == 37
     _all_scored_right(out, second, rows)
+
+
+@pytest.mark.concurrency
+def test_entries_put_before_a_sigkill_are_found_by_the_next_cache(tmp_path):
+    """The journal: an entry reaches the store as it is put, not when its chunk's flush comes."""
+    code = (
+        "import os, signal, sys\n"
+        "from recall_tasks.io.cache import RowVerdictCache\n"
+        "from recall_tasks.io.storage import StorageConfig\n"
+        "from recall_tasks.judges.base import JudgeResponse, JudgeVerdict\n"
+        "cache = RowVerdictCache(sys.argv[1], StorageConfig.from_options(), flush_rows=10_000)\n"
+        "for i in range(25):\n"
+        "    v = [JudgeVerdict(id=1, verdict='yes', reason=f'r{i}', chunk_ids=[1])]\n"
+        "    cache.put_many({f'k{i}': JudgeResponse(verdicts=v, model='m', prompt_version='p')}, flush=False)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    uri = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-c", code, uri], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == -signal.SIGKILL
+    assert not list(Path(uri).glob("seg-*.parquet"))  # nothing was flushed
+    cache = RowVerdictCache(uri, StorageConfig.from_options())
+    found = cache.get_many([f"k{i}" for i in range(25)])
+    assert sorted(found) == sorted(f"k{i}" for i in range(25)) and found["k7"].verdicts[0].reason == "r7"
+    assert not list(cache.spill.glob("journal-*"))  # replayed into the store, then gone from the machine
+    cache.close()
+
+
+def test_a_live_caches_journal_is_left_to_it(tmp_path):
+    uri = str(tmp_path / "cache")
+    live = RowVerdictCache(uri, StorageConfig.from_options(), flush_rows=10_000)
+    live.put_many({"k": _response(1)}, flush=False)
+    other = RowVerdictCache(uri, StorageConfig.from_options())
+    assert other.get_many(["k"]) == {} and len(list(live.spill.glob("journal-*"))) == 1
+    live.close()  # flushed: its segment holds the entry, its journal is gone
+    assert not list(live.spill.glob("journal-*"))
+    assert set(RowVerdictCache(uri, StorageConfig.from_options()).get_many(["k"])) == {"k"}
+
+
+@pytest.mark.concurrency
+def test_a_sigkill_mid_chunk_loses_only_the_calls_in_flight(prefect_harness, judge_env, tmp_path):
+    """One 120-row chunk killed after 50 paid calls: the rerun pays for the other 70 (and the few in flight)."""
+    rows = make_rows(120, seed=18)
+    data = write(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    judge_env.latency_s = 0.05
+    proc = cli_run(judge_env, data, out, cli_env(judge_env), chunk_size=500)
+    assert judge_env.wait_for_requests(50, timeout=120), proc.communicate()[0] if proc.poll() is not None else ""
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    before = len(judge_env.chat_requests)
+    judge_env.latency_s = 0.0
+    rerun = cli_run(judge_env, data, out, cli_env(judge_env), chunk_size=500)
+    output, _ = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, output
+    assert len(judge_env.chat_requests) <= 120 + 8, before  # each row paid once, but the 8 calls in flight
+    got = results_of(out, DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()[0]["run_id"])
+    assert all(got[r["row_id"]]["score"] == pytest.approx(expected(r)) for r in rows)
