@@ -69,8 +69,8 @@ def capture(server: FakeOpenAI) -> dict[str, Any]:
     """Run every scenario against ``server``; the bodies it received and the results, per scenario.
 
     Each judge makes one call (``EINSTEIN``) when it is made, before its scenario (``first_call_sdk_then_lean``
-    records it too: before the lean path built its headers up front, a judge's first request went through the
-    SDK); tests/test_openai_lean.py compares the SDK path and the lean path fault by fault.
+    records it too: its name is from the judge's former two chat paths, whose first request once took the SDK's);
+    tests/test_judge_faults.py compares faults and framings with what both former paths did.
     """
     out: dict[str, Any] = {}
 

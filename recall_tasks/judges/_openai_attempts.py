@@ -1,7 +1,8 @@
-"""One HTTP attempt of the OpenAI judge, on either chat path: reserved, counted, reported, its quota rule.
+"""One HTTP attempt of the OpenAI judge: reserved, counted, reported, its quota rule.
 
-Both paths (the SDK's, through :class:`~recall_tasks.judges._openai_http.ObservedTransport` and the client's event
-hooks, and :class:`~recall_tasks.judges._openai_lean.LeanChat`) call the same functions here, in the same order:
+Every attempt goes through the judge's httpx2 client (:func:`~recall_tasks.judges._openai_http.build_client`):
+its request hook, :class:`~recall_tasks.judges._openai_http.ObservedTransport` and its response hook call the
+functions here, in this order:
 
 1. :func:`begin_attempt`: a chat-completion attempt reserves its worst case from the run's budget first
    (:class:`~recall_tasks.judges.base.AttemptGate`; ``BudgetReached``: it is not sent), then counts in the judge
@@ -48,7 +49,7 @@ def counted_attempts(already: int = 0) -> Iterator[list[int]]:
 
 
 async def reserve_attempt() -> None:
-    """Before a chat-completion attempt goes out (either path): the run's budget pays for its worst case first
+    """Before a chat-completion attempt goes out: the run's budget pays for its worst case first
     (:class:`~recall_tasks.judges.base.AttemptGate`; raises ``BudgetReached``, the attempt is not sent)."""
     gate = attempt_gate.get()
     if gate is not None:

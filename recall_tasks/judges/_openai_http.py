@@ -1,17 +1,20 @@
-"""The OpenAI judge's HTTP side: its clients on the SDK's aiohttp transport, one per event loop, and their life cycle.
+"""The OpenAI judge's HTTP side: its clients, one per event loop, every attempt observed, and their life cycle.
 
 Split from :mod:`recall_tasks.judges.openai_judge` (the judge: prompts, budgets, costs; its wire format in
-:mod:`~recall_tasks.judges._openai_wire`), which builds one client per event loop with :func:`build_client`.
-Beside it: what one attempt does and means (:mod:`~recall_tasks.judges._openai_attempts`: reserved, counted,
-reported to the circuit breaker, the quota rule), a reply read whole and bounded within its deadline
-(:mod:`~recall_tasks.judges._openai_reply`), SDK errors (:mod:`~recall_tasks.judges._openai_errors`), and every
-private member of the SDK used (:mod:`~recall_tasks.judges._openai_compat`).
+:mod:`~recall_tasks.judges._openai_wire`), which builds one client per event loop with :func:`build_client` and
+sends every chat completion with :func:`post_chat`. Beside it: what one attempt does and means
+(:mod:`~recall_tasks.judges._openai_attempts`: reserved, counted, reported to the circuit breaker, the quota
+rule), a reply read whole and bounded within its deadline (:mod:`~recall_tasks.judges._openai_reply`), the
+aiohttp transport (:mod:`~recall_tasks.judges._openai_transport`) and SDK errors
+(:mod:`~recall_tasks.judges._openai_errors`).
 
-- Every HTTP attempt (retries included) goes through :class:`ObservedTransport`, which reports it to the run's
+- One path, on the SDK's public API: ``AsyncOpenAI(http_client=...)`` with an httpx2 client built here
+  (``openai.DefaultAsyncHttpxClient``: the SDK's defaults, redirects followed), whose event hooks reserve and count
+  every attempt and apply the quota rule, and whose one transport is :class:`ObservedTransport` around the
+  judge's aiohttp transport: every HTTP attempt (retries and redirects included) is reported to the run's
   circuit breaker (:func:`~recall_tasks.judges._openai_attempts.reported_attempt`), and every chat-completion
-  attempt has a deadline and a bounded reply, on either chat path (the SDK's, or the lean one over the same
-  aiohttp session). The wire itself (framing, 1xx replies, header limits, keep-alive expiry, redirects) is
-  aiohttp's on both paths. The endpoint is named by host and port only.
+  attempt has a deadline and a bounded reply. Requests, retries (Retry-After, ``x-should-retry``, jittered
+  backoff) and typed errors are the SDK's. The endpoint is named by host and port only.
 """
 
 from __future__ import annotations
@@ -21,28 +24,21 @@ import contextlib
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx2
 import openai
 
-from recall_tasks.judges import _openai_compat as compat
 from recall_tasks.judges._openai_attempts import begin_attempt, mark_final_quota, reported_attempt
-from recall_tasks.judges._openai_reply import attempt_deadline, decoded_headers, is_chat, map_reply_errors, read_reply
+from recall_tasks.judges._openai_reply import attempt_deadline, decoded_headers, is_chat, read_reply
+from recall_tasks.judges._openai_transport import AiohttpTransport, ReplyStream, env_proxy
 from recall_tasks.judges.ratelimit import RateLimiter
 
 #: Seconds a keep-alive connection may stay idle before it is closed rather than reused (httpx2's default): a load
 #: balancer or NAT that forgets an idle connection (many do after a minute or a few) drops it silently (no FIN, no
 #: RST), and a request sent on it would wait for the whole read timeout.
 KEEPALIVE_S = 5.0
-
-
-class ChatPoster(Protocol):
-    """A chat-completions path beside the SDK's (:class:`~recall_tasks.judges._openai_lean.LeanChat`)."""
-
-    async def post(self, body: bytes) -> bytes | None: ...
 
 
 @dataclass
@@ -52,10 +48,9 @@ class _LoopState:
     rpm: RateLimiter | None
     tpm: RateLimiter | None
     closer: AsyncGenerator[None, None] | None = None
-    lean: ChatPoster | None = None  # the chat requests' path when it applies (judges/_openai_lean.py)
 
     async def close(self) -> None:
-        """Close the SDK client's connections (the lean chat path sends on them too).
+        """Close the SDK client and its connections (the aiohttp session).
 
         aiohttp closes a connection's socket in a callback of the loop's next iteration: without that iteration
         (a loop stopped right after this) the socket stays open until garbage collection (a ResourceWarning).
@@ -126,8 +121,8 @@ def endpoint_host(url: str | None, default: str = "api.openai.com") -> str:
 
 
 class ObservedTransport(httpx2.AsyncBaseTransport):
-    """Every HTTP attempt of the SDK path reported to the run's attempt observer (the circuit breaker), a chat
-    completion's within its deadline and its reply bounded; the lean path reports its own the same way."""
+    """Every HTTP attempt reported to the run's attempt observer (the circuit breaker), a chat completion's within
+    its deadline and its reply read whole and bounded (:func:`~recall_tasks.judges._openai_reply.read_reply`)."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, endpoint: str, timeout_s: float) -> None:
         self.inner = inner
@@ -135,7 +130,7 @@ class ObservedTransport(httpx2.AsyncBaseTransport):
         self.timeout_s = timeout_s
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        with reported_attempt(self.endpoint, self.timeout_s) as report, map_reply_errors():
+        with reported_attempt(self.endpoint, self.timeout_s) as report:
             if is_chat(request.url):
                 response = await self._chat(request)
             else:
@@ -151,7 +146,10 @@ class ObservedTransport(httpx2.AsyncBaseTransport):
                 headers = response.headers
                 stream = response.stream
                 assert isinstance(stream, AsyncIterable)
-                content = await read_reply(headers.get("content-encoding"), headers.get("content-length"), stream)
+                read_all = stream.read_all if isinstance(stream, ReplyStream) else None
+                content = await read_reply(
+                    headers.get("content-encoding"), headers.get("content-length"), stream, read_all
+                )
             finally:
                 await response.aclose()
         return httpx2.Response(
@@ -163,34 +161,9 @@ class ObservedTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-class _NoStrayBytesConnector(aiohttp.TCPConnector):
-    """aiohttp's connector, except that a pooled connection on which bytes arrived while it sat idle (a server
-    that wrote more than its reply: a miscounted body, a second reply) is closed, not reused. aiohttp closes such
-    a connection when the bytes come before it is released, not after: its pool hands it out again (aiohttp
-    3.14: the reuse check looks at the idle time only), and the next request takes those bytes for its reply."""
-
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        while True:
-            conn = await super().connect(req, traces, timeout)
-            protocol = conn.protocol
-            if protocol is None or not protocol.should_close:
-                return conn
-            conn.close()
-
-
-def _session_of(transport: compat.AiohttpTransport) -> Callable[[], aiohttp.ClientSession]:
-    """The session the SDK's aiohttp transport would make (its ``get_client``), on :class:`_NoStrayBytesConnector`."""
-
-    def make() -> aiohttp.ClientSession:
-        limits = transport.limits
-        limit: dict[str, Any] = {"limit": limits.max_connections} if limits.max_connections is not None else {}
-        connector = _NoStrayBytesConnector(
-            keepalive_timeout=limits.keepalive_expiry, ssl=transport.ssl_context,
-            local_addr=(transport.local_address, 0) if transport.local_address else None, **limit,
-        )  # fmt: skip
-        return aiohttp.ClientSession(connector=connector)
-
-    return make
+def endpoint_url(base_url: str | None, azure: dict[str, str]) -> str:
+    """The URL the judge's requests go to (its proxy is chosen for it)."""
+    return azure["azure_endpoint"] if azure else (base_url or "https://api.openai.com/v1")
 
 
 def build_client(
@@ -202,24 +175,17 @@ def build_client(
     max_retries: int,
     max_concurrency: int,
 ) -> openai.AsyncOpenAI:
-    """One ``AsyncOpenAI`` (``AsyncAzureOpenAI`` with ``azure``) for the running loop, on the aiohttp transport,
-    every attempt observed (:class:`ObservedTransport`) and counted (``_openai_attempts.begin_attempt``)."""
+    """One ``AsyncOpenAI`` (``AsyncAzureOpenAI`` with ``azure``) for the running loop, on the judge's aiohttp
+    transport, every attempt observed (:class:`ObservedTransport`) and counted (``_openai_attempts.begin_attempt``)."""
     hooks: dict[str, list[Callable[..., Any]]] = {"request": [_count_attempt], "response": [_quota_is_final]}
-    http: httpx2.AsyncClient
     connections = max(max_concurrency, 10)  # the default pool stops at 100 connections
     limits = httpx2.Limits(
         max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=KEEPALIVE_S
     )
-    try:  # aiohttp transport: a third of the client CPU of the default httpx pool at 100+ in flight
-        http = openai.DefaultAioHttpClient(timeout=timeout_s, event_hooks=hooks, limits=limits)
-    except (RuntimeError, ImportError):
-        http = httpx2.AsyncClient(timeout=timeout_s, limits=limits, event_hooks=hooks)
-    for transport in compat.transports(http):
-        aio = compat.aiohttp_transport(transport)
-        if aio is not None and aio.uds is None:
-            aio.client = _session_of(aio)  # made on first use, as the transport's own
-    # every attempt goes through one of these transports (the mounts: proxies from HTTP(S)_PROXY)
-    compat.wrap_transports(http, lambda t: ObservedTransport(t, endpoint, timeout_s))
+    transport = AiohttpTransport(limits, env_proxy(endpoint_url(base_url, azure)))
+    http = openai.DefaultAsyncHttpxClient(
+        transport=ObservedTransport(transport, endpoint, timeout_s), timeout=timeout_s, event_hooks=hooks
+    )
     common: dict[str, Any] = {
         "api_key": api_key or "no-key",  # a self-hosted endpoint without auth
         "timeout": timeout_s,
@@ -236,3 +202,19 @@ def build_client(
     else:
         client = openai.AsyncOpenAI(base_url=base_url, **common)
     return client
+
+
+async def post_chat(client: openai.AsyncOpenAI, body: dict[str, Any]) -> bytes:
+    """POST ``body`` to ``/chat/completions`` (``chat.completions.create``, with the SDK's retries and errors) and
+    return the 2xx reply's bytes, unparsed (the judge reads them: ``_openai_wire.read_completion``).
+
+    ``body`` is :func:`~recall_tasks.judges._openai_wire.request_body`'s: ``model`` and ``messages`` first, as
+    keywords, the rest as ``extra_body``, which the SDK sends as given, after them. So the body on the wire is
+    ``body`` in its own key order, byte for byte what the judge always sent (``tests/test_wire_golden.py``) and a
+    Batch API line holds, and the SDK does not walk the strict JSON schema to transform it."""
+    model, messages, *rest = body
+    assert (model, messages) == ("model", "messages"), body.keys()
+    raw = await client.chat.completions.with_raw_response.create(
+        model=body["model"], messages=body["messages"], extra_body={k: body[k] for k in rest}
+    )
+    return raw.content

@@ -1,7 +1,7 @@
 """A chat-completion reply, read whole and bounded within one deadline, and what a failed attempt means.
 
-Split from :mod:`recall_tasks.judges._openai_http` (the clients); used on both chat paths, the SDK's (its
-observed transport) and :mod:`~recall_tasks.judges._openai_lean`'s:
+Split from :mod:`recall_tasks.judges._openai_http` (the clients), whose observed transport calls these on every
+chat-completion attempt:
 
 - Every chat-completion attempt has a deadline for the whole exchange (:func:`attempt_deadline`: connect, send,
   the reply's head and every byte of its body within ``timeout_s``; aiohttp's own timeouts are per read, so a
@@ -39,7 +39,7 @@ class ReplyTooLargeError(httpx2.ReadError):
 @contextlib.contextmanager
 def map_reply_errors() -> Iterator[None]:
     """aiohttp's errors for a reply it refuses to parse (a header past its limits, too many headers, a malformed
-    status line), which its httpx2 transport leaves unmapped, as httpx2's ``RemoteProtocolError``: the SDK
+    status line), which the SDK's aiohttp transport left unmapped, as httpx2's ``RemoteProtocolError``: the SDK
     retries them and raises its ``APIConnectionError``, as for any broken reply, instead of a bare aiohttp error."""
     try:
         yield
@@ -85,7 +85,8 @@ async def read_reply(
     """A chat-completion reply's body from its bytes as sent, decoded by httpx2 as the SDK decodes it, refused
     (:class:`ReplyTooLargeError`) past :data:`MAX_REPLY_BYTES` as sent (its Content-Length, else its bytes as they
     come) or decoded (httpx2's decoders give at most 1 MiB at a time: a bomb stops at the bound, not its size).
-    ``read_all`` (the lean path's) reads a plain body whose Content-Length is within the bound in one call."""
+    ``read_all`` (the transport's, when it has one) reads a plain body whose Content-Length is within the bound in
+    one call."""
     limit = MAX_REPLY_BYTES
     declared = int(length) if length is not None and length.strip().isdigit() else None
     if declared is not None and declared > limit:

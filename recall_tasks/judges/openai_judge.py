@@ -28,17 +28,23 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import httpx2
 import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import _openai_wire as wire
 from recall_tasks.judges import context_window, prompts
+from recall_tasks.judges._json import dumps_compact
 from recall_tasks.judges._openai_attempts import counted_attempts
 from recall_tasks.judges._openai_errors import _error_text, check_key, translate_error
 from recall_tasks.judges._openai_extras import BatchMixin, ClaimsMixin
-from recall_tasks.judges._openai_http import _close_states, _close_with_loop, _LoopState, build_client, endpoint_host
-from recall_tasks.judges._openai_lean import dumps, lean_chat
+from recall_tasks.judges._openai_http import (
+    _close_states,
+    _close_with_loop,
+    _LoopState,
+    build_client,
+    endpoint_host,
+    post_chat,
+)
 from recall_tasks.judges.base import (
     SUBSTITUTED_FLAG,
     JudgeRequest,
@@ -208,7 +214,6 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
                 semaphore=asyncio.Semaphore(self.max_concurrency),
                 rpm=self._limiter("rpm", self.requests_per_minute),
                 tpm=self._limiter("tpm", self.tokens_per_minute),
-                lean=lean_chat(client, self.timeout_s),
             )
             self._states[loop] = state
             state.closer = _close_with_loop(self._states, loop)
@@ -316,7 +321,7 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
         (USD, prompt bytes, completion limit). A cost cap below it could pay for no request at all."""
         request = JudgeRequest(task="contextual_recall", question="", statements=[""], evidence=[])
         request.include_reason = False
-        size, limit = len(dumps(self.batch_body(request))), wire.verdict_budget(request)
+        size, limit = len(dumps_compact(self.batch_body(request))), wire.verdict_budget(request)
         return self.worst_cost(size, limit), size, limit
 
     def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
@@ -350,18 +355,13 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
             charged = sum(len(m["content"]) for m in msgs) / 4 + budget
             sent = await state.tpm.acquire(charged) if state.tpm else None
             body = self._request_kwargs(msgs, budget, schema)
-            data = dumps(body)
             gate = attempt_gate.get()
             if gate is not None:  # each attempt of this completion reserves its worst case before it is sent
-                gate.arm(self.worst_cost(len(data), budget))
+                gate.arm(self.worst_cost(len(dumps_compact(body)), budget))  # the body's bytes as the SDK sends them
             before = list(usage)
             try:
                 try:
-                    reply = await state.lean.post(data) if state.lean is not None else None
-                    if reply is None:  # the SDK: client.post skips its recursive params transform; same retries
-                        reply = (
-                            await state.client.post("/chat/completions", body=body, cast_to=httpx2.Response)
-                        ).content
+                    reply = await post_chat(state.client, body)
                 except openai.BadRequestError as exc:
                     if self._format != "none" and "response_format" in _error_text(exc):
                         fallback = wire.FORMATS[wire.FORMATS.index(self._format) + 1]
