@@ -16,22 +16,29 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from recall_tasks.id_params import IdParams
 from recall_tasks.secrets import looks_secret, redact
 
-#: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: not part
-#: of the run key, so the same command with or without them submits and collects the same batches.
+#: Parameters that only say how to wait for a ``--batch`` run's batches and what to do with failed lines: a batch
+#: record does not keep them (``batch.record.stored_params``: the collecting command chooses them).
 BATCH_CONTROL_FIELDS = frozenset(
     {"batch_wait", "poll_interval_s", "batch_timeout_s", "batch_fallback", "batch_collect_only"}
 )
 
-#: Parameters that only say which fleet-wide limit a run shares: not part of the run key either.
-RATE_CONTROL_FIELDS = frozenset({"rate_limit_key"})
-
-#: Parameters that only decide a committed run's exit code: not part of the run key (the same run, resumed or not).
-GATE_CONTROL_FIELDS = frozenset({"allow_incomparable"})
 #: Parameters of Prefect's chunk cache, removed, with their former defaults: refused when set (``_removed_chunk_cache``)
 REMOVED_FIELDS: dict[str, object] = {"chunk_cache_storage": None, "chunk_cache_days": 30.0}
-#: Whether to wait for a live attempt of the same run: not part of the run key (the same run, waited for or not).
-LOCK_CONTROL_FIELDS = frozenset({"wait_for_lock"})
 
+#: The parameters in the run key (``steps._run_key``) besides the configuration the results are scored under (the
+#: config hash's: metric, judge and its fingerprint, threshold, scale, strict mode, on_missing, output, the id
+#: metrics' settings) and the dataset's fingerprint: where the run is recorded and under which series, what its rows
+#: are made of (columns, contexts), what else it records (segments, canary, prices, which rows are refused or cut
+#: for the context window) and where and how it is paid (the endpoint, the Batch API). An allowlist: every other
+#: parameter says how the run is carried out (concurrency, chunking, rate limits, timeouts, retries, runner,
+#: storage settings, the row cache), how far it may spend (the caps: the ledger carries its spend), what is decided
+#: once it is judged (error rate, baseline, tolerance, exit gates), how a batch run waits or whether to wait for a
+#: live attempt, so a rerun that changes only those resumes the run (docs/design.md, "Resume").
+RUN_KEY_FIELDS = (
+    "dataset_uri", "dataset_name", "output_uri", "format", "catalog", "namespace", "label", "index_version",
+    "judge", "base_url", "context_window", "on_overlong", "columns", "retriever", "retrieval_uri", "context_from",
+    "context_extractor", "segment_by", "canary", "prices", "batch",
+)  # fmt: skip
 
 #: One level of an Iceberg namespace (``--namespace team.recall`` has two): pyiceberg refuses an empty or blank
 #: level; recall-bench also keeps to the characters every catalog (REST, SQL, Glue, Hive) accepts.

@@ -20,7 +20,6 @@ from recall_tasks.fleet import rate as fleet
 from recall_tasks.judges import ratelimit
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.judges.ratelimit import RateLimiter, fleet_shape, limit_key
-from recall_tasks.pipeline.steps import _run_key
 
 
 class Grants:
@@ -146,16 +145,6 @@ def test_a_key_that_looks_like_an_api_key_is_refused_without_echoing_it(monkeypa
     with pytest.raises(ValidationError):
         RunParams(dataset_uri="d.parquet", rate_limit_key="has spaces")
     assert RunParams(dataset_uri="d.parquet", rate_limit_key="team-gpt4o").rate_limit_key == "team-gpt4o"
-
-
-def test_the_rate_limit_key_is_not_part_of_the_run_key():
-    class Data:
-        fingerprint = "f"
-
-    a = RunParams(dataset_uri="d.parquet", requests_per_minute=600)
-    b = a.model_copy(update={"rate_limit_key": "team-a"})
-    assert _run_key(a, Data()) == _run_key(b, Data())  # type: ignore[arg-type]
-    assert _run_key(a, Data()) != _run_key(a.model_copy(update={"requests_per_minute": 60}), Data())  # type: ignore[arg-type]
 
 
 def test_without_a_prefect_api_the_limits_stay_per_process(monkeypatch):

@@ -22,17 +22,12 @@ import os
 import secrets as pysecrets
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow.compute as pc
 
 from recall_tasks._sync import Cancelled
-from recall_tasks.config import (
-    BATCH_CONTROL_FIELDS,
-    GATE_CONTROL_FIELDS,
-    LOCK_CONTROL_FIELDS,
-    RATE_CONTROL_FIELDS,
-    RunParams,
-)
+from recall_tasks.config import RUN_KEY_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
@@ -44,7 +39,7 @@ from recall_tasks.io.retrieval import RetrievalResults, load_retriever
 from recall_tasks.io.storage import StorageConfig, join_uri, normalize_uri
 from recall_tasks.judges.base import SUBSTITUTED_FLAG
 from recall_tasks.judges.capabilities import Preflighted
-from recall_tasks.metrics import ContextualRecall
+from recall_tasks.metrics import ContextualRecall, Metric
 from recall_tasks.pipeline import dask_paths, ids_step, progress
 from recall_tasks.pipeline.artifacts import report_link_seconds
 from recall_tasks.pipeline.canary import open_canary
@@ -97,10 +92,30 @@ def blocks(plan: RunPlan) -> Iterator[RowBlock]:
     return iter_layout(plan.dataset, window.layout, plan.params.chunk_size)
 
 
-def _run_key(params: RunParams, dataset: Dataset) -> str:
-    """Same command on the same data -> same key (an unfinished attempt with this key is resumed)."""
-    control = BATCH_CONTROL_FIELDS | RATE_CONTROL_FIELDS | GATE_CONTROL_FIELDS | LOCK_CONTROL_FIELDS
-    payload = json.dumps([params.model_dump(mode="json", exclude=set(control)), dataset.fingerprint], sort_keys=True)
+def results_config(params: RunParams, dataset: Dataset, metric: Metric) -> dict[str, Any]:
+    """What the results are scored under (metric and judge fingerprint, threshold, scale, strict mode, on_missing,
+    output, pass-through columns, chunk schema, id metrics): the config hash's payload, and part of the run key."""
+    return {
+        "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
+        "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
+        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
+    }  # fmt: skip
+
+
+def _run_key(params: RunParams, dataset: Dataset, metric: Metric) -> str:
+    """Same results of the same data in the same place -> same key (an unfinished attempt with it is resumed).
+
+    The configuration the results are scored under (:func:`results_config`), the dataset (fingerprint: every file's
+    path, size, ETag or mtime and rows; identity: its URI or ``--dataset-name``) and the parameters
+    :data:`~recall_tasks.config.RUN_KEY_FIELDS` names, its locations normalised. An allowlist: a rerun with another
+    ``--max-concurrency``, ``--chunk-size``, ``--tpm``, cap, runner... resumes the run (docs/design.md, "Resume").
+    """
+    named = {name: getattr(params, name) for name in RUN_KEY_FIELDS}
+    for name in ("dataset_uri", "output_uri", "retrieval_uri", "canary"):
+        if named[name] is not None:
+            named[name] = normalize_uri(named[name])
+    data = {"fingerprint": dataset.fingerprint, "identity": dataset.identity, "rows": dataset.row_identity}
+    payload = json.dumps([results_config(params, dataset, metric), data, named], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
@@ -196,7 +211,7 @@ def plan_run(
     if log_notes:
         for note in checked.notes:
             log.warning("%s", note)
-    run_key = _run_key(params, dataset)
+    run_key = _run_key(params, dataset, metric)
     started = dt.datetime.now(dt.UTC)
     # the lease first: an attempt that waited for another opens the row cache as that one left it
     the_run_id, started, resumed = store.begin_run(
@@ -209,11 +224,7 @@ def plan_run(
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
     spent = ledger.spent(store, run_key) if resumed else (0, 0.0)  # the budget holds per run, not per attempt
-    config = {
-        "metric": metric_fingerprint(metric), "threshold": params.threshold, "scale": params.scale,
-        "strict": params.strict_mode, "on_missing": params.on_missing, "output": normalize_uri(params.output_uri),
-        "passthrough": dataset.passthrough, "chunk_schema": CHUNK_SCHEMA_VERSION, **ids_step.config_of(params),
-    }  # fmt: skip
+    config = results_config(params, dataset, metric)
     spec = RunSpec(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, store=store,
         started_at=started, started_clock=time.perf_counter(), segment_columns=tuple(checked.segments),
