@@ -40,7 +40,7 @@ The tree, and what the pipeline does with each branch::
     ├── UnsafeOrphanRemoval           ``maintain`` refused an orphan clean-up that would not have recognised
     │                                 the table's own files: nothing deleted (io/maintenance.py)
     └── RecordChanged                 a --batch record was written by another process since it was read: the
-        │                             caller re-reads it (pipeline/batch/cas.py)
+        │                             caller re-reads it (pipeline/batch/record.py)
         └── Busy                      another process is creating one of the record's batches right now
                                       (pipeline/batch/remote.py)
 

@@ -1,4 +1,4 @@
-"""One writer at a time on a ``--batch`` run's record (``pipeline/batch/cas.py``): compare-and-swap on SeaweedFS
+"""One writer at a time on a ``--batch`` run's record (``pipeline/batch/record.py``): compare-and-swap on SeaweedFS
 and on local files, and the races it settles: ``batch cancel`` against a waiting run, two collectors that would
 each create round 2."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from recall_tasks.config import RunParams
 from recall_tasks.io.storage import StorageConfig, filesystem
-from recall_tasks.pipeline.batch import cas
+from recall_tasks.pipeline.batch.record import Record, RecordChanged, read_at, save
 from recall_tasks.pipeline.flow import recall_benchmark
 from tests import judge_script
 from tests import s3_server as _s3
@@ -38,6 +38,14 @@ def s3_output(request, monkeypatch) -> str:
     for k, v in server.env().items():
         monkeypatch.setenv(k, v)
     return f"s3://{request.getfixturevalue('s3_bucket')}/out"
+
+
+def write(fs: Any, path: str, content: dict[str, Any], token: str | None) -> str | None:
+    """Save ``content`` as a record read at ``token``; the new token."""
+    record = Record(content)
+    record.token = token
+    save(fs, path, record)
+    return record.token
 
 
 def race(n: int, fn: Callable[[int], Any]) -> list[Any]:
@@ -66,19 +74,19 @@ def test_one_writer_wins_each_race_on_the_record(where, tmp_path, request) -> No
     output = str(tmp_path / "out") if where == "local" else request.getfixturevalue("s3_output")
     fs, root = filesystem(output, StorageConfig.from_options())
     path = f"{root}/_batches/key.json"
-    created = race(6, lambda i: cas.write(fs, path, {"writer": i}, None))  # six create the record at once
+    created = race(6, lambda i: write(fs, path, {"writer": i}, None))  # six create the record at once
     (winner,) = [i for i, r in enumerate(created) if isinstance(r, str)]
-    assert all(isinstance(r, cas.RecordChanged) for i, r in enumerate(created) if i != winner), created
-    first = cas.read(fs, path)
+    assert all(isinstance(r, RecordChanged) for i, r in enumerate(created) if i != winner), created
+    first = read_at(fs, path)
     assert first == {"writer": winner} and first is not None and first.token == created[winner]
 
-    updated = race(6, lambda i: cas.write(fs, path, {"writer": 10 + i}, first.token))  # six update one version
+    updated = race(6, lambda i: write(fs, path, {"writer": 10 + i}, first.token))  # six update one version
     (winner,) = [i for i, r in enumerate(updated) if isinstance(r, str)]
-    assert sum(isinstance(r, cas.RecordChanged) for r in updated) == 5
-    assert cas.read(fs, path) == {"writer": 10 + winner}
-    with pytest.raises(cas.RecordChanged):  # the version it was read at is gone: nothing written
-        cas.write(fs, path, {"writer": "stale"}, first.token)
-    assert cas.read(fs, path) == {"writer": 10 + winner}
+    assert sum(isinstance(r, RecordChanged) for r in updated) == 5
+    assert read_at(fs, path) == {"writer": 10 + winner}
+    with pytest.raises(RecordChanged):  # the version it was read at is gone: nothing written
+        write(fs, path, {"writer": "stale"}, first.token)
+    assert read_at(fs, path) == {"writer": 10 + winner}
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -130,5 +138,5 @@ def test_two_collectors_create_round_two_once(prefect_harness, judge_env, s3_out
     assert [s["status"] for s in summaries if not isinstance(s, Exception)] == ["batch_pending"], summaries
     assert judge_env.stats["batch:create"] == 2  # round 1, and round 2 once
     fs, root = filesystem(s3_output, StorageConfig.from_options())
-    ((_, stored),) = [(p, cas.read(fs, p)) for p in fs.find(f"{root}/_batches") if p.endswith(".json")]
+    ((_, stored),) = [(p, read_at(fs, p)) for p in fs.find(f"{root}/_batches") if p.endswith(".json")]
     assert stored is not None and [p["round"] for p in stored["parts"]] == [1, 2] and stored["resubmitted"] == 4

@@ -1,11 +1,12 @@
 """One table backend per format behind ``ResultStore`` (``recall_tasks/io/tables.py``, issue 40 item 4): the shared
-commit-retry and batching helpers, the Parquet layout they write, the compare-and-swap the run lease and the
+commit-retry and batching helpers, the Parquet layout they write, the conditional write the run lease and the
 ``--batch`` record share, and what is left of the per-format switches."""
 
 from __future__ import annotations
 
 import ast
 import errno
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ from recall_tasks.io import conditional
 from recall_tasks.io.results import BACKENDS, FORMATS, ChunkPart, ResultStore
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.io.tables import BATCH_ROWS, retry_commits, row_groups
-from recall_tasks.pipeline.batch import cas
+from recall_tasks.pipeline.batch import record
 
 PACKAGE = Path(__file__).resolve().parents[1] / "recall_tasks"
 
@@ -164,24 +165,35 @@ def test_the_modules_of_io_and_analysis_stay_under_400_lines(folder: str) -> Non
     assert long == {}
 
 
-def test_the_lease_and_the_batch_record_share_one_local_compare_and_swap(tmp_path: Path) -> None:
-    path = str(tmp_path / "_batches" / "k.json")
+@pytest.mark.parametrize("protocol", ["file", "memory"])
+def test_the_batch_record_is_written_by_the_one_conditional_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    """Locally under the folder's lock; on a store without conditional requests (memory) the same compare in two
+    steps, said once in a warning (the record used to be written there unconditionally)."""
     import fsspec
 
-    fs = fsspec.filesystem("file")
-    assert cas.read(fs, path) is None
-    cas.write(fs, path, {"n": 1}, None)
-    first = cas.read(fs, path)
-    assert first == {"n": 1} and first is not None
-    obj = conditional.versioned(fs, path, "local", lock_path=f"{path}.lock")
-    got = obj.read()
-    assert got is not None and got[1] == first.token  # one version token for both
-    obj.write(b'{"n": 2}', got[1])  # another writer, through the primitive
-    with pytest.raises(cas.RecordChanged):
-        cas.write(fs, path, {"n": 3}, first.token)
+    monkeypatch.setattr(conditional, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="recall_tasks.io.conditional")
+    fs = fsspec.filesystem(protocol)
+    path = str(tmp_path / "_batches" / "k.json")
+    assert record.read_at(fs, path) is None
+    first = record.Record({"n": 1})
+    record.save(fs, path, first)
+    assert record.read_at(fs, path) == {"n": 1} and first.token is not None
+    got = conditional.read(fs, path)
+    assert got is not None and got[1] == first.token  # one version for the record and the primitive
+    conditional.write(fs, path, b'{"n": 2}', got[1])  # another writer
+    with pytest.raises(record.RecordChanged):
+        record.save(fs, path, record.Record({"n": 3}))  # a new record over an existing one
+    first["n"] = 3
+    with pytest.raises(record.RecordChanged):
+        record.save(fs, path, first)  # the version it was read at is gone
     with pytest.raises(conditional.Conflict):
-        obj.write(b"{}", None)  # a create over an existing object
-    assert cas.read(fs, path) == {"n": 2}
+        conditional.write(fs, path, b"{}", None)  # a create over an existing object
+    assert record.read_at(fs, path) == {"n": 2}
+    warned = [r.getMessage() for r in caplog.records if "no conditional write" in r.getMessage()]
+    assert len(warned) == (protocol == "memory")
 
 
 def test_a_refused_s3_precondition_is_a_conflict_however_s3fs_wraps_it() -> None:

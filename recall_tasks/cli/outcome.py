@@ -12,6 +12,7 @@ from recall_tasks._logging import inert
 from recall_tasks.cli.common import console, err, plain
 from recall_tasks.cli.output import judge_line, print_table
 from recall_tasks.config import RunParams
+from recall_tasks.io.storage import is_local
 from recall_tasks.secrets import redact
 from recall_tasks.summaries import IdleSummary, PendingSummary, RunSummary
 
@@ -31,11 +32,6 @@ def print_summary(summary: RunSummary, output: str) -> None:
                 Text(f"  open it locally: recall-bench report {summary['run_id']} --output {output} --to ."),
                 soft_wrap=True,
             )
-
-
-def is_local(uri: str) -> bool:
-    """A path a browser opens as it is (a plain path or ``file://``), not an object-storage URI."""
-    return "://" not in uri or uri.startswith("file://")
 
 
 def verdict_line(comparison: dict[str, Any], threshold: float | None = None) -> str:

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recall_tasks.io.key_index import KeyIndex
-from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, translate_storage_error
+from recall_tasks.io.storage import StorageConfig, filesystem, is_local, normalize_uri, translate_storage_error
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.settings import state_dir
 
@@ -59,14 +59,10 @@ SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("response", pa.string())])
 ROW_GROUP_ROWS = 2048  # entries per row group: the unit a lookup reads
 
 
-def _is_local(fs: Any) -> bool:
-    return type(fs).__name__ == "LocalFileSystem"
-
-
 def write_atomically(fs: Any, path: str, table: pa.Table, row_group_size: int | None = None) -> None:
     """Write a Parquet file so that readers see all of it or nothing."""
     options: dict[str, Any] = {"filesystem": fs, "compression": "zstd", "row_group_size": row_group_size}
-    if _is_local(fs):
+    if is_local(fs):
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         pq.write_table(table, tmp, **options)
         os.replace(tmp, path)
@@ -326,7 +322,7 @@ class SegmentCache:
         if len(written) < 2:
             return
         merged = f"{self.root}/seg-{self._run}-all.parquet"
-        tmp = f"{merged}.tmp-{uuid.uuid4().hex[:8]}" if _is_local(self.fs) else merged
+        tmp = f"{merged}.tmp-{uuid.uuid4().hex[:8]}" if is_local(self.fs) else merged
         try:
             with self.fs.open(tmp, "wb") as fh, pq.ParquetWriter(fh, SEGMENT_SCHEMA, compression="zstd") as writer:
                 for path in written:  # one row group (or more) per segment: lookups stay as narrow as before

@@ -63,7 +63,14 @@ from recall_tasks.io.columns import (
     passthrough_types,
     resolve_columns,
 )
-from recall_tasks.io.storage import StorageConfig, filesystem, normalize_uri, read_error, translate_storage_error
+from recall_tasks.io.storage import (
+    StorageConfig,
+    filesystem,
+    is_local,
+    normalize_uri,
+    read_error,
+    translate_storage_error,
+)
 from recall_tasks.io.textfiles import EXPECTED, TEXT_SUFFIXES, open_parquet
 
 #: Recorded per run (``runs.row_identity``): how its rows got their ids, so comparisons pair like with like.
@@ -171,9 +178,9 @@ def _list_files(fs: Any, path: str, uri: str) -> list[str]:
 
 def _not_found(fs: Any, path: str, uri: str) -> str:
     """``dataset not found: <uri>``, saying so when the bucket itself is missing (object stores)."""
-    protocol = uri.partition("://")[0].lower() if "://" in uri else "file"
     bucket = path.split("/", 1)[0]
-    if protocol not in ("file", "local") and bucket:
+    if not is_local(fs) and bucket:
+        protocol = uri.partition("://")[0].lower()
         try:
             if not fs.exists(bucket):
                 return f"dataset not found: {uri} (bucket {protocol}://{bucket} does not exist)"
@@ -209,7 +216,7 @@ def open_dataset(
     columns: dict[str, str] | None = None
     schema0: pa.Schema | None = None
     for p in paths:
-        file_uri = proto + p if proto and proto != "file://" else p
+        file_uri = p if is_local(fs) else proto + p
         try:
             with fs.open(p, "rb") as fh:
                 meta = open_parquet(fs, p, file_uri, fh, json_cols).metadata

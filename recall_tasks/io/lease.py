@@ -14,13 +14,10 @@ A second attempt of the same run meets the lease:
   of this machine that no longer exists (same host, boot and process namespace; pid gone, a zombie, or reused
   by a later process): taken over; the run resumes.
 
-Every change of the marker is conditional on the version read (:mod:`~recall_tasks.io.conditional`), so two
-attempts racing for one marker cannot both win: on S3 (s3fs) a create is a PUT with ``If-None-Match: *`` and a
-renewal, takeover or release a PUT with ``If-Match: <ETag>``, the delete a DELETE with ``If-Match`` (AWS S3 and
-SeaweedFS enforce them; a store that ignores them loses the guarantee). On a local or mounted disk each
-read-compare-write holds an exclusive ``flock`` on ``_pending/.lock`` for its few milliseconds (NFSv4 maps it to
-a lock on the server). Other fsspec stores get the same steps without an atomic compare: the lease then narrows
-the race, it does not close it.
+Every change of the marker (create, renewal, takeover, release, delete) is conditional on the version read
+(:mod:`~recall_tasks.io.conditional`: S3 ``If-None-Match``/``If-Match``, a local ``flock`` on ``_pending/.lock``),
+so two attempts racing for one marker cannot both win. Other fsspec stores get the same steps without an atomic
+compare: the lease then narrows the race, it does not close it.
 
 Expiry compares a timestamp written by the holder with the reader's clock: the hosts' clocks must agree to well
 within ``ttl_s``. Two different runs (another dataset or other options) have other run keys, other markers:
@@ -41,7 +38,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from recall_tasks.errors import ConfigError, WorkerDied
-from recall_tasks.io.conditional import Conflict, kind_of_uri, versioned
+from recall_tasks.io import conditional
+from recall_tasks.io.conditional import Conflict
 from recall_tasks.io.storage import translate_storage_error
 from recall_tasks.settings import settings
 
@@ -188,7 +186,6 @@ class RunLease:
     def __post_init__(self) -> None:
         if self.ttl_s is None:
             self.ttl_s = ttl_from_settings()
-        self._store = versioned(self.fs, self.path, kind_of_uri(self.uri))
 
     @property
     def held(self) -> bool:
@@ -198,8 +195,9 @@ class RunLease:
         return Lease(self.holder, self.attempt, acquired, now, float(self.ttl_s or DEFAULT_TTL_S))
 
     def _storage(self, step: Callable[..., Any], *args: Any) -> Any:
+        """``step`` of :mod:`~recall_tasks.io.conditional` on the marker; a storage error as one clear line."""
         try:
-            return step(*args)
+            return step(self.fs, self.path, *args)
         except Conflict:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -221,7 +219,7 @@ class RunLease:
         record: dict[str, Any]
         while True:
             now = self.clock()
-            got = self._storage(self._store.read)
+            got = self._storage(conditional.read)
             if got is None:
                 record = {"run_id": new_run_id, "started_at": started_at.isoformat(),
                           "lease": self._lease(now, now).to_json()}  # fmt: skip
@@ -252,7 +250,7 @@ class RunLease:
                 resumed = True
             try:
                 payload = json.dumps(record).encode()
-                self._version = self._storage(self._store.write, payload, None if got is None else got[1])
+                self._version = self._storage(conditional.write, payload, None if got is None else got[1])
             except Conflict:
                 continue  # another attempt changed the marker between our read and write: look again
             self._record = record
@@ -278,9 +276,9 @@ class RunLease:
             record = {**self._record, "lease": self._lease(lease.acquired, self.clock()).to_json()}
             try:
                 payload = json.dumps(record).encode()
-                self._version = self._storage(self._store.write, payload, self._version)
+                self._version = self._storage(conditional.write, payload, self._version)
             except Conflict:
-                got = self._storage(self._store.read)
+                got = self._storage(conditional.read)
                 who = "the run was committed" if got is None else self._taker(got[0])
                 self.lost = f"run {self.run_id}: this attempt's lease was not renewed in time and {who}"
                 raise LeaseLost(self.lost) from None
@@ -326,7 +324,7 @@ class RunLease:
                 return
             record = {**self._record, "lease": None}
             try:
-                self._store.write(json.dumps(record).encode(), self._version)
+                conditional.write(self.fs, self.path, json.dumps(record).encode(), self._version)
             except Exception as exc:  # noqa: BLE001 - an unreleased lease expires (or its process is gone)
                 log.warning("could not let go of the lease of run %s: %s", self.run_id, exc)
             self._version = None
@@ -340,6 +338,6 @@ class RunLease:
             if version is None or self.lost is not None:
                 return
             try:
-                self._storage(self._store.delete, version)
+                self._storage(conditional.delete, version)
             except Conflict:
                 log.warning("run %s: the marker changed under this attempt; left as it is", self.run_id)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from recall_tasks.errors import ConfigError, RecallBenchError
-from recall_tasks.io.storage import StorageConfig, filesystem
+from recall_tasks.io.storage import StorageConfig, filesystem, is_local
 from recall_tasks.io.tables import TABLES, TableBackend, retry_commits
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,8 @@ def path_key(fs: Any, path: str) -> str:
     ``/x`` and ``/a/../x`` give ``/x`` locally (fsspec's own protocol stripping, then one spelling of the path)."""
     import posixpath
 
-    from fsspec.implementations.local import LocalFileSystem
-
     stripped = str(fs._strip_protocol(path))
-    if isinstance(fs, LocalFileSystem):
+    if is_local(fs):
         return posixpath.normpath(stripped)
     return posixpath.normpath("/" + stripped).lstrip("/")
 

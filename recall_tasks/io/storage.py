@@ -196,6 +196,14 @@ def split_uri(uri: str) -> tuple[str, str]:
     return (protocol, os.path.abspath(rest)) if protocol == "file" else (protocol, rest)
 
 
+def is_local(store: str | fsspec.AbstractFileSystem) -> bool:
+    """Whether ``store`` is this machine's disk (or one mounted on it): a plain path or a ``file://`` URI, or a
+    local fsspec filesystem, where files can be renamed, locked and opened by path."""
+    if isinstance(store, str):
+        return split_uri(store)[0] == "file"
+    return isinstance(store, LocalFileSystem)
+
+
 def filesystem(uri: str, config: StorageConfig | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem serving ``uri`` and the path to give it (pyarrow accepts both as-is)."""
     config = config or StorageConfig.from_options()
@@ -212,11 +220,10 @@ def filesystem(uri: str, config: StorageConfig | None = None) -> tuple[fsspec.Ab
 
 def delta_storage_options(uri: str, config: StorageConfig | None = None) -> dict[str, str] | None:
     """``storage_options`` for deltalake: ``None`` for local paths (see the module doc for S3 commits)."""
-    protocol, _ = split_uri(uri)
-    if protocol == "file":
+    if is_local(uri):
         return None
     config = config or StorageConfig.from_options()
-    if protocol not in S3_PROTOCOLS:
+    if split_uri(uri)[0] not in S3_PROTOCOLS:
         return config.plain_extra() or None
     plain = {
         "AWS_ACCESS_KEY_ID": _plain(config.access_key_id),

@@ -19,7 +19,7 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from recall_tasks.io.storage import join_uri, normalize_uri
+from recall_tasks.io.storage import is_local, join_uri, normalize_uri
 from recall_tasks.summaries import RunRow
 
 #: The longest a presigned report link may live (SigV4's maximum).
@@ -75,9 +75,8 @@ def report_link_seconds() -> int | None:
 def browser_link(store: Any, *parts: str) -> tuple[str, str]:
     """A link to the output's file at ``parts`` for the Prefect UI, and a note on what it is (module docstring)."""
     uri = join_uri(store.output_uri, *parts)
-    norm = normalize_uri(uri)
-    if "://" not in norm:
-        return "file://" + quote(norm, safe="/"), "local file"  # a URL: a ``%`` or ``#`` in a folder name encoded
+    if is_local(uri):  # a file:// URL: a ``%`` or ``#`` in a folder name percent-encoded
+        return "file://" + quote(normalize_uri(uri), safe="/"), "local file"
     seconds = report_link_seconds()
     sign = getattr(store.fs, "sign", None)
     if seconds is not None and sign is not None:

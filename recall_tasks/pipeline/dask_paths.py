@@ -25,7 +25,7 @@ from typing import Any
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, one_line
 from recall_tasks.io.datasets import Dataset
-from recall_tasks.io.storage import split_uri
+from recall_tasks.io.storage import is_local
 
 #: Parameters that may name a local path read or written by the workers (``canary``: read by the flow, made
 #: absolute alike so a deployment's parameters mean the same wherever it runs).
@@ -41,10 +41,7 @@ def _remote(params: RunParams) -> bool:
 
 def _local(value: str) -> str | None:
     """The local path ``value`` names (``file://`` or a plain path), else None (a URL, ``block:<slug>``)."""
-    if value.startswith("block:"):
-        return None
-    protocol, _ = split_uri(value)
-    if protocol != "file":
+    if value.startswith("block:") or not is_local(value):
         return None
     return value[len("file://") :] if value.lower().startswith("file://") else value
 

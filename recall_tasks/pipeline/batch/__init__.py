@@ -1,8 +1,8 @@
 """A run judged through the OpenAI Batch API (``--batch``): submit the row-cache misses, collect, then finish live.
 
 The package: :mod:`.settle` (submit, wait, resubmit, collect), :mod:`.remote` (each remote step and the record
-writes around it), :mod:`.cas` (one writer at a time: compare-and-swap), :mod:`.record` (the record and what reads
-it without a run), :mod:`.command` (what ``batch collect`` / ``cancel`` take from the command, never from the
+writes around it), :mod:`.record` (the record, one writer at a time by compare-and-swap, and what reads it without
+a run), :mod:`.command` (what ``batch collect`` / ``cancel`` take from the command, never from the
 record), :mod:`.finish` (the collected rows served to the live run), :mod:`.checks` (what ``--batch`` refuses).
 The wire format and the calls are :mod:`recall_tasks.judges.batch` (the judge's layer). This ``__init__``
 imports nothing: ``pipeline.steps`` imports :mod:`.checks` without pulling :mod:`.settle` (which
@@ -11,7 +11,7 @@ imports ``steps``) in.
 - **Submit** (``settle.settle``, no record yet): every row the row cache cannot serve becomes a request line
   (``custom_id`` = its row-cache key, body = what the live judge would send), split at 50,000 lines / 200 MB,
   uploaded, and a batch created per part. The record ``<output>/_batches/<run key>.json`` is written before and
-  after each remote step (:mod:`.remote`), by compare-and-swap (:mod:`.cas`): the parts and their custom ids
+  after each remote step (:mod:`.remote`), by compare-and-swap (:mod:`.record`): the parts and their custom ids
   first, then ``uploading``, the file id, a claim, the batch id. A crash between the upload and the batch
   creation is resumed by the rerun from the recorded file id (or the upload found by its name, which carries the
   hash of its bytes), and the batch looked up by its metadata before another is created.

@@ -1,8 +1,10 @@
 """The record of a ``--batch`` run's batches, ``<output>/_batches/<run key>.json``, what its batches' output files
 say (:func:`outcomes`), and what reads it without a run (``recall-bench batch status | collect | cancel``).
 
-Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch.settle`), by
-compare-and-swap (:mod:`recall_tasks.pipeline.batch.cas`): one writer at a time. It holds:
+Written whole before and after each remote step (see :mod:`recall_tasks.pipeline.batch.settle`), one writer at a
+time: read with its version (:func:`read_at`) and written only if that is still the version (:func:`save`,
+:mod:`recall_tasks.io.conditional`'s conditional write: S3 ``If-Match``/``If-None-Match``, a local ``flock`` on
+``_batches/.lock``); a stale version raises :class:`RecordChanged`, and the caller re-reads and decides. It holds:
 
 - ``run_key``, ``run_id``, ``status`` (``submitting`` -> ``pending`` -> ``collected``, or ``cancelled`` by
   ``recall-bench batch cancel``), ``submitted_at`` (ISO) and ``submitted_ts`` (epoch seconds, for
@@ -22,17 +24,17 @@ compare-and-swap (:mod:`recall_tasks.pipeline.batch.cas`): one writer at a time.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from recall_tasks._sync import run_sync
 from recall_tasks.config import BATCH_CONTROL_FIELDS, RunParams
-from recall_tasks.errors import ConfigError
+from recall_tasks.errors import ConfigError, RecallBenchError
+from recall_tasks.io import conditional
 from recall_tasks.judges.batch import ACTIVE, OutputLine, parse_output
 from recall_tasks.judges.capabilities import batching
-from recall_tasks.pipeline.batch import cas
-from recall_tasks.pipeline.batch.cas import Record, RecordChanged
 
 log = logging.getLogger(__name__)  # under recall_tasks.pipeline.batch (tests and users filter on it)
 
@@ -45,9 +47,39 @@ def record_file(store: Any, run_key: str) -> str:
     return path
 
 
+class RecordChanged(RecallBenchError):
+    """The record was written by someone else since it was read (its version token is stale)."""
+
+
+class Record(dict[str, Any]):
+    """A record's content with the version it was read at (``token``: None for a record not written yet)."""
+
+    token: str | None = None
+
+
+def _encoded(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, indent=1).encode()
+
+
+def _loaded(data: bytes, token: str) -> Record:
+    record = Record(json.loads(data))
+    record.token = token
+    return record
+
+
 def read_at(fs: Any, path: str) -> Record | None:
-    """The record with the version it was read at (:mod:`recall_tasks.pipeline.batch.cas`)."""
-    return cas.read(fs, path)
+    """The record at ``path`` with the version it was read at, or None."""
+    got = conditional.read(fs, path)
+    return None if got is None else _loaded(*got)
+
+
+def save(fs: Any, path: str, record: Record) -> None:
+    """Write ``record`` if the stored version is still the one it was read at (none, for a new record) and keep
+    the new version on it; :class:`RecordChanged` otherwise (nothing written)."""
+    try:
+        record.token = conditional.write(fs, path, _encoded(record), record.token)
+    except conditional.Conflict:
+        raise RecordChanged(f"the batch record {path} was written by another process since it was read") from None
 
 
 def now() -> str:
@@ -178,17 +210,18 @@ def cancel(fs: Any, path: str, params: RunParams) -> tuple[Record, list[str]]:
     return _mark(fs, path, statuses, require_open=False), [p["batch_id"] for p in todo]
 
 
-def _mark(fs: Any, path: str, change: Any, *, require_open: bool = True, tries: int = 50) -> Record:
-    """Read, change and write the record by compare-and-swap until no other writer came in between."""
-    for _ in range(tries):
-        record = read_at(fs, path)
+def _mark(fs: Any, path: str, change: Callable[[Record], Any], *, require_open: bool = True) -> Record:
+    """Read, change and write the record until no other writer came in between (:func:`conditional.update`)."""
+
+    def marked(data: bytes | None) -> bytes:
+        record = None if data is None else Record(json.loads(data))
         if record is None or (require_open and record.get("status") not in OPEN):
             status = None if record is None else record.get("status")
             raise ConfigError(f"the batch record {path} is {status or 'gone'}, not pending: nothing cancelled")
         change(record)
-        try:
-            cas.save(fs, path, record)
-        except RecordChanged:
-            continue
-        return record
-    raise ConfigError(f"the batch record {path} kept changing under {tries} attempts to write it; try again")
+        return _encoded(record)
+
+    try:
+        return _loaded(*conditional.update(fs, path, marked))
+    except conditional.Conflict as exc:
+        raise ConfigError(f"the batch record {exc}; try again") from None

@@ -1,4 +1,4 @@
-"""The remote steps of a ``--batch`` run, each written to the record around it by compare-and-swap (:mod:`.cas`).
+"""The remote steps of a ``--batch`` run, each written to the record around it by compare-and-swap (:mod:`.record`).
 
 - **Parts** (:func:`parts`): a part's input file name carries the SHA-256 of its bytes
   (``recall-<run key>-[r2-]<part>-<sha16>.jsonl``), recorded with its size: an upload whose id was lost is found by
@@ -27,9 +27,7 @@ from recall_tasks.io.storage import join_uri
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.batch import ACTIVE, request_line, split
 from recall_tasks.judges.capabilities import batching
-from recall_tasks.pipeline.batch import cas
-from recall_tasks.pipeline.batch.cas import Record, RecordChanged
-from recall_tasks.pipeline.batch.record import read_at, record_file
+from recall_tasks.pipeline.batch.record import Record, RecordChanged, read_at, record_file, save
 from recall_tasks.pipeline.run import RunPlan
 
 log = logging.getLogger("recall_tasks.pipeline.batch.settle")  # one logger for the run's batch steps
@@ -58,7 +56,7 @@ def read_record(plan: RunPlan) -> Record | None:
 def write_record(plan: RunPlan, record: dict[str, Any]) -> None:
     """Compare-and-swap over the version the record was read at; RecordChanged if another process wrote it."""
     assert isinstance(record, Record)
-    cas.save(plan.store.fs, record_path(plan), record)
+    save(plan.store.fs, record_path(plan), record)
 
 
 def unchanged(plan: RunPlan, record: Record) -> None:

@@ -19,8 +19,7 @@ from recall_tasks.judges.batch import ACTIVE, OutputLine
 from recall_tasks.judges.capabilities import batching, prices_of
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
 from recall_tasks.pipeline.batch import remote
-from recall_tasks.pipeline.batch.cas import Record, RecordChanged
-from recall_tasks.pipeline.batch.record import OPEN, now, outcomes, stored_params
+from recall_tasks.pipeline.batch.record import OPEN, Record, RecordChanged, now, outcomes, stored_params
 from recall_tasks.pipeline.run import RunPlan
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
 from recall_tasks.summaries import IdleSummary, PendingSummary
