@@ -20,10 +20,9 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import httpx2
 
 #: The most a chat-completion reply may hold, as sent and once decoded. A verdict reply is a few KB: this only
@@ -34,18 +33,6 @@ MAX_REPLY_BYTES = 8 * 2**20
 class ReplyTooLargeError(httpx2.ReadError):
     """A chat-completion reply over :data:`MAX_REPLY_BYTES` (as sent, or decoded): the attempt fails (an httpx2
     read error: the SDK retries it as it retries a reply cut short)."""
-
-
-@contextlib.contextmanager
-def map_reply_errors() -> Iterator[None]:
-    """aiohttp's errors for a reply it refuses to parse (a header past its limits, too many headers, a malformed
-    status line), which the SDK's aiohttp transport left unmapped, as httpx2's ``RemoteProtocolError``: the SDK
-    retries them and raises its ``APIConnectionError``, as for any broken reply, instead of a bare aiohttp error."""
-    try:
-        yield
-    except aiohttp.ClientResponseError as exc:
-        what = " ".join(str(exc.message).split(": b'")[0].split())[:120]  # not the reply's bytes aiohttp quotes
-        raise httpx2.RemoteProtocolError(f"invalid reply: {what}") from exc
 
 
 @contextlib.asynccontextmanager

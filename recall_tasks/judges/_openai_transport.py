@@ -9,7 +9,7 @@ aiohttp's public API only (a ``ClientSession`` on a ``TCPConnector`` made here) 
   ``RemoteProtocolError``, which the SDK retries and reports, not a bare aiohttp error), keep-alive expiry
   (``Limits.keepalive_expiry``); redirects are httpx2's to follow (each hop an attempt of its own, as the SDK
   counts it). Bodies go out as sent and come back as sent: the caller decodes (httpx2's decoders).
-- **aiohttp's errors as httpx2's** (:func:`mapped_errors`), by the mapping the SDK's aiohttp transport uses, so
+- **aiohttp's errors as httpx2's** (:class:`_MappedErrors`), by the mapping the SDK's aiohttp transport uses, so
   the SDK retries and raises as it always did: a read timeout is ``ReadTimeout``, and any other connection error
   ``ConnectTimeout`` (refused, reset, DNS: the cause stays in the chain, which
   :func:`~recall_tasks.judges._openai_reply.describe_failure` reads).
@@ -21,16 +21,13 @@ aiohttp's public API only (a ``ClientSession`` on a ``TCPConnector`` made here) 
 
 from __future__ import annotations
 
-import contextlib
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import httpx2
-
-from recall_tasks.judges._openai_reply import map_reply_errors
 
 #: aiohttp's exceptions and the httpx2 exception each becomes; of several that match, the most derived (the SDK's
 #: aiohttp transport's table, in its order: a generic connection error is a ``ConnectTimeout`` there too).
@@ -55,18 +52,27 @@ def _mapped(exc: BaseException) -> type[httpx2.HTTPError] | None:
     return found
 
 
-@contextlib.contextmanager
-def mapped_errors() -> Iterator[None]:
-    """aiohttp's exceptions raised as httpx2's (the cause chained), its refusals of a reply's head as
-    ``RemoteProtocolError`` (:func:`~recall_tasks.judges._openai_reply.map_reply_errors`)."""
-    with map_reply_errors():
-        try:
-            yield
-        except Exception as exc:
-            target = _mapped(exc)
-            if target is None:
-                raise
+class _MappedErrors:
+    """aiohttp's exceptions raised as httpx2's (the cause chained). Its refusals of a reply it will not parse (a
+    header past its limits, too many headers, a malformed status line), which the SDK's aiohttp transport let
+    through, become ``RemoteProtocolError``: the SDK retries them and raises its ``APIConnectionError``, as for any
+    broken reply. A class, not a generator: it is entered twice an attempt."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return
+        target = _mapped(exc)
+        if target is not None:
             raise target(str(exc)) from exc
+        if isinstance(exc, aiohttp.ClientResponseError):
+            what = " ".join(str(exc.message).split(": b'")[0].split())[:120]  # not the reply's bytes aiohttp quotes
+            raise httpx2.RemoteProtocolError(f"invalid reply: {what}") from exc
+
+
+mapped_errors = _MappedErrors()
 
 
 class _NoStrayBytesConnector(aiohttp.TCPConnector):
@@ -91,13 +97,13 @@ class ReplyStream(httpx2.AsyncByteStream):
         self.response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with mapped_errors():
+        with mapped_errors:
             async for chunk in self.response.content.iter_any():
                 yield chunk
 
     async def read_all(self) -> bytes:
         """The whole body in one call (a body whose length is known)."""
-        with mapped_errors():
+        with mapped_errors:
             return await self.response.read()
 
     async def aclose(self) -> None:
@@ -155,7 +161,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         except httpx2.RequestNotRead:  # a streamed body (a file upload): aiohttp frames it
             data = request.stream
             request.headers.pop("transfer-encoding", None)
-        with mapped_errors():
+        with mapped_errors:
             response = await session.request(
                 request.method, str(request.url), headers=request.headers, data=data, allow_redirects=False,
                 auto_decompress=False, compress=False, timeout=self._timeout(request),
