@@ -414,3 +414,18 @@ def test_a_real_run_on_the_rest_catalog_keeps_its_rows_while_maintain_runs(
     assert second.exit_code == 0, second.output
     fresh = detected(out)
     assert sorted(rows_per_run(fresh).values()) == [20, 20] and len(runs_recorded(fresh)) == 2
+
+
+def test_a_parquet_glob_over_a_maintained_delta_table_reads_removed_files_too(tmp_path):
+    """docs/warehouse.md, "Read each format with its reader": after maintain, the folder still holds the files
+    compaction replaced (kept for the retention), so a glob reads rows twice; the Delta log reads them once."""
+    import pyarrow.dataset as ds
+
+    out = tmp_path / "out"
+    store = ResultStore(str(out), StorageConfig.from_options(), "delta")
+    for n in range(6):
+        night(store, n)
+    assert cli("maintain", "-o", str(out), "--keep-days", "7").exit_code == 0
+    as_delta = detected(str(out)).read_table("results").count_rows()
+    as_glob = ds.dataset(str(out / "results"), format="parquet", exclude_invalid_files=True).count_rows()
+    assert as_delta == 18 and as_glob > as_delta
