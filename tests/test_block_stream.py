@@ -114,3 +114,19 @@ def test_read_block_takes_any_rows_of_a_group(tmp_path):
     for first, rows, ids in [(3, 5, range(3, 8)), (20, 7, range(20, 27)), (26, 1, [26]), (27, 27, range(27, 54))]:
         assert read_block(ds, file_uri, first, rows).row_ids == [f"r{i}" for i in ids]
     assert read_block(ds, file_uri, 58, 10).row_ids == ["r58", "r59"]
+
+
+def test_text_that_is_not_utf8_is_one_dataset_error_naming_its_column_and_row(tmp_path):
+    """Arrow does not check a string column's UTF-8 when it reads a file (a JSON lines export with a stray
+    ``\\xff`` in a context): reading the rows is one DatasetError naming the column and the row, not a
+    UnicodeDecodeError out of the middle of the run."""
+    from recall_tasks.errors import DatasetError
+
+    lines = [json.dumps({"row_id": f"r{i}", "input": f"q {i}?", "expected_output": f"A {i}.",
+                         "retrieval_context": [f"chunk {i}"]}).encode() for i in range(30)]  # fmt: skip
+    lines[17] = lines[17].replace(b'"retrieval_context": ["', b'"retrieval_context": ["\xff\xfe ', 1)
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = open_dataset(str(path), StorageConfig.from_options())
+    with pytest.raises(DatasetError, match=r"column 'retrieval_context' holds text that is not valid UTF-8 in row 17"):
+        list(iter_blocks(ds, 10))

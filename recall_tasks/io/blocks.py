@@ -10,8 +10,8 @@
   :func:`content_hash` (every judged field) is the key of the verdict caches.
 - Role columns are cast to ``string``/``list<string>`` under their role names; pass-through columns to their
   stored type (``io/columns.stored_type``).
-- A data page that cannot be decoded is found here, when its row group is read: one DatasetError naming the
-  file, row group and rows.
+- A data page that cannot be decoded, or text that is not UTF-8, is found here, when its rows are read: one
+  DatasetError naming the file and the rows.
 """
 
 from __future__ import annotations
@@ -109,12 +109,7 @@ def role_block(
             arrays[role] = part.column(col).cast(typ)
     for role in sorted(role_cols.keys() - {*arrays, "row_id"}):  # as stored: messages (io/traces.py), ids (ids_step)
         arrays[role] = part.column(role_cols[role])
-    content = list(
-        zip(
-            *(arrays[r].to_pylist() for r in JUDGED_ROLES),
-            strict=True,
-        )
-    )
+    content = list(zip(*(_texts(arrays[r], role_cols.get(r, r), uri, first_row) for r in JUDGED_ROLES), strict=True))
     hashes = [content_hash(row) for row in content]
     if ds.has_row_id:
         row_ids = [str(v) for v in part.column(role_cols["row_id"]).to_pylist()]
@@ -129,6 +124,25 @@ def role_block(
             # safe=False: timestamps are truncated to microseconds; every other cast is lossless (stored_type)
             arrays[name] = column if column.type == target else column.cast(target, safe=False)
     return RowBlock(source=uri, first_row=first_row, row_ids=row_ids, content_hashes=hashes, table=pa.table(arrays))
+
+
+def _texts(array: pa.Array | pa.ChunkedArray, column: str, uri: str, first_row: int) -> list[Any]:
+    """The column's values; text that is not UTF-8 (Arrow does not check it on read) is one DatasetError."""
+    try:
+        values: list[Any] = array.to_pylist()
+    except UnicodeDecodeError:
+        bad = next(i for i in range(len(array)) if not _decodes(array[i]))
+        raise DatasetError(f"column {column!r} holds text that is not valid UTF-8 in row {first_row + bad}",
+                           uri=uri) from None  # fmt: skip
+    return values
+
+
+def _decodes(value: pa.Scalar) -> bool:
+    try:
+        value.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def read_block(ds: Dataset, source: str, first_row: int, rows: int, seen: Mapping[str, int] | None = None) -> RowBlock:
