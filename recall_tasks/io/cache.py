@@ -14,12 +14,8 @@ keeps each of them as its own row group (so lookups stay that narrow). Segments 
 temp file + rename; object stores: one PUT), so a reader never sees a partial segment; two runs writing the
 same entries at once only duplicate them, which lookups tolerate.
 
-The journal: every entry is also appended, as it is put, to a journal file on this machine
-(``<spill dir>/journal-<instance>-<n>.jsonl``, one JSON line each, written through to the kernel with no
-buffering in the process), so a verdict paid for reaches a store the moment it is parsed: a process killed with
-SIGKILL loses only the calls in flight, not the entries waiting for the next flush. A flush starts a new journal
-file and deletes the one its segment covers once the segment is written. The next cache opened on the same URI
-turns the journals no live process holds (an exclusive ``flock`` marks a live one) into segments, like a spill.
+Every entry is also appended, as it is put, to a journal on this machine (``io/journal.py``): a SIGKILL loses
+only the judge calls in flight; the next cache opened on the URI writes dead journals to its store, like a spill.
 
 The local spill: a flush the cache's store refuses (object storage down mid-run, credentials expired) writes its
 segment under :func:`spill_dir` instead (``<state dir>/spill/<hash of the cache URI>``, on the machine running the
@@ -30,8 +26,6 @@ deletes them locally and reads them from there.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -48,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from recall_tasks.io import journal
 from recall_tasks.io.key_index import KeyIndex
 from recall_tasks.io.storage import StorageConfig, filesystem, is_local, normalize_uri, translate_storage_error
 from recall_tasks.judges.base import JudgeResponse
@@ -103,8 +98,7 @@ class SegmentCache:
         self.spill = spill_dir(uri)
         self.spilled = 0  # entries this instance wrote to the local spill (its store refused them)
         self._spilled: dict[str, str] = {}  # and their payloads: still found by this process
-        self._journal: Any = None  # the open journal file (module docstring), created on the first put
-        self._journal_n = itertools.count()
+        self._journal = journal.Journal(self.spill, self._run)
         self.row_groups_read = 0
         try:
             self.fs.makedirs(self.root, exist_ok=True)
@@ -118,8 +112,12 @@ class SegmentCache:
         """Segments an earlier run spilled, and journals no live process holds, go to the store, then leave."""
         if not self.spill.is_dir():
             return
-        for journal in sorted(self.spill.glob("journal-*.jsonl")):
-            self._replay(journal)
+        for path, entries in journal.recover(self.spill):
+            if entries:
+                table = pa.table({"key": list(entries), "response": list(entries.values())}, schema=SEGMENT_SCHEMA)
+                write_atomically(self.fs, f"{self.root}/seg-{path.stem}.parquet", table, ROW_GROUP_ROWS)
+                log.info("recovered %d row-cache entries from %s into %s", len(entries), path, self.uri)
+            path.unlink(missing_ok=True)
         for local in sorted(self.spill.glob("seg-*.parquet")):
             try:
                 table = pq.read_table(local)
@@ -129,48 +127,6 @@ class SegmentCache:
             write_atomically(self.fs, f"{self.root}/{local.name}", table, row_group_size=ROW_GROUP_ROWS)
             local.unlink(missing_ok=True)  # another process uploading the same spill may have taken it
             log.info("uploaded %d spilled row-cache entries from %s to %s", table.num_rows, local, self.uri)
-
-    def _replay(self, journal: Path) -> None:
-        """A dead process's journal as one segment of the store (a torn last line, the kill mid-write, is left)."""
-        try:
-            fh = journal.open("rb")
-        except FileNotFoundError:  # another process replayed it first
-            return
-        with fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # a live process is writing it
-                return
-            entries: dict[str, str] = {}
-            for line in fh.read().splitlines():
-                with contextlib.suppress(ValueError, TypeError):
-                    key, payload = json.loads(line)
-                    entries[str(key)] = str(payload)
-            if entries:
-                table = pa.table({"key": list(entries), "response": list(entries.values())}, schema=SEGMENT_SCHEMA)
-                write_atomically(self.fs, f"{self.root}/seg-{journal.stem}.parquet", table, ROW_GROUP_ROWS)
-                log.info("recovered %d row-cache entries from %s into %s", len(entries), journal, self.uri)
-            journal.unlink(missing_ok=True)
-
-    def _open_journal(self) -> None:
-        """A new journal file for the entries put from now on, locked while this instance lives (under the lock)."""
-        self.spill.mkdir(parents=True, exist_ok=True)
-        path = self.spill / f"journal-{self._run}-{next(self._journal_n):06d}.jsonl"
-        fh = path.open("ab", buffering=0)
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._journal = fh
-
-    def _rotate_journal(self) -> Any:
-        """Close the journal the pending entries are in and return it (None: none); the next put opens a new one."""
-        journal, self._journal = self._journal, None
-        return journal
-
-    @staticmethod
-    def _drop_journal(journal: Any) -> None:
-        """The entries of ``journal`` are in a segment now: the file goes (unlinked before the lock is let go)."""
-        if journal is not None:
-            Path(journal.name).unlink(missing_ok=True)
-            journal.close()
 
     def _load_index(self) -> None:
         sub = f"{self.root.rstrip('/')}/{self.SUBSTORE}/"
@@ -233,23 +189,19 @@ class SegmentCache:
         The async scorer passes ``flush=False`` and flushes in a worker thread when asked: no file I/O on the loop.
         """
         with self._lock:
-            lines = []
-            for key, response in entries.items():
-                payload = self._pending[key] = self._encode(response)
-                lines.append(json.dumps([key, payload], ensure_ascii=False) + "\n")
-            self._journalled("".join(lines).encode())
+            encoded = {key: self._encode(response) for key, response in entries.items()}
+            self._pending.update(encoded)
+            self._journalled(encoded)
             ready = len(self._pending) >= self.flush_rows
         if ready and flush:
             self.flush()
         return ready
 
-    def _journalled(self, data: bytes) -> None:
-        """Append to the journal (under the lock). A journal that cannot be written is logged, never fatal: the
-        entries are still flushed at the chunk's end, as before the journal."""
+    def _journalled(self, entries: dict[str, str]) -> None:
+        """Journal the entries (under the lock). A journal that cannot be written is logged, never fatal: the
+        entries are still flushed at the chunk's end."""
         try:
-            if self._journal is None:
-                self._open_journal()
-            self._journal.write(data)
+            self._journal.append(entries)
         except OSError as exc:
             log.warning("row-cache journal in %s not written (%s): entries wait for the next flush", self.spill, exc)
 
@@ -267,7 +219,7 @@ class SegmentCache:
             if not self._pending:
                 return
             batch, self._pending = self._pending, {}
-            journal = self._rotate_journal()
+            covering = self._journal.rotate()
             path = f"{self.root}/seg-{self._run}-{next(self._counter):06d}.parquet"
         table = pa.table({"key": list(batch), "response": list(batch.values())}, schema=SEGMENT_SCHEMA)
         try:
@@ -283,16 +235,16 @@ class SegmentCache:
             except OSError:
                 with self._lock:  # keep them for the next flush (and their journal, for a rerun)
                     self._pending = {**batch, **self._pending}
-                if journal is not None:
-                    journal.close()  # unlocked: the next cache opened on this URI replays it
+                if covering is not None:
+                    covering.close()  # unlocked: the next cache opened on this URI recovers it
                 raise error from None
-            self._drop_journal(journal)
+            journal.drop(covering)
             with self._lock:
                 self._spilled.update(batch)
                 self.spilled += len(batch)
             log.warning("row cache not saved to %s (%s): %d entries kept in %s", self.uri, error, len(batch), local)
             return
-        self._drop_journal(journal)
+        journal.drop(covering)
         with self._lock:
             seg = len(self._segments)
             self._segments.append(path)
@@ -311,9 +263,9 @@ class SegmentCache:
         finally:
             with self._lock:
                 self._index, self._segments, self.read = KeyIndex(), [], False
-                journal = self._rotate_journal()
-            if journal is not None:  # entries a failed flush kept stay in it, unlocked: a rerun replays them
-                journal.close()
+                kept = self._journal.rotate()
+            if kept is not None:  # entries a failed flush kept stay in it, unlocked: a rerun recovers them
+                kept.close()
 
     def _compact(self) -> None:
         self.flush()
