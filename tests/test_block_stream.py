@@ -127,6 +127,12 @@ def test_text_that_is_not_utf8_is_one_dataset_error_naming_its_column_and_row(tm
     lines[17] = lines[17].replace(b'"retrieval_context": ["', b'"retrieval_context": ["\xff\xfe ', 1)
     path = tmp_path / "d.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    ds = open_dataset(str(path), StorageConfig.from_options())
+    with pytest.raises(DatasetError, match=r"line 18 .*row 17, column 'retrieval_context'"):
+        open_dataset(str(path), StorageConfig.from_options())  # a JSON lines file: refused when opened (textfiles)
+    import pyarrow.json as pjson
+
+    exported = tmp_path / "d.parquet"  # the same bytes through Arrow to Parquet, unchecked: found when read
+    pq.write_table(pjson.read_json(path), exported)
+    ds = open_dataset(str(exported), StorageConfig.from_options())
     with pytest.raises(DatasetError, match=r"column 'retrieval_context' holds text that is not valid UTF-8 in row 17"):
         list(iter_blocks(ds, 10))

@@ -206,14 +206,14 @@ def _dataset(data: Any, options: dict[str, Any]) -> Iterator[_Dataset]:
         return
     import pyarrow as pa
 
-    from recall_tasks.cli.memory_copy import memory_copy
+    from recall_tasks.cli.memory_copy import memory_copy, rows_table
 
     if isinstance(data, pa.Table):
         table = data
     elif isinstance(data, list):
         if not data:
             raise ConfigError("evaluate() got an empty list: no rows to score")
-        table = pa.Table.from_pylist(data)
+        table = rows_table(data)  # every dict's keys, not the first one's
     elif type(data).__module__.startswith("pandas") and hasattr(data, "to_dict"):
         table = pa.Table.from_pandas(data, preserve_index=False)
     else:

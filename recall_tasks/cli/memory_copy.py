@@ -30,6 +30,11 @@ Decisions:
   failed before its commit, or a batch run still pending, keeps the copy for the call that resumes it. A taker
   checks, once locked, that the name still holds the file it opened, so a copy removed meanwhile is written
   again, never read as gone. Copies of runs never resumed stay (private) until removed by hand.
+- **A list of dicts is read by every dict's keys** (:func:`rows_table`): the columns are the union of the keys,
+  in order of first appearance, a key a dict lacks is null in its row (pyarrow's ``from_pylist`` takes the first
+  dict's keys: a ``row_id`` or segment column missing from row 0 was dropped from every row). A column whose
+  values are of two kinds (a number, then a string) is one DatasetError naming the column and the first row
+  that differs.
 """
 
 from __future__ import annotations
@@ -42,11 +47,11 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from recall_tasks.errors import ConfigError
+from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.settings import state_dir
 
 if TYPE_CHECKING:
@@ -71,6 +76,54 @@ class MemoryCopy:
     def committed(self) -> None:
         """The run committed: the copy is removed when this hold ends (unless another run holds it)."""
         self.remove = True
+
+
+def rows_table(rows: list[Any]) -> pa.Table:
+    """``evaluate()``'s list of dicts as a table: a column per key of any dict, null where a dict lacks it."""
+    import pyarrow as pa
+
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ConfigError(f"evaluate() reads a list of dicts: row {i} is a {type(row).__name__}")
+        for key in row:
+            if not isinstance(key, str):
+                raise DatasetError(f"evaluate(): a column name is a string, not {type(key).__name__}", row=i,
+                                   column=repr(key))  # fmt: skip
+    names = list(dict.fromkeys(key for row in rows for key in row))
+    columns = {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError) as exc:
+            raise _mixed(values, name, exc) from None
+    return pa.table(columns)
+
+
+def _mixed(values: list[Any], name: str, exc: Exception) -> DatasetError:
+    """The error of a column Arrow cannot make one array of: the first row whose value does not fit the rows
+    before it (found by bisection over prefixes; Arrow's own message names neither row nor column)."""
+    import pyarrow as pa
+
+    low, high = 1, len(values)  # values[:high] fails; find the shortest failing prefix
+    while low < high:
+        mid = (low + high) // 2
+        try:
+            pa.array(values[:mid])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            high = mid
+        else:
+            low = mid + 1
+    row = high - 1
+    first = next((v for v in values[:row] if v is not None), None)
+    if first is None:  # the value alone does not fit a column (an integer above 2**64, say)
+        return DatasetError(f"evaluate(): a value Arrow cannot store ({' '.join(str(exc).split())[:120]})",
+                            row=row, column=name)  # fmt: skip
+    return DatasetError(
+        f"evaluate(): one type per column: this row holds {type(values[row]).__name__}, the rows before it "
+        f"{type(first).__name__}; make the column one type (str(value) for text)",
+        row=row, column=name,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

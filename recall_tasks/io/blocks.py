@@ -378,7 +378,7 @@ def open_file(ds: Dataset, f: DatasetFile) -> Iterator[pq.ParquetFile]:
     except Exception as exc:  # noqa: BLE001 - any fsspec backend's error, translated
         raise translate_storage_error(exc, f.uri) from None
     with fh:
-        yield open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns)
+        yield open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns, ds.text_columns)
 
 
 def group_starts(pf: pq.ParquetFile) -> list[int]:

@@ -55,6 +55,17 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The roles whose CSV cells are read as text, never type-inferred (``io/textfiles.py``): the ids (``001`` is not 1)
+#: and the text (a question ``42`` is text); the context list is JSON text, decoded.
+TEXT_ROLES = ("row_id", "input", "expected_output", "actual_output", "messages", *ID_ROLES)
+
+
+def text_columns(overrides: Mapping[str, str]) -> tuple[str, ...]:
+    """The CSV columns read as text: each text role's ``--column`` name, else every one of its default names."""
+    names = [n for role in TEXT_ROLES for n in ((overrides[role],) if role in overrides else DEFAULT_NAMES[role])]
+    return tuple(dict.fromkeys(names))
+
+
 _LIST_TYPES = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_fixed_size_list)
 
 

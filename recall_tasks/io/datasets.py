@@ -21,6 +21,7 @@ Bad inputs (each a :class:`DatasetError`, or a :class:`StorageError` for storage
 ``open_dataset`` before anything is judged or written; "row N" is the 0-based row index within the file):
 - an empty URI, a URI without a path (``s3://``) or with an unknown protocol;
 - a folder without ``.parquet``/``.pq`` files, a glob matching nothing (both named as such);
+- a JSON lines or CSV file whose text is not UTF-8 (named by line, row and column: ``io/textfiles.py``);
 - a file that is not Parquet or is truncated; every file's schema must equal the first file's (same column
   names and types, pass-through columns included), so a mixed folder fails here, not halfway through a run;
 - a required column missing or of the wrong type (``expected list<string>, found ...``);
@@ -62,6 +63,7 @@ from recall_tasks.io.columns import (
     check_unique_names,
     passthrough_types,
     resolve_columns,
+    text_columns,
 )
 from recall_tasks.io.storage import (
     StorageConfig,
@@ -105,6 +107,7 @@ class Dataset:
     passthrough_types: dict[str, pa.DataType] = field(default_factory=dict)
     identity: str = ""  # what makes runs one series: the normalised URI, or "name:<--dataset-name>"
     json_columns: tuple[str, ...] = ()  # CSV columns decoded from JSON text (io/textfiles.py)
+    text_columns: tuple[str, ...] = ()  # CSV columns read as text, not type-inferred (io/columns.text_columns)
 
     @property
     def row_identity(self) -> str:
@@ -212,6 +215,7 @@ def open_dataset(
     proto = uri.split("://", 1)[0] + "://" if "://" in uri else ""
     json_columns = (overrides or {}).get("retrieval_context")
     json_cols = (json_columns,) if json_columns else DEFAULT_NAMES["retrieval_context"]
+    text_cols = text_columns(overrides or {})
     files: list[DatasetFile] = []
     columns: dict[str, str] | None = None
     schema0: pa.Schema | None = None
@@ -219,7 +223,7 @@ def open_dataset(
         file_uri = p if is_local(fs) else proto + p
         try:
             with fs.open(p, "rb") as fh:
-                meta = open_parquet(fs, p, file_uri, fh, json_cols).metadata
+                meta = open_parquet(fs, p, file_uri, fh, json_cols, text_cols).metadata
                 schema = meta.schema.to_arrow_schema()
             info = fs.info(p)
         except DatasetError:
@@ -267,6 +271,7 @@ def open_dataset(
         has_row_id="row_id" in columns,
         passthrough_types=types,
         json_columns=json_cols,
+        text_columns=text_cols,
     )
     if ds.has_row_id:
         _check_unique_ids(ds)
@@ -329,7 +334,7 @@ def _id_batches(ds: Dataset, col: str) -> Iterator[tuple[str, int, list[Any]]]:
     for f in ds.files:
         try:
             with ds.fs.open(f.path, "rb") as fh:
-                pf = open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns)
+                pf = open_parquet(ds.fs, f.path, f.uri, fh, ds.json_columns, ds.text_columns)
                 offset = 0
                 for batch in pf.iter_batches(batch_size=_ID_BATCH_ROWS, columns=[col]):
                     values = batch.column(0).to_pylist()

@@ -6,9 +6,11 @@
   chunk id to its document id first. Ids compare as strings.
 - **When.** Always in a ``retrieval_ids`` run (which needs both sides: refused otherwise); in a judged run whenever
   both sides are there, at no extra request (the judge never sees the ids).
-- **Checks, before any write** (:func:`check_ids`): ``--k``, ``--verdict-metric``, the qrels (refused when their
-  query ids match no row id), and every id value of the dataset and retrieval file (:func:`scan`): a null id, a
-  list holding nulls, a float id or a negative relevance is one ``error:`` line naming the file, row and column.
+- **Checks, before any write** (:func:`check_ids`): ``--k``, ``--verdict-metric``, the qrels (their coverage by
+  ``--retrieval-uri``'s rule: refused when they judge none of the row ids, or when under ``--on-missing error``
+  the rows they lack exceed ``--max-error-rate``; else a note with the count), and every id value of the dataset
+  and retrieval file (:func:`scan`): a null id, a list holding nulls, a float id or a negative relevance is one
+  ``error:`` line naming the file, row and column.
 - **Per row** (:func:`with_id_metrics`): the ``id_metrics`` map column (``"recall@10" -> 0.8``; null when the row
   is not assessed: no relevant ids) and the normalised id columns replace the ones read. A ``retrieval_ids``
   run's chunk is built here whole (:func:`score_ids_block`): ``score`` is the ``--verdict-metric`` value,
@@ -18,7 +20,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,8 @@ from recall_tasks.metrics.retrieval_ids import IDS_VERSION, NO_JUDGE
 
 RETRIEVED, RELEVANT, RELEVANCE = ID_ROLES
 NOT_ASSESSED = "not assessed: no relevant document ids (reference_context_ids empty or absent)"
+#: The reason when the relevant ids come from ``--qrels`` (``{}``: its URI)
+NOT_IN_QRELS = "not assessed: no relevant document ids for this row id in --qrels {}"
 NO_RETRIEVED = "not assessed: no retrieved ids for this row (--retrieval-uri lacks it, or the retriever gave none)"
 _IDS = pa.list_(pa.string())
 
@@ -53,6 +57,7 @@ class IdSetup:
     verdict: str
     qrels: Any = None  # io/qrels.py's table of relevant ids by row id
     columns: tuple[tuple[str, str], ...] = ()  # (role, dataset column) of the id roles the dataset has
+    note: str | None = None  # the checks' note: the qrels lack some rows (:func:`check_ids`)
 
     def column(self, role: str) -> str:
         return dict(self.columns).get(role, role)
@@ -119,7 +124,7 @@ def check_ids(
     setup = build_setup(params, dataset, storage, retrieval, retriever)
     if setup is not None:
         if setup.qrels is not None:
-            _check_qrels_rows(params, dataset, setup)
+            setup = replace(setup, note=_check_qrels_rows(params, dataset, setup))
         scan(dataset, setup, retrieval)
     _CHECKED[params.model_dump_json()] = setup
     return setup
@@ -139,8 +144,13 @@ def _cut(value: str) -> str:
     return repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
 
 
-def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> None:
-    """Refused when no query id of the qrels is a row id of the dataset (as ``--retrieval-uri`` is)."""
+def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> str | None:
+    """The qrels' coverage of the rows, by ``--retrieval-uri``'s rule (``checks.check_retrieval_coverage``).
+
+    Refused when no row id of the dataset has judgements; refused too when, under ``--on-missing error``, the rows
+    without judgements exceed ``--max-error-rate``: the run's figures would be those of the few rows judged, with
+    a CI of a handful of rows (1 of 100 read recall@10 1.0 [1, 1], completed). Otherwise a note with the count
+    (those rows are not assessed), None when every row id has judgements."""
     known = set(setup.qrels.query_ids.to_pylist())
     total = found = 0
     examples: list[str] = []
@@ -157,6 +167,17 @@ def _check_qrels_rows(params: RunParams, dataset: Dataset, setup: IdSetup) -> No
             f"{', '.join(map(_cut, examples))}; the qrels have query ids such as {theirs}): the query ids must be the "
             'dataset\'s row_id values (docs/usage.md, "Row ids")'
         )
+    if found == total:
+        return None
+    head = f"--qrels: {found} of {total} row ids found in the qrels file {params.qrels_uri}; the {total - found} others"
+    such = f"(such as {', '.join(map(_cut, examples))})"
+    if params.on_missing == "error" and (total - found) / total > params.max_error_rate:
+        raise ConfigError(
+            f"{head} {such} have no judgements and would not be assessed: more than --max-error-rate "
+            f"{params.max_error_rate:g} of the rows (--on-missing error), the run's figures would be those of the "
+            f"{found} judged alone; give the qrels every row id, or --on-missing skip to score the {found} judged"
+        )
+    return f"{head} {such} have no judgements: not assessed (no id metrics; skipped in a retrieval_ids run)"
 
 
 def scan(dataset: Dataset, setup: IdSetup, retrieval: RetrievalResults | None) -> None:
@@ -165,7 +186,7 @@ def scan(dataset: Dataset, setup: IdSetup, retrieval: RetrievalResults | None) -
     if roles:
         for f in dataset.files:
             with dataset.fs.open(f.path, "rb") as fh:
-                pf = open_parquet(dataset.fs, f.path, f.uri, fh, dataset.json_columns)
+                pf = open_parquet(dataset.fs, f.path, f.uri, fh, dataset.json_columns, dataset.text_columns)
                 table = pf.read(columns=list(dict.fromkeys(roles.values())))
             found = {
                 role: normalise_ids(table.column(col), column=col, source=f.uri, chunk_to_doc=setup.mapping(role))
@@ -286,7 +307,8 @@ def score_ids_block(plan: Any, block: RowBlock) -> pa.Table:
     n = block.table.num_rows
     score = ids.values.column(setup.verdict) if setup.verdict in ids.values.column_names else pa.nulls(n, pa.float64())
     assessed = pc.is_valid(score)
-    reason = pc.if_else(assessed, pa.scalar(None, pa.string()), pa.scalar(NOT_ASSESSED))
+    unassessed = NOT_ASSESSED if setup.qrels is None else NOT_IN_QRELS.format(setup.qrels.uri)
+    reason = pc.if_else(assessed, pa.scalar(None, pa.string()), pa.scalar(unassessed))
     if ids.missing.any():
         reason = pc.if_else(pa.array(ids.missing), pa.scalar(NO_RETRIEVED), reason)
     where = [block.where(i) for i in range(n)]

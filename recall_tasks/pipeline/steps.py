@@ -148,9 +148,9 @@ def check_run(params: RunParams, *, contact: bool = True) -> Checked:
         detail = " ".join(str(exc).split())[:200]
         raise ConfigError(f"cannot open the output {params.output_uri}: {detail}") from None
     check_results_schema(dataset, store)
-    ids_step.check_ids(params, dataset, storage, retrieval, retriever is not None)  # before any write
+    ids = ids_step.check_ids(params, dataset, storage, retrieval, retriever is not None)  # before any write
     check_baseline_reference(params, store, dataset)
-    notes = []
+    notes = [ids.note] if ids is not None and ids.note else []  # qrels that lack some rows
     if retrieval is not None:
         note = check_retrieval_coverage(params, dataset, retrieval)
         if note:
