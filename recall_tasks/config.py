@@ -184,6 +184,12 @@ class RunParams(IdParams):
     allow_incomparable: bool = Field(
         False, description="With --fail-on-regression: an incomparable comparison passes (exit 0)"
     )
+    require_baseline: bool = Field(
+        False,
+        description="A completed run with no baseline to compare with (the first of its series, or every earlier "
+        "run failed or budget-stopped) fails the flow run (exit 7): a nightly gate that a renamed or moved dataset "
+        "cannot pass unnoticed",
+    )
     retriever: str | None = Field(
         None, description="module:function filling retrieval_context from the questions at run time"
     )

@@ -58,9 +58,10 @@ Exit codes of ``recall-bench run`` and ``recall-bench batch collect`` (and the f
          resumes
     5    a budget stopped judging: rows committed with status budget_exhausted (flow run Failed)
     6    incomparable to its baseline with --fail-on-regression, unless --allow-incomparable (flow run Failed)
+    7    no baseline to compare with and --require-baseline is set (BaselineMissing; flow run Failed)
     130  interrupted (SIGINT; 143 for SIGTERM): nothing committed, judged rows cached for the rerun
 
-When several apply to one run, the first of 4, 5, 3, 6 is the code (``publish.raise_for_outcome``).
+When several apply to one run, the first of 4, 5, 3, 6, 7 is the code (``publish.raise_for_outcome``).
 
 Every message says what to fix. No message ever contains an API key or a storage secret
 (see ``recall_tasks.secrets.redact``).
@@ -194,6 +195,12 @@ class IncomparableBaseline(RecallBenchError):
     def __init__(self, message: str, summary: RunSummary | None = None) -> None:
         super().__init__(message)
         self.summary: RunSummary = summary if summary is not None else cast("RunSummary", {})  # {}: unpickled
+
+
+class BaselineMissing(RegressionDetected):
+    """``require_baseline`` is set and the completed run had no baseline to compare with (exit 7); results are
+    committed. A :class:`RegressionDetected` for the callers that gate on it (``evaluate()``, a Prefect flow run
+    ends Failed); the CLI tells the two apart by the summary's ``baseline_missing`` (``cli.outcome.print_outcome``)."""
 
 
 class RunInterrupted(RecallBenchError):

@@ -101,6 +101,7 @@ class RunSummary(RunRow, total=False):
 
     comparison: dict[str, Any]
     no_baseline: str  # why there is no comparison: "first run of its series", "no comparable baseline (…)"…
+    baseline_missing: str  # --require-baseline and no comparison: the gate's message (exit 7)
     report_uri: str
 
 

@@ -126,8 +126,8 @@ UNKEYED: dict[str, Any] = {
     "dask_address": "tcp://127.0.0.1:8786", "storage_options": {"region": "eu-west-1"}, "cache": False,
     "refresh_cache": True, "cache_uri": "other-cache", "max_cost_usd": 1.0, "max_requests": 80,
     "max_error_rate": 0.5, "baseline": None, "tolerance": 0.1, "fail_on_regression": True,
-    "allow_incomparable": True, "batch_wait": True, "poll_interval_s": 5.0, "batch_timeout_s": 60.0,
-    "batch_fallback": "live", "batch_collect_only": True, "wait_for_lock": True,
+    "allow_incomparable": True, "require_baseline": True, "batch_wait": True, "poll_interval_s": 5.0,
+    "batch_timeout_s": 60.0, "batch_fallback": "live", "batch_collect_only": True, "wait_for_lock": True,
 }  # fmt: skip
 
 #: Parameters that reach the key through the metric's fingerprint (``scoring.metric_fingerprint``, the config

@@ -137,3 +137,40 @@ def test_cli_history_and_comparisons_query(prefect_harness, tmp_path):
         app, ["query", "SELECT verdict FROM comparisons WHERE segment_column IS NULL", "--output", out]
     )
     assert query.exit_code == 0 and "regressed" in query.output
+
+
+def test_two_index_versions_as_two_files_point_at_dataset_name_and_require_baseline_gates(prefect_harness, tmp_path):
+    """golden_v1.parquet then golden_v2.parquet into one output: two series. The first run of the second says the
+    other exists and names the flag that joins it; that flag makes the gate fire; --require-baseline exits 7."""
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+    from tests.test_outcomes import flow_run_state
+    from tests.test_verdicts import runs_of
+
+    out = str(tmp_path / "out")
+    rows = make_rows(40, seed=3)
+    v1 = write(tmp_path / "golden_v1.parquet", rows)
+    v2 = write(tmp_path / "golden_v2.parquet", degrade(rows, 2))
+    runner = CliRunner()
+    assert runner.invoke(app, ["run", v1, "--output", out]).exit_code == 0
+    second = runner.invoke(app, ["run", v2, "--output", out, "--fail-on-regression"], env={"COLUMNS": "300"})
+    assert second.exit_code == 0, second.output
+    assert (
+        "first run of its series: no baseline to compare with; this output holds another series of "
+        "contextual_recall: golden_v1 (--dataset-name golden_v1 compares this run with it)" in second.output
+    ), second.output
+    joined = runner.invoke(app, ["run", v2, "--output", out, "--fail-on-regression", "--dataset-name", "golden_v1"])
+    assert joined.exit_code == 3 and "regressed" in joined.output, joined.output
+    # a nightly gate that must compare: a run with no baseline is its own exit code, the flow run Failed
+    v3 = write(tmp_path / "golden_v3.parquet", rows)
+    gated = runner.invoke(app, ["run", v3, "--output", out, "--fail-on-regression", "--require-baseline"],
+                          env={"COLUMNS": "300"})  # fmt: skip
+    assert gated.exit_code == 7, gated.output
+    assert "no baseline: run " in gated.output and "(--require-baseline): first run of its series" in gated.output
+    assert "regression:" not in gated.output
+    (run,) = [r for r in runs_of(out) if r["dataset"] == "golden_v3"]
+    assert run["status"] == "completed" and flow_run_state(run["flow_run_id"]).is_failed()
+    # with a baseline it passes: the same file again
+    again = runner.invoke(app, ["run", v3, "--output", out, "--require-baseline", "--label", "again"])
+    assert again.exit_code == 0 and "vs baseline" in again.output, again.output

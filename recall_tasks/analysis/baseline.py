@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from recall_tasks.analysis.comparability import incomparable_reasons
 from recall_tasks.errors import ConfigError
 
-__all__ = ["earlier_statuses", "find_baseline", "no_baseline_text"]
+__all__ = ["earlier_statuses", "find_baseline", "no_baseline_text", "other_series"]
 
 #: The statuses ``--baseline latest`` and ``label:`` never choose, in the order ``no_baseline_text`` names them.
 NEVER_CHOSEN = ("failed", "budget_exhausted")
@@ -61,11 +61,16 @@ def _overall(runs: pa.Table) -> pa.Table:
 
 
 def _series(overall: pa.Table, dataset: str, metric: str, dataset_id: str | None) -> pa.Table:
-    """The overall rows of one series: ``dataset_id``'s runs (and runs recorded before it by ``dataset`` name)."""
+    """The overall rows of one series: ``dataset_id``'s runs (and runs recorded before it by ``dataset`` name).
+
+    A named series (``name:<--dataset-name>``) also holds the runs recorded under that dataset name at any
+    location: ``--dataset-name golden_v1`` on a run of ``golden_v2.parquet`` joins the runs of ``golden_v1.parquet``.
+    """
     same_dataset = _eq(overall, "dataset", dataset)
     if dataset_id is not None and "dataset_id" in overall.column_names:
         ids = _strings(overall, "dataset_id")
-        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), pc.and_(pc.is_null(ids), same_dataset))
+        by_name = same_dataset if dataset_id.startswith("name:") else pc.and_(pc.is_null(ids), same_dataset)
+        same_dataset = pc.or_(pc.fill_null(pc.equal(ids, dataset_id), False), by_name)
     return overall.filter(pc.and_(same_dataset, _eq(overall, "metric", metric)))
 
 
@@ -82,6 +87,20 @@ def earlier_statuses(
     for status in statuses or ["completed"] * series.num_rows:
         counts[status or "completed"] = counts.get(status or "completed", 0) + 1
     return counts
+
+
+def other_series(runs: pa.Table, *, dataset: str, metric: str, dataset_id: str | None = None) -> list[str]:
+    """The dataset names of the other series of ``metric`` in ``runs`` (not this one), most recent first: what
+    ``--dataset-name`` would name to compare a first run with one of them."""
+    overall = _overall(runs)
+    if "metric" not in overall.column_names or "dataset" not in overall.column_names:
+        return []
+    same_metric = overall.filter(_eq(overall, "metric", metric))
+    mine = set(_strings(_series(same_metric, dataset, metric, dataset_id), "run_id").to_pylist())
+    others = same_metric.filter(
+        pc.invert(pc.is_in(_strings(same_metric, "run_id"), pa.array(sorted(mine), pa.string())))
+    )
+    return _distinct_recent(others, "dataset", limit=3)
 
 
 def no_baseline_text(earlier: dict[str, int]) -> str | None:

@@ -52,6 +52,8 @@ def incomparable_reasons(current_run: Mapping[str, Any], baseline_run: Mapping[s
         a, b = current_run.get(key), baseline_run.get(key)
         if key in COMPARABLE_KEYS_V2 and b is None:
             continue  # the baseline predates this field
+        if key == "dataset_id" and str(a or "") == f"name:{baseline_run.get('dataset')}":
+            continue  # --dataset-name NAME joins the runs recorded as NAME at any location (baseline._series)
         if a != b:
             differs.add(key)
             if not differs & _IMPLIED_BY.get(key, set()):  # "judge differs" says it all: not also its model

@@ -324,7 +324,10 @@ def compare_runs(
         uri_a
         and uri_b
         and uri_a != uri_b
-        and not (named and current_run.get("dataset_id") == baseline_run.get("dataset_id"))
+        and not (
+            named
+            and current_run.get("dataset_id") in (baseline_run.get("dataset_id"), f"name:{baseline_run.get('dataset')}")
+        )
     ):
         warnings.append(f"the baseline's dataset URI differs (current {uri_a!r}, baseline {uri_b!r})")
 

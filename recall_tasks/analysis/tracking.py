@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.dataset as pads
 
-from recall_tasks.analysis.baseline import earlier_statuses, find_baseline, no_baseline_text
+from recall_tasks.analysis.baseline import earlier_statuses, find_baseline, no_baseline_text, other_series
 from recall_tasks.analysis.ids_regression import attach, compare_ids
 from recall_tasks.analysis.regression import Comparison, compare_runs
 from recall_tasks.analysis.worst_rows import WorstRow, lost_statements
@@ -77,19 +77,27 @@ def _recall_name(params: Any) -> str:
 
 
 def why_no_baseline(plan: Any) -> str:
-    """Why a committed run was not compared: ``--baseline none``, the first run of its series, or ``no comparable
-    baseline (N earlier runs: …)`` when every earlier run failed or was stopped by a budget."""
+    """Why a committed run was not compared: ``--baseline none``, the first run of its series (and, when the output
+    holds another series of the metric, the ``--dataset-name`` that joins it), or ``no comparable baseline (N
+    earlier runs: …)`` when every earlier run failed or was stopped by a budget."""
     if not plan.params.baseline:
         return "not compared (--baseline none)"
     runs_ds = plan.store.read_table("runs")
     if runs_ds is None:
         return "first run of its series"
-    earlier = earlier_statuses(
-        runs_ds.to_table(columns=["run_id", "dataset", "metric", "segment_column", "status", "dataset_id"]),
-        dataset=plan.dataset.name, metric=plan.params.metric, exclude_run_id=plan.run_id,
-        dataset_id=plan.dataset.identity,
-    )  # fmt: skip
-    return no_baseline_text(earlier) or "no baseline found"
+    columns = ["run_id", "dataset", "metric", "segment_column", "status", "dataset_id", "finished_at"]
+    runs = runs_ds.to_table(columns=[c for c in columns if c in runs_ds.schema.names])
+    name, metric, identity = plan.dataset.name, plan.params.metric, plan.dataset.identity
+    earlier = earlier_statuses(runs, dataset=name, metric=metric, exclude_run_id=plan.run_id, dataset_id=identity)
+    why = no_baseline_text(earlier) or "no baseline found"
+    others = other_series(runs, dataset=name, metric=metric, dataset_id=identity) if not sum(earlier.values()) else []
+    if others:
+        shown = ", ".join(others)
+        why += (
+            f"; this output holds {'another series' if len(others) == 1 else 'other series'} of {metric}: {shown} "
+            f"(--dataset-name {others[0]} compares this run with {'it' if len(others) == 1 else others[0]})"
+        )
+    return why
 
 
 def largest_drops(store: Any, run_id: str, baseline_id: str, limit: int = 10) -> list[WorstRow]:

@@ -56,9 +56,11 @@ Exit codes of run and batch collect:
        status budget_exhausted, the rest counted not_judged
   6    incomparable to its baseline (judge drift or a changed configuration)
        with --fail-on-regression, unless --allow-incomparable
+  7    no baseline to compare with (the first run of its series, or every
+       earlier run failed) with --require-baseline
   130  interrupted (143 on SIGTERM)
-When several apply, the code is the first of 4, 5, 3, 6. A Prefect flow run
-ends Failed for 3, 4, 5 and 6."""
+When several apply, the code is the first of 4, 5, 3, 6, 7. A Prefect flow
+run ends Failed for 3, 4, 5, 6 and 7."""
 
 
 app = typer.Typer(
@@ -150,6 +152,7 @@ def run(
     allow_incomparable: Annotated[bool, _opt("allow_incomparable", "--allow-incomparable")] = _field(
         "allow_incomparable"
     ),
+    require_baseline: Annotated[bool, _opt("require_baseline", "--require-baseline")] = _field("require_baseline"),
     retriever: Annotated[str | None, _opt("retriever")] = _field("retriever"),
     retrieval_uri: Annotated[str | None, _opt("retrieval_uri")] = _field("retrieval_uri"),
     k: Annotated[str, _opt("k", "--k")] = _field("k"),
@@ -208,6 +211,7 @@ def run(
                     "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
                     "canary": canary,
                     "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
+                    "require_baseline": require_baseline,
                     "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
                     "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
                     "units": units, "extractor_model": extractor_model, "context_from": context_from,

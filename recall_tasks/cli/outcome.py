@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import typer
 from rich.text import Text
 
 from recall_tasks._logging import inert
@@ -55,7 +56,10 @@ def verdict_line(comparison: dict[str, Any], threshold: float | None = None) -> 
 
 
 def print_outcome(summary: RunSummary, output: str) -> None:
-    """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4)."""
+    """Summary table, verdict line, report path and warnings: printed for every committed run (exit 0, 3, 4...).
+
+    A run that ``--require-baseline`` stopped (``BaselineMissing``, a ``RegressionDetected``: the caller is about to
+    print a regression and exit 3) ends here with its own line and exit 7."""
     if not summary:
         return
     print_summary(summary, output)
@@ -78,13 +82,17 @@ def print_outcome(summary: RunSummary, output: str) -> None:
         )
     if summary.get("status") == "budget_exhausted":
         err.print(f"[yellow]{plain(budget_line(summary))}[/]", soft_wrap=True)
+    if summary.get("baseline_missing"):  # --require-baseline: exit 7 (the flow raised BaselineMissing)
+        err.print(f"[bold red]no baseline:[/] {plain(summary['baseline_missing'])}", soft_wrap=True)
+        raise typer.Exit(code=7)
 
 
 def no_baseline_line(why: str | None) -> str:
     """What a run with no comparison prints: why there is none, and, when every earlier run failed or was stopped
     by a budget, that such runs are never chosen automatically."""
-    if why is None or why == "first run of its series":
-        return "first run of its series: no baseline to compare with"
+    first = "first run of its series"
+    if why is None or why.startswith(first):  # "…; this output holds another series of …: --dataset-name …"
+        return f"{first}: no baseline to compare with{(why or first)[len(first) :]}"
     if why.startswith("no comparable baseline"):
         return (
             f"{why}: a failed or budget-stopped run is never chosen as a baseline (--baseline RUN_ID may name a "

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 
 from recall_tasks.analysis import tracking
 from recall_tasks.analysis.regression import Comparison
-from recall_tasks.errors import BudgetExhausted, IncomparableBaseline, RegressionDetected, RunFailed
+from recall_tasks.errors import BaselineMissing, BudgetExhausted, IncomparableBaseline, RegressionDetected, RunFailed
 from recall_tasks.pipeline.artifacts import artifact_key, browser_link, summary_table
 from recall_tasks.reports.alerts import alert_for_run, alert_resource
 from recall_tasks.reports.comparison import comparison_markdown
@@ -143,7 +143,8 @@ def raise_for_outcome(plan: Any, summary: RunSummary) -> None:
     """End the flow run Failed unless the run completed and passes its gate; the first that applies:
 
     a failed run (exit 4), a budget stop (exit 5), with ``fail_on_regression`` a regression (exit 3), then an
-    incomparable comparison unless ``allow_incomparable`` (exit 6). The summary travels in the exception.
+    incomparable comparison unless ``allow_incomparable`` (exit 6), then, with ``require_baseline``, no comparison
+    at all (exit 7). The summary travels in the exception.
     """
     if summary["status"] == "failed":
         raise RunFailed(f"run {plan.run_id} failed: {summary['status_reason']}", summary)
@@ -166,3 +167,9 @@ def raise_for_outcome(plan: Any, summary: RunSummary) -> None:
             f"{comparison.get('reason')} (--fail-on-regression; --allow-incomparable lets such a run pass)",
             summary,
         )
+    if not comparison and getattr(p, "require_baseline", False):
+        summary["baseline_missing"] = (
+            f"run {plan.run_id} has no baseline to compare with (--require-baseline): "
+            f"{summary.get('no_baseline') or 'no baseline found'}"
+        )
+        raise BaselineMissing(summary["baseline_missing"], summary)
