@@ -204,16 +204,24 @@ def build_client(
     return client
 
 
+#: ``openai.omit``, the SDK's documented way to leave a keyword out of a request, typed ``Any``: ``create`` types
+#: ``messages`` as required (and checks that it is passed, not what it holds)
+_OMITTED: Any = openai.omit
+
+
 async def post_chat(client: openai.AsyncOpenAI, body: dict[str, Any]) -> bytes:
     """POST ``body`` to ``/chat/completions`` (``chat.completions.create``, with the SDK's retries and errors) and
     return the 2xx reply's bytes, unparsed (the judge reads them: ``_openai_wire.read_completion``).
 
-    ``body`` goes whole as ``extra_body``, beside ``model`` and an empty ``messages`` as keywords: the SDK documents
-    that ``extra_body``'s values take precedence over the keywords', and merged, the keys keep the keywords'
-    places (``model``, ``messages``, then the rest in ``body``'s order). So the body on the wire is
-    :func:`~recall_tasks.judges._openai_wire.request_body`'s in its own key order, byte for byte what the judge
-    always sent (``tests/test_wire_golden.py``) and what a Batch API line holds (typed keywords would put
-    ``temperature`` after ``response_format``), and the SDK's params transform walks nothing: walking the messages
-    as TypedDict unions was a third of ``create``'s CPU in a profile (``benchmarks/_cpu_child.py --profile``)."""
-    raw = await client.chat.completions.with_raw_response.create(model=body["model"], messages=[], extra_body=body)
+    ``body`` (:func:`~recall_tasks.judges._openai_wire.request_body`'s, ``model`` first) goes whole as
+    ``extra_body``, whose values the SDK documents as taking precedence; of ``create``'s keywords only ``model`` is
+    given (Azure's client routes to the deployment by it), ``messages`` is ``openai.omit``. The SDK then sends
+    ``model`` and after it the rest of ``body`` in its own order: what the judge always sent and what a Batch API
+    line holds, byte for byte (``tests/test_wire_golden.py``), on every SDK version. Typed keywords would take the
+    places the SDK's version gives them (3.0 puts ``messages`` before ``model``, 3.57 after it; both put
+    ``temperature`` after ``response_format``), and the SDK's params transform would walk every message as a union
+    of TypedDicts (a quarter of ``create``'s CPU in a ``benchmarks/_cpu_child.py --profile`` at ``428cbfe``)."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=body["model"], messages=_OMITTED, extra_body=body
+    )
     return raw.content
