@@ -136,6 +136,23 @@ def test_demo_prints_what_the_readme_shows_and_its_queries_work(prefect_harness,
     assert list((tmp_path / "recall-output" / "reports").glob("*.html"))
 
 
+@pytest.mark.concurrency
+def test_a_second_demo_into_one_output_lists_its_own_five_least_supported_rows(prefect_harness, tmp_path):
+    """The worst-rows table reads this run's rows only: a second demo listed each row twice (both runs')."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop("OPENAI_API_KEY", None)
+    env.pop("RECALL_OUTPUT", None)
+    tables = []
+    for _ in range(2):
+        demo = run_cli(["demo"], tmp_path, env)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        after = demo.stdout.split("The five least supported rows", 1)[1]
+        tables.append(re.findall(r"^│ (\S+)\s+│", after, re.M))
+    assert tables[1] == tables[0] == ["empty-ctx", "everest-1", "python-1", "tokyo-1", "water-1"], tables
+
+
 def test_the_readme_is_a_front_door_whose_links_and_figures_hold():
     """At most 250 lines; every local link resolves; every measured figure names its script and its commit."""
     assert len(README.splitlines()) <= 250

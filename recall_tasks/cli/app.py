@@ -288,14 +288,16 @@ def demo(
             raise RuntimeError(f"the demo run ended {summary['status']}")
         print_summary(summary, output)
         console.print("\nThe five least supported rows and their unsupported sentences:", soft_wrap=True)
-        # ties broken by row_id: the demo prints the same table every time (the README test compares it)
-        _print_query(_store(output, "delta", None), output, _DEMO_WORST_ROWS, limit=5, fmt="table")
+        # this run's rows only (a second demo into one output must not list each row twice); ties broken by
+        # row_id: the demo prints the same table every time (the README test compares it)
+        worst = _DEMO_WORST_ROWS.format(run_id=summary["run_id"].replace("'", "''"))
+        _print_query(_store(output, "delta", None), output, worst, limit=5, fmt="table")
 
 
 _DEMO_WORST_ROWS = (
     "SELECT row_id, category, score, coalesce(nullif(array_to_string(list_transform("
     "list_filter(verdicts, lambda v: v.verdict <> 'yes'), lambda v: v.statement), ' / '), ''), reason) "
-    "AS not_supported FROM results ORDER BY score NULLS FIRST, row_id LIMIT 5"
+    "AS not_supported FROM results WHERE run_id = '{run_id}' ORDER BY score NULLS FIRST, row_id LIMIT 5"
 )
 
 
