@@ -2,7 +2,8 @@
 
 ``run`` and ``demo --regression`` print the same two tables (read from the committed ``comparisons`` and
 ``results`` tables, the queries shown so they can be rerun with ``recall-bench query``): the segments whose mean
-dropped most (``--segment-by``) and the paired rows whose score dropped most. The HTML report lists the
+dropped most (``--segment-by``; the verdict's metric, then, in a run with document ids, the id metrics, each row
+naming its metric) and the paired rows whose score dropped most. The HTML report lists the
 sentences each row lost. Nothing here can fail a committed run: a table that cannot be read is one note.
 """
 
@@ -19,6 +20,7 @@ from recall_tasks.errors import RecallBenchError
 #: Rows and segments listed; the query printed with them lists them all.
 ROWS, SEGMENTS = 5, 3
 _RUN_ID = re.compile(r"[0-9A-Za-z-]+")  # run ids are ``20261204T081434Z-34962b``: safe inside SQL quotes
+_METRIC = re.compile(r"[0-9A-Za-z_@]+")  # contextual_recall, retrieval_ids, recall@10: the same
 
 
 def lost_rows_sql(baseline_run: str, current_run: str) -> str:
@@ -31,13 +33,15 @@ def lost_rows_sql(baseline_run: str, current_run: str) -> str:
     )
 
 
-def lost_segments_sql(baseline_run: str, current_run: str) -> str:
-    """The segments of the comparison whose mean dropped, most first."""
+def lost_segments_sql(baseline_run: str, current_run: str, metric: str | None = None, *, others: bool = False) -> str:
+    """The segments of the comparison whose mean dropped, most first: of ``metric`` (the run's verdict), or with
+    ``others`` of every other metric compared (a judged run's id metrics: recall@10, ...), each row its metric's."""
+    where = "" if metric is None else f" AND metric {'<>' if others else '='} '{metric}'"
     return (
-        "SELECT segment_column, segment_value, verdict, round(mean_delta, 4) AS mean_delta, n_paired, "
+        "SELECT metric, segment_column, segment_value, verdict, round(mean_delta, 4) AS mean_delta, n_paired, "
         "flips_pass_to_fail AS pass_to_fail FROM comparisons "
-        f"WHERE comparison_id = '{current_run}__{baseline_run}' AND segment_column IS NOT NULL AND mean_delta < 0 "
-        "ORDER BY mean_delta, segment_column, segment_value"
+        f"WHERE comparison_id = '{current_run}__{baseline_run}' AND segment_column IS NOT NULL AND mean_delta < 0"
+        f"{where} ORDER BY mean_delta, metric, segment_column, segment_value"
     )
 
 
@@ -60,8 +64,15 @@ def print_losses(summary: Any, output: str, store: Any) -> None:
     current, baseline = str(comparison["current_run_id"]), str(comparison["baseline_run_id"])
     if not (_RUN_ID.fullmatch(current) and _RUN_ID.fullmatch(baseline)):
         return
+    metric = str(summary.get("metric") or "")
+    if not _METRIC.fullmatch(metric):
+        return
     try:
-        _table(store, "Segments that lost most:", lost_segments_sql(baseline, current), SEGMENTS, output)
+        _table(store, "Segments that lost most:", lost_segments_sql(baseline, current, metric), SEGMENTS, output)
+        _table(
+            store, "Segments that lost most by the id metrics (reported, not the verdict):",
+            lost_segments_sql(baseline, current, metric, others=True), SEGMENTS, output,
+        )  # fmt: skip
         _table(
             store, "Rows that lost most (the HTML report lists the sentences each lost):",
             lost_rows_sql(baseline, current), ROWS, output,
