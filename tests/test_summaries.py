@@ -16,7 +16,7 @@ from tests.test_window import PoolExecutor, plan_for
 def test_the_run_row_has_the_runs_tables_columns_in_order() -> None:
     assert list(typing.get_type_hints(RunRow)) == RUN_SCHEMA.names
     assert RunRow.__required_keys__ == frozenset(RUN_SCHEMA.names)
-    assert RunSummary.__optional_keys__ == {"comparison", "no_baseline", "report_uri"}
+    assert RunSummary.__optional_keys__ == {"comparison", "no_baseline", "baseline_missing", "report_uri"}
 
 
 def test_the_status_literals_are_what_the_pipeline_writes() -> None:
