@@ -29,6 +29,9 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
     """The run summary as two-column rows (Prefect table artifact, CLI table).
 
     ``threshold`` follows ``pass_rate``: a pass is a score at or above it, and a pass rate means nothing without it.
+    A ``retrieval_ids`` run's pass rate is named ``hit_rate@k`` (a row passes when a relevant id is in its top k,
+    whatever the threshold, which is not shown); a run with document ids shows its mean recall, nDCG and MRR at
+    every k after it.
     """
     keys = [
         "run_id",
@@ -56,9 +59,36 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
         "cost_usd",
         "wall_seconds",
     ]
-    rows = [{"field": k, "value": _fmt(summary.get(k))} for k in keys]
+    if summary.get("metric") == "retrieval_ids":  # success is "a relevant id in the top k": no threshold applies
+        keys.remove("threshold")
+    rows = [{"field": _field_name(summary, k), "value": _fmt(summary.get(k))} for k in keys]
+    at = keys.index("pass_rate") + 1
+    rows[at:at] = id_metric_rows(summary)
     if summary.get("canary_id"):
         rows.append({"field": "canary", "value": canary_text(summary)})
+    return rows
+
+
+#: The id metrics the summary shows, one row per family (every k of ``--k``); the rest are in ``results.id_metrics``.
+ID_FAMILIES = ("recall", "ndcg", "mrr")
+
+
+def _field_name(summary: Mapping[str, Any], key: str) -> str:
+    """A summary field's name; a ``retrieval_ids`` run's pass rate is what its ``success`` counts: hit_rate@k."""
+    if key == "pass_rate" and summary.get("metric") == "retrieval_ids":
+        return "hit_rate@" + str(summary.get("verdict_metric") or "recall@10").rpartition("@")[2]
+    return key
+
+
+def id_metric_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``recall@1/5/10  0.5 / 0.8 / 0.95``: the run's mean id metrics (a run with document ids), one row a family."""
+    means = summary.get("id_metrics") or {}
+    rows = []
+    for family in ID_FAMILIES:
+        ks = sorted((int(k) for name in means for f, _, k in [name.partition("@")] if f == family and k.isdigit()))
+        if ks:
+            values = " / ".join(_fmt(means[f"{family}@{k}"]) for k in ks)
+            rows.append({"field": f"{family}@{'/'.join(map(str, ks))}", "value": values})
     return rows
 
 
