@@ -37,3 +37,20 @@ def test_a_retrieval_ids_run_prints_its_id_metrics_and_names_its_pass_rate_hit_r
     assert re.fullmatch(r"[0-9.]+ / [0-9.]+ / [0-9.]+", cells["mrr@1/5/10"]), done.output
     fields = list(cells)
     assert fields.index("hit_rate@10") + 1 == fields.index("recall@1/5/10"), fields
+
+
+def test_evaluate_to_pandas_gives_one_float_column_per_id_metric() -> None:
+    import pandas as pd
+
+    from recall_tasks import evaluate
+
+    rows = id_rows(12, ints=True, lose=0.5)
+    rows[3]["reference_context_ids"] = []  # not assessed: NaN, not a missing column
+    frame = evaluate(rows, metric="retrieval_ids", on_missing="skip").to_pandas()
+    assert "id_metrics" not in frame.columns
+    names = [f"{m}@{k}" for k in (1, 5, 10) for m in ("recall", "precision", "hit_rate", "mrr", "ndcg")]
+    assert set(names) <= set(frame.columns), list(frame.columns)
+    assert all(frame[name].dtype == "float64" for name in names)
+    assessed = [r for i, r in enumerate(rows) if i != 3]
+    assert frame["recall@5"].drop(index=3).mean() == pytest.approx(recall_at(assessed, 5))
+    assert pd.isna(frame.loc[3, "recall@10"]) and frame.loc[3, "skipped"]

@@ -67,8 +67,22 @@ class Evaluation:
     output: str | None
 
     def to_pandas(self) -> pd.DataFrame:
-        """The per-row results as a pandas DataFrame (one row per dataset row)."""
-        return self.results.to_pandas()
+        """The per-row results as a pandas DataFrame (one row per dataset row); the ``id_metrics`` map of a run with
+        document ids is one float column per metric in its place (``recall@1``, ..., ``ndcg@10``: NaN where the row
+        was not assessed), not a column of lists of pairs."""
+        import pyarrow as pa
+
+        table = self.results
+        if "id_metrics" not in table.column_names or not pa.types.is_map(table.schema.field("id_metrics").type):
+            return table.to_pandas()
+        from recall_tasks.analysis.ids_aggregates import metric_names, values_of
+
+        at = table.column_names.index("id_metrics")
+        column = table.column(at)
+        table = table.remove_column(at)
+        for offset, name in enumerate(metric_names(column)):
+            table = table.add_column(at + offset, name, pa.array(values_of(column, name), pa.float64()))
+        return table.to_pandas()
 
     @property
     def comparison(self) -> dict[str, Any] | None:
