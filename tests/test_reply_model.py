@@ -175,3 +175,29 @@ def test_the_fake_names_another_model_only_when_told(judge_env):
     judge_env.reply_model = FALLBACK
     assert client.chat.completions.create(**body).model == FALLBACK
     client.close()
+
+
+def test_a_run_whose_replies_came_from_another_model_says_so_once_and_in_its_summary(
+    prefect_harness, judge_env, tmp_path
+):
+    """Every reply from llama-3-8b-instruct for gpt-4o-mini: recorded and counted, but the run printed nothing and its
+    summary read ``judge_model gpt-4o-mini``."""
+    from typer.testing import CliRunner
+
+    from recall_tasks.cli.app import app
+
+    data = write_parquet(tmp_path / "eval.parquet", make_rows(12, seed=32))
+    judge_env.reply_model = FALLBACK
+    done = CliRunner().invoke(
+        app, ["run", data, "-o", str(tmp_path / "out"), "--judge", "openai", "--base-url", judge_env.base_url],
+        env={"COLUMNS": "250"},
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    warnings = [line for line in done.output.splitlines() if FALLBACK in line and line.startswith("warning:")]
+    assert warnings == [
+        f"warning: 12 row(s) were judged by {FALLBACK}, not gpt-4o-mini: the replies named another model (a "
+        "gateway's fallback); their verdicts are not cached and results.reply_model names the model of each row"
+    ], done.output
+    assert re.search(rf"│ judge_model\s+│ gpt-4o-mini \(asked; 12 rows answered by {FALLBACK}\)\s+│", done.output), (
+        done.output
+    )

@@ -14,6 +14,7 @@ from recall_tasks.cli.common import console, err, plain
 from recall_tasks.cli.output import judge_line, print_table
 from recall_tasks.config import RunParams
 from recall_tasks.io.storage import is_local
+from recall_tasks.reports.summary import substitution
 from recall_tasks.secrets import redact
 from recall_tasks.summaries import IdleSummary, PendingSummary, RunSummary
 
@@ -74,6 +75,14 @@ def print_outcome(summary: RunSummary, output: str) -> None:
         )
     else:
         console.print(plain(no_baseline_line(summary.get("no_baseline"))), soft_wrap=True)
+    replied = substitution(summary)
+    if replied is not None:
+        err.print(
+            f"[yellow]warning:[/] {replied[0]} row(s) were judged by {plain(replied[1])}, not "
+            f"{plain(str(summary.get('judge_model')))}: the replies named another model (a gateway's fallback); "
+            "their verdicts are not cached and results.reply_model names the model of each row",
+            soft_wrap=True,
+        )
     if summary.get("top_error"):
         err.print(
             f"[yellow]{summary['errors']} row(s) ended with an error; most common ({summary['top_error_count']} "

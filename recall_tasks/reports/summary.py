@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
+from recall_tasks.judges.base import other_model
 from recall_tasks.reports.markdown import md_code, md_text
 from recall_tasks.summaries import RunSummary
 
@@ -62,11 +63,25 @@ def summary_rows(summary: RunSummary) -> list[dict[str, str]]:
     if summary.get("metric") == "retrieval_ids":  # success is "a relevant id in the top k": no threshold applies
         keys.remove("threshold")
     rows = [{"field": _field_name(summary, k), "value": _fmt(summary.get(k))} for k in keys]
+    replied = substitution(summary)
+    if replied is not None:  # judge_model is the model asked for: say who answered
+        rows[keys.index("judge_model")]["value"] += f" (asked; {replied[0]} rows answered by {replied[1]})"
     at = keys.index("pass_rate") + 1
     rows[at:at] = id_metric_rows(summary)
     if summary.get("canary_id"):
         rows.append({"field": "canary", "value": canary_text(summary)})
     return rows
+
+
+def substitution(summary: Mapping[str, Any]) -> tuple[int, str] | None:
+    """``(rows, "llama-3-8b-instruct")`` when replies from another model than the one asked for judged rows (a
+    gateway's fallback: ``runs.substituted_rows``, the other ``reply_models``); None when every reply was its own."""
+    rows = summary.get("substituted_rows") or 0
+    if not rows:
+        return None
+    asked = str(summary.get("judge_model") or "")
+    others = [m for m in summary.get("reply_models") or [] if other_model(asked, m)]
+    return int(rows), ", ".join(others) or "another model"
 
 
 #: The id metrics the summary shows, one row per family (every k of ``--k``); the rest are in ``results.id_metrics``.
