@@ -3,6 +3,19 @@
 A run's rows are appended to ``results`` in ONE Delta commit (readers see all of them or none), then its run rows
 to ``runs``; new pass-through columns are merged into the table schema. Each append carries a Delta app
 transaction (``txn``) named by its commit id, so nothing is appended twice (see :meth:`DeltaBackend.append`).
+
+Where the tables are, as deltalake (1.6) is given it (:func:`table_location`), and the outputs it cannot take
+(:func:`location_problem`, :func:`check_location`). deltalake reads a location as a URL and builds another from it;
+found by writing to such folders:
+
+* a local output is handed over as its plain path (a ``file://`` output too: as a URL, its ``?`` or ``#`` would end
+  the path and its escapes be decoded). ``[ ] ^ |`` in it make deltalake panic at the commit (an invalid internal
+  URL), ``\\`` is taken for ``/``, a ``%`` escape (``%20``, ``%2F``) is decoded, so the tables would go to another
+  folder (``recall v2``), a control character is refused: all refused. ``? # % { } é`` and spaces work.
+* an object-store output (``s3://``; ``gs://`` and ``az://`` go through the same URL parsing) is handed over with its
+  key percent-encoded (the same object keys for every character that worked as it was): raw, ``?`` and ``#`` cut the
+  key (``night?v2`` wrote to ``night``) and ``[ ] ^ |`` made deltalake panic; encoded, they work. A ``%`` escape
+  (decoded twice: ``%2520`` ends as ``' '``), ``\\`` and control characters do not: refused.
 """
 
 from __future__ import annotations
@@ -10,12 +23,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow.dataset as pads
 
-from recall_tasks.io.storage import StorageConfig, delta_storage_options, join_uri
+from recall_tasks.errors import ConfigError
+from recall_tasks.io.storage import StorageConfig, delta_storage_options, join_uri, split_uri
 from recall_tasks.io.tables import Rows, TableName, retry_commits
 
 #: logged under ``io.results``, where commits have always been logged (log configurations filter on it)
@@ -26,6 +43,112 @@ COMMIT_ATTEMPTS = 4
 
 #: Delta data files of ~32 MiB: the writer buffers about one file per partition, which bounds commit memory.
 TARGET_FILE_BYTES = 32 * 1024 * 1024
+
+
+#: what deltalake cannot have in a location, by kind of output: characters and ``%`` escapes (the module doc)
+_ESCAPE = r"%[0-9A-Fa-f]{2}"
+_CONTROL = r"[\x00-\x1f\x7f]"
+_REFUSED = {
+    "local": re.compile(rf"{_ESCAPE}|{_CONTROL}|[\[\]^|\\]"),
+    "store": re.compile(rf"{_ESCAPE}|{_CONTROL}|\\"),
+}
+
+
+@dataclass(frozen=True)
+class LocationProblem:
+    """Why deltalake cannot keep tables under an output: what it holds that deltalake cannot take, and a name."""
+
+    uri: str
+    found: tuple[str, ...]  # the characters and escapes, in order of first appearance
+    suggestion: str  # the location with each run of them (and the spaces around) made one ``_``
+
+    def message(self) -> str:
+        held = _described(self.found)
+        return (
+            f"--output {_printable(self.uri)}: Delta tables cannot be kept under a path holding {held}; rename it, "
+            f"e.g. --output {shlex.quote(self.suggestion)}, or choose --format parquet or iceberg"
+        )
+
+
+def _shown(text: str) -> str:
+    return repr(text) if re.fullmatch(_CONTROL, text) else f"'{text}'"
+
+
+def _why(items: list[str]) -> str:
+    """Why deltalake cannot take ``items`` (of one kind: the first one's)."""
+    it, found = "them" if len(items) > 1 else "it", items[0]
+    if re.fullmatch(_CONTROL, found):
+        return "deltalake refuses control characters"
+    if found == "\\":
+        return "deltalake takes it for '/'"
+    if found.startswith("%"):
+        codes = [int(item[1:], 16) for item in items]
+        decoded = [_shown(chr(c)) if c < 0x80 else f"the byte 0x{c:02X}" for c in codes]
+        return f"deltalake decodes {it} to {_listed(decoded)}: the tables would go to another folder"
+    return f"deltalake fails on {it} at the commit, after the rows are judged"
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _kind(found: str) -> str:
+    if re.fullmatch(_CONTROL, found):
+        return "control"
+    return {"%": "escape", "\\": "backslash"}.get(found[0], "fails")
+
+
+def _described(found: tuple[str, ...]) -> str:
+    """``'[' and ']' (deltalake fails on them at the commit, ...), '%20' (...)``: the findings grouped by kind."""
+    groups: dict[str, list[str]] = {}
+    for item in found:
+        groups.setdefault(_kind(item), []).append(item)
+    return ", ".join(f"{_listed([_shown(i) for i in items])} ({_why(items)})" for items in groups.values())
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\t``): an error stays one line."""
+    return re.sub(_CONTROL, lambda m: repr(m.group(0))[1:-1], text)
+
+
+def location_problem(output_uri: str) -> LocationProblem | None:
+    """What in ``output_uri`` deltalake cannot take (the module doc), or None when it can keep tables there."""
+    protocol, path = split_uri(output_uri)
+    if protocol == "file":
+        head, key, refused = "", path, _REFUSED["local"]
+    else:
+        scheme, rest = output_uri.split("://", 1)
+        bucket, _, key = rest.partition("/")
+        head, refused = f"{scheme}://{bucket}/", _REFUSED["store"]
+    found = tuple(dict.fromkeys(m.group(0) for m in refused.finditer(key)))
+    if not found:
+        return None
+    run = re.compile(rf" *(?:(?:{refused.pattern}) *)+")
+
+    def renamed(segment: str) -> str:
+        named = run.sub(lambda m: "" if m.start() == 0 or m.end() == len(segment) else "_", segment)
+        return named or "_"
+
+    suggestion = head + "/".join(renamed(s) if refused.search(s) else s for s in key.split("/"))
+    return LocationProblem(output_uri, found, suggestion)
+
+
+def check_location(output_uri: str) -> None:
+    """Refuse an output deltalake cannot keep tables under (one :class:`ConfigError` naming what and a new name)."""
+    problem = location_problem(output_uri)
+    if problem is not None:
+        raise ConfigError(problem.message())
+
+
+def table_location(output_uri: str, table: str) -> str:
+    """Where table ``table`` of ``output_uri`` is, as deltalake is given it: a local output's plain path, an
+    object-store output's URL with its key percent-encoded (the module doc)."""
+    protocol, path = split_uri(output_uri)
+    if protocol == "file":
+        return join_uri(path, table)
+    scheme, rest = join_uri(output_uri, table).split("://", 1)
+    bucket, _, key = rest.partition("/")
+    return f"{scheme}://{bucket}/{quote(key, safe='/')}"
 
 
 def writer_properties() -> Any:
@@ -61,7 +184,7 @@ class DeltaBackend:
         if table == "results":
             extra = {"partition_by": list(partition), "target_file_size": TARGET_FILE_BYTES,
                      "writer_properties": writer_properties()}  # fmt: skip
-        self._append(join_uri(self.output_uri, table), rows, commit_id, **extra)
+        self._append(table_location(self.output_uri, table), rows, commit_id, **extra)
 
     def _append(self, uri: str, rows: Rows, app_id: str, **kwargs: Any) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction
@@ -106,7 +229,7 @@ class DeltaBackend:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
-        uri = join_uri(self.output_uri, table)
+        uri = table_location(self.output_uri, table)
         try:
             options = delta_storage_options(uri, self.storage)
             return DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
@@ -121,7 +244,7 @@ class DeltaBackend:
 
         from recall_tasks.io import maintenance
 
-        uri = join_uri(self.output_uri, table)
+        uri = table_location(self.output_uri, table)
         options = delta_storage_options(uri, self.storage)
         try:
             delta = DeltaTable(uri, storage_options=options)

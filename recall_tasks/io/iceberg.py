@@ -179,10 +179,12 @@ def load_catalog(output_uri: str, storage: StorageConfig, where: Location) -> An
     from pyiceberg.utils.config import Config
 
     if where.catalog is None:  # resolve_location refused a non-local output without a catalog
+        from urllib.parse import quote
+
         root = split_uri(output_uri)[1]
-        return pyiceberg_load(
-            "recall_bench", type="sql", uri=f"sqlite:///{root}/{CATALOG_DB}", warehouse=f"file://{root}"
-        )
+        # the database's path percent-encoded: SQLAlchemy decodes the URL (``%20`` was a space, ``?`` began a query)
+        uri = f"sqlite:///{quote(f'{root}/{CATALOG_DB}')}"
+        return pyiceberg_load("recall_bench", type="sql", uri=uri, warehouse=f"file://{root}")
     config = Config().get_catalog_config(where.catalog)  # read now: pyiceberg's own copy is read at import
     if not config:
         raise ConfigError(
@@ -302,7 +304,8 @@ class IcebergTables:
         if read_marker(self.fs, self.root) is None:
             write_marker(self.fs, self.root, self.where)
         iceberg_schema, spec = _created_schema(schema, partition_by)
-        location = join_uri(self.output_uri, name) if self.where.catalog is None else None
+        # the embedded catalog's tables at their plain path: a ``file://`` URL's ``?`` or ``#`` would end it
+        location = join_uri(self.root, name) if self.where.catalog is None else None
         with self.catalog_calls():
             self.catalog.create_namespace_if_not_exists(self.where.namespace)
             return self._create_table(name, iceberg_schema, spec, location)
