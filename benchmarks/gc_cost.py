@@ -5,11 +5,11 @@ interpreter's shutdown after the last line printed.
 
 Each run is ``python -c <wrapper> run DATA -o NEW_OUTPUT --judge openai`` against the fake judge
 (``benchmarks/fake_judge.py``, ``--latency`` seconds a reply; 0 makes the run CPU-bound, where a run's own
-collections show: ``recall_tasks/_gc.py``) and the local Prefect server the first run starts (a temporary state
-directory, as ``benchmarks/startup.py``). The wrapper counts every collection with ``gc.callbacks`` (its
-generation and duration), notes the collections made before the first judge request, and registers a first
-``atexit`` handler (so the last to run) that prints the time; the harness takes the process's end from
-``os.wait4``. ``--vs DIR`` alternates runs of another checkout (``git archive`` of an older commit) with
+collections show: the thresholds ``cli.app.settle_process`` sets) and the local Prefect server the first run
+starts (a temporary state directory, as ``benchmarks/startup.py``). The wrapper counts every collection with
+``gc.callbacks`` (its generation and duration), notes the collections made before the first judge request, and
+registers a first ``atexit`` handler (so the last to run) that prints the time; the harness takes the process's
+end from ``os.wait4``. ``--vs DIR`` alternates runs of another checkout (``git archive`` of an older commit) with
 ``--code-dir``'s, on the same server. Figures printed, never asserted.
 """
 

@@ -41,7 +41,7 @@ from benchmarks import load  # noqa: E402
 from benchmarks.startup import bench_setup, one_run  # noqa: E402
 
 #: Written into a temporary folder put first on the run's PYTHONPATH: records each import's start, writes at exit
-#: (the CLI leaves through ``runtime.exit_process``, which runs ``atexit`` handlers before ``os._exit``).
+#: (the CLI leaves through ``sys.exit``: the ``atexit`` handlers run).
 RECORDER = """\
 import atexit, json, os, sys, time
 _started = []

@@ -1,25 +1,15 @@
 """recall-bench: contextual recall of retrieval systems, scored as a scheduled, cheap, trustworthy job.
 
 The public names are imported on first use (PEP 562): ``recall-bench server status`` or a lexical-judge run
-must not pay for ``openai`` (~1 s of imports) just because ``recall_tasks`` is a package of the CLI.
+must not pay for ``openai`` (~1 s of imports) just because ``recall_tasks`` is a package of the CLI. Importing it
+sets nothing in the host process (no environment variable, collector threshold or allocator setting): what the
+``recall-bench`` process needs, ``cli.app.settle_process`` sets.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
-
-# The Delta writer's allocator (deltalake's own jemalloc, read at its first import) returns freed pages to the system
-# at once instead of after ~10 s: a run's commit writes its results through it, then its report allocates through
-# Arrow's pool, and the pages the writer had freed still counted (+130 MiB at the end of a 300,000-row run, the
-# run's peak; issue 42 item 3). A user's own setting wins.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
-# One worker thread for deltalake's tokio runtime (read when the runtime starts). With one per core, its partitioned
-# write of ``results`` took the run's batches faster than it encoded them and queued the difference: +730 MiB for
-# a 1,000,000-row commit on 2 cores (+200 at 100,000 rows), ~+200 for any size with one worker, at ~20 % more
-# write time (docs/performance.md, "1,000,000 rows"). A user's own setting wins.
-os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
 
 if TYPE_CHECKING:
     from recall_tasks.cli.evaluation import Evaluation, a_evaluate, evaluate

@@ -4,8 +4,10 @@ The sync API (``metric.measure``, the Prefect chunk tasks) calls the async code 
 :func:`run_sync`, so there is a single implementation. All such calls share one long-lived loop in a daemon
 thread: judges keep their HTTP clients (bound to a loop) across calls and across chunk threads.
 
-A :class:`CancelScope` groups the calls of one run so that an interrupt cancels all of them at once, from
+A :class:`CancelScope` groups the calls of one run so that cancelling the run stops all of them at once, from
 any thread, including calls that have not started yet (a chunk thread that starts after the cancel is refused).
+Each run has its own scope (``RunResources.scope``; a caller may pass it in to cancel that run and no other):
+nothing here cancels every run of the process.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -48,14 +49,14 @@ class CancelScope:
     """Coroutines run through one scope; :meth:`cancel` cancels those in flight and refuses new ones.
 
     Cancelling a future of ``run_coroutine_threadsafe`` cancels its task on the loop: awaited HTTP requests are
-    aborted (their connections closed), ``finally`` blocks run. The waiting thread gets :class:`Cancelled`.
+    aborted (their connections closed), ``finally`` blocks run. The waiting thread gets :class:`Cancelled`. A
+    waiting thread interrupted itself (KeyboardInterrupt in the main thread) cancels the coroutine it waited for.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._futures: set[concurrent.futures.Future[Any]] = set()
         self.cancelled = False
-        _scopes.add(self)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Like :func:`run_sync`, unless the scope is cancelled (then :class:`Cancelled`, nothing run)."""
@@ -73,9 +74,17 @@ class CancelScope:
             return future.result()
         except concurrent.futures.CancelledError:
             raise Cancelled("cancelled while running") from None
+        except BaseException:
+            future.cancel()  # the waiting thread was interrupted: what it waited for stops too (a no-op once done)
+            raise
         finally:
             with self._lock:
                 self._futures.discard(future)
+
+    def __reduce__(self) -> tuple[type[CancelScope], tuple[()]]:
+        """Another process gets a scope of its own: Prefect pickles a flow run's parameters (a scope among them)
+        into the context of every task run it sends to a worker process, and cancelling is this process's."""
+        return (CancelScope, ())
 
     def cancel(self) -> int:
         """Cancel every coroutine in flight and refuse new ones; returns how many were cancelled."""
@@ -83,14 +92,6 @@ class CancelScope:
             self.cancelled = True
             futures = list(self._futures)
         return sum(f.cancel() for f in futures)
-
-
-_scopes: weakref.WeakSet[CancelScope] = weakref.WeakSet()
-
-
-def cancel_all_scopes() -> int:
-    """Cancel every live scope (an interrupt handler's first move, before the exception reaches the flow)."""
-    return sum(scope.cancel() for scope in list(_scopes))
 
 
 class Cancelled(Exception):

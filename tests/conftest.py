@@ -128,7 +128,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """Freeze what collection imported (recall-bench, Prefect, openai, pyarrow, the tests: ~410,000 objects per
     process) so the collector's full passes during the tests do not walk it again: -5 % of CPU on test_pipeline +
-    test_caching (user 183 s -> 173 s, children included). The same trick as the CLI's (``cli/runtime.freeze_heap``).
+    test_caching (user 183 s -> 173 s, children included).
     """
     import gc
 

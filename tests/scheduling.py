@@ -49,7 +49,6 @@ START_FIRST = (
     "tests/test_browser.py::",  # 21 s and 4 more
     "tests/test_runners.py::test_worker_runs_equal_a_threads_run_in_two_processes_and_rerun_from_cache",  # 18 + 13 s
     "tests/test_readme_journeys.py::",  # 16 s
-    "tests/test_startup.py::test_the_head_start_judges_before_prefect_starts",  # 16 s
     "tests/test_iceberg.py::test_two_nights_on_iceberg_give_the_tables_verdicts_and_reports_of_delta",  # 16 + 10 s
     "tests/test_worker_state.py::test_a_chunk_ending_never_closes_the_budget_client_another_chunk_uses",  # 15 s
     "tests/test_wheel.py::",  # its module fixture builds and installs the wheel first

@@ -16,7 +16,7 @@ from recall_tasks.config import RunParams
 from recall_tasks.errors import BudgetExhausted, RunFailed
 from recall_tasks.judges.parsing import ParseError, parse_claims
 from recall_tasks.metrics.claims import claims_problem, traceable
-from recall_tasks.pipeline import head_start
+from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.scoring import metric_fingerprint
 from tests import judge_script
 from tests.fake_openai import Status
@@ -158,7 +158,7 @@ def test_claims_mode_refused_before_any_call(fake_openai, monkeypatch, tmp_path,
     params = RunParams(dataset_uri=str(data), output_uri=str(tmp_path / "o"), base_url=fake_openai.base_url,
                        units="claims", **kw)  # fmt: skip
     with pytest.raises(ConfigError, match=message):
-        head_start.preflight(params)
+        steps.check_run(params)
     assert fake_openai.requests == [] and not (tmp_path / "o").exists()
 
 

@@ -2,8 +2,9 @@
 
 deltalake's partitioned write takes batches from the run's reader while other tasks of its tokio runtime encode
 them; with a worker thread per core, a reader faster than the encoding queued the difference, and a
-1,000,000-row commit held +730 MiB on 2 cores. ``recall_tasks`` gives that runtime one worker
-(``TOKIO_WORKER_THREADS``, unless the user set it): the same write holds ~+200 MiB at any size.
+1,000,000-row commit held +730 MiB on 2 cores. The ``recall-bench`` process gives that runtime one worker
+(``TOKIO_WORKER_THREADS``, unless the user set it: ``cli.app.settle_process``; the library sets nothing): the same
+write holds ~+200 MiB at any size.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _WRITE = r"""
 import json, sys, threading, time
-import recall_tasks  # noqa: F401  (sets the runtime's workers before deltalake starts it)
+from recall_tasks.cli.app import settle_process
+settle_process()  # what the recall-bench process sets before deltalake starts its runtime
 import pyarrow as pa
 from recall_tasks.io.delta import DeltaBackend
 from recall_tasks.io.storage import StorageConfig

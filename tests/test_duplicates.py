@@ -168,9 +168,9 @@ def test_a_dataset_without_row_ids_keeps_its_ids_and_pass_through_values(prefect
     assert sorted(rid.partition("~")[2] for rid in got) == sorted(["", "", ""] + ["2", "3", "4"] * 3)
 
 
-def test_the_cli_with_its_head_start_judges_each_distinct_row_once(prefect_harness, judge_env, tmp_path) -> None:
-    """The CLI judges its first chunks before Prefect starts (the head start): the same grouped chunks as the flow,
-    so no row is judged twice; the dry run before it says as many requests as the run then sends."""
+def test_the_cli_judges_each_distinct_row_once(prefect_harness, judge_env, tmp_path) -> None:
+    """The CLI's run judges grouped chunks (identical rows in one chunk): no row is judged twice; the dry run before
+    it says as many requests as the run then sends."""
     from typer.testing import CliRunner
 
     from recall_tasks.cli.app import app

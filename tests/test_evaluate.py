@@ -170,3 +170,67 @@ def test_cancelling_the_awaiting_task_stops_the_judge_calls(fake_openai: Any, mo
     took = asyncio.run(cell())
     assert took < 4.0, took  # not after the 5 s replies
     assert not (out / "runs").exists()  # nothing committed
+
+
+def test_cancelling_one_of_two_runs_leaves_the_other_to_finish(
+    fake_openai: Any, monkeypatch: Any, tmp_path: Path
+) -> None:
+    """Two ``a_evaluate()`` runs in one event loop, a judge at 300 ms: cancelling one cancels its own calls only
+    (each run has its own cancel scope); the other scores every row. Before, the cancel reached every run of the
+    process (``cancel_all_scopes``) and the other failed too."""
+    from tests import judge_script
+    from tests.test_pipeline import KEY, expected, make_rows
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    fake_openai.set_responder(judge_script.responder)
+    fake_openai.latency_s = 0.3
+    kept_rows, cancelled_rows = make_rows(40, seed=31), make_rows(40, seed=32)
+    options = {"judge": "openai", "base_url": fake_openai.base_url, "chunk_size": 10, "max_concurrency": 4}
+
+    async def two_runs() -> Evaluation:
+        kept = asyncio.ensure_future(a_evaluate(kept_rows, output=tmp_path / "kept", **options))
+        cancelled = asyncio.ensure_future(a_evaluate(cancelled_rows, output=tmp_path / "cancelled", **options))
+        while len(fake_openai.chat_requests) < 8:  # both are judging
+            await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        return await kept
+
+    result = asyncio.run(two_runs())
+    assert result.run["status"] == "completed" and result.run["rows"] == 40 and result.run["errors"] == 0
+    got = scores(result)
+    assert got == {r["row_id"]: pytest.approx(expected(r)) for r in kept_rows}
+    assert not (tmp_path / "cancelled" / "runs").exists()  # the cancelled one committed nothing
+
+
+def test_evaluate_leaves_the_hosts_environment_and_collector_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A library call sets nothing in its host: no environment variable, the collector's thresholds as the host
+    set them, while the run judges and after it. Before, a run raised them to (20000, 10, 100) while it judged."""
+    import gc
+    import os
+
+    from recall_tasks.pipeline import conduct
+
+    mine = (701, 11, 12)
+    before_env = dict(os.environ)
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    real = conduct.score_chunks
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.get_threshold())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conduct, "score_chunks", watched)
+    gc.set_threshold(*mine)
+    try:
+        result = evaluate(SAMPLE, output=tmp_path / "out", on_missing="skip")
+        after = gc.get_threshold()
+    finally:
+        gc.set_threshold(*before)
+    assert result.run["status"] == "completed"
+    assert seen == [mine] and after == mine
+    assert dict(os.environ) == before_env

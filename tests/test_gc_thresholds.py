@@ -1,26 +1,25 @@
-"""A run's garbage collection thresholds (``recall_tasks/_gc.py``): raised while a run judges (in process, in a
-worker process's chunk, for the CLI's whole process), the process's own given back when the last run ends, even
-a failed one; and what they are for: a run of a few thousand rows makes no full collection."""
+"""The collector's thresholds and the environment: the ``recall-bench`` process sets its own
+(``cli.app.settle_process``, from ``console_main``); the library (``import recall_tasks``, ``evaluate()``) sets
+nothing in its host (``tests/test_evaluate.py`` runs ``evaluate()`` under a host's own thresholds)."""
 
 from __future__ import annotations
 
 import gc
-import threading
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from recall_tasks import _gc, evaluate
-from recall_tasks.config import RunParams
-from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.pipeline import conduct, steps, workers
-from tests.test_pipeline import make_rows, write_parquet
+from tests.test_pipeline import expected, make_rows, write_parquet
 
-MINE = (701, 11, 12)  # a process's own thresholds, distinct from the defaults and from the run's
-RAISED = (20_000, 11, 100)
-DEFAULTS = (700, 10, 10)  # CPython's  # MINE under a run: each at least RUN_THRESHOLDS' value
+MINE = (701, 11, 12)  # a process's own thresholds, distinct from the defaults and from the CLI's
+RAISED = (20_000, 11, 100)  # MINE in the CLI's process: each at least CLI_GC_THRESHOLDS' value
+SETTINGS = ("_RJEM_MALLOC_CONF", "TOKIO_WORKER_THREADS")
 
 
 @pytest.fixture
@@ -33,105 +32,53 @@ def own_thresholds() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def test_a_run_raises_each_threshold_to_at_least_the_runs_and_keeps_collection_off_off() -> None:
-    assert _gc.raised((700, 10, 10)) == _gc.RUN_THRESHOLDS
-    assert _gc.raised((50_000, 5, 1_000)) == (50_000, 10, 1_000)  # a user's higher ones stay
-    assert _gc.raised((0, 10, 10)) == (0, 10, 10)  # gc.set_threshold(0): collection off stays off
+#: Imports the library and what a run imports, and says whether the host's environment or thresholds changed.
+IMPORT_PROBE = """
+import gc, json, os
+gc.set_threshold(701, 11, 12)
+env = dict(os.environ)
+import recall_tasks
+recall_tasks.evaluate, recall_tasks.OpenAIJudge  # the lazy public names, resolved
+import recall_tasks.pipeline.conduct, recall_tasks.pipeline.flow, recall_tasks.io.delta, deltalake
+changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+print(json.dumps({"changed": changed, "thresholds": gc.get_threshold()}))
+"""
 
 
-def record_during_chunks(monkeypatch: pytest.MonkeyPatch, seen: list[tuple[int, ...]], fail: bool = False) -> None:
-    real = conduct.score_chunks
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        seen.append(gc.get_threshold())
-        if fail:
-            raise RuntimeError("a chunk failed")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(conduct, "score_chunks", watched)
+@pytest.mark.concurrency  # a subprocess
+def test_importing_the_library_sets_nothing_in_its_host() -> None:
+    """Before, ``import recall_tasks`` set ``TOKIO_WORKER_THREADS`` and ``_RJEM_MALLOC_CONF`` for the process."""
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"changed": [], "thresholds": list(MINE)}
 
 
-def test_a_run_judges_with_the_run_thresholds_and_gives_the_process_its_own_back(
-    own_thresholds: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_the_cli_process_raises_each_threshold_and_keeps_a_users_own(
+    own_thresholds: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[tuple[int, ...]] = []
-    record_during_chunks(monkeypatch, seen)
-    result = evaluate(make_rows(12), output=tmp_path / "out")
-    assert result.results.num_rows == 12
-    assert seen == [RAISED]
-    assert gc.get_threshold() == MINE
+    from recall_tasks.cli.app import settle_process
 
-
-def test_a_failed_run_gives_them_back_too(
-    own_thresholds: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    seen: list[tuple[int, ...]] = []
-    record_during_chunks(monkeypatch, seen, fail=True)
-    with pytest.raises(RuntimeError, match="a chunk failed"):
-        evaluate(make_rows(12), output=tmp_path / "out")
-    assert seen == [RAISED]
-    assert gc.get_threshold() == MINE
-
-
-@pytest.mark.concurrency
-def test_overlapping_runs_restore_once_the_last_one_leaves(own_thresholds: None) -> None:
-    inside, leave_first, first_left = threading.Barrier(2), threading.Event(), threading.Event()
-    during: list[tuple[int, ...]] = []
-
-    def first() -> None:
-        with _gc.run_thresholds():
-            inside.wait(10)
-            leave_first.wait(10)
-        first_left.set()
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    with _gc.run_thresholds():
-        inside.wait(10)
-        leave_first.set()
-        assert first_left.wait(10)
-        during.append(gc.get_threshold())  # the first run left; this one still runs with the raised thresholds
-    thread.join(10)
-    assert during == [RAISED]
-    assert gc.get_threshold() == MINE
-
-
-def test_a_worker_process_scores_its_chunk_with_them(
-    own_thresholds: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    data = write_parquet(tmp_path / "eval.parquet", make_rows(14), row_group_size=7)
-    params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), chunk_size=7, task_runner="processes")
-    plan = steps.plan_run(params)
-    seen: list[tuple[int, ...]] = []
-    real = workers.steps.score_chunk
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        seen.append(gc.get_threshold())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(workers.steps, "score_chunk", watched)
-    try:
-        block = next(iter_blocks(plan.dataset, 7))
-        report = workers.score_spec(workers.chunk_spec(plan, 0, block, steps.chunk_key(plan, block)))
-        assert report.rows == 7
-    finally:
-        steps.release(plan)
-    assert seen == [RAISED]
-    assert gc.get_threshold() == MINE
-
-
-def test_the_cli_process_keeps_them_raised(own_thresholds: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from recall_tasks.cli.runtime import freeze_heap
-
-    monkeypatch.setattr(gc, "freeze", lambda: None)  # this test process's heap stays collectable
-    freeze_heap()
-    assert gc.get_threshold() == RAISED and gc.isenabled()
+    for name in SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    settle_process()
+    assert gc.get_threshold() == RAISED
+    assert os.environ["TOKIO_WORKER_THREADS"] == "1"
+    assert os.environ["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:0,muzzy_decay_ms:0"
+    monkeypatch.setenv("TOKIO_WORKER_THREADS", "3")
+    gc.set_threshold(50_000, 5, 1_000)
+    settle_process()
+    assert gc.get_threshold() == (50_000, 10, 1_000) and os.environ["TOKIO_WORKER_THREADS"] == "3"
+    gc.set_threshold(0, 10, 10)  # collection switched off by its owner stays off
+    settle_process()
+    assert gc.get_threshold() == (0, 10, 10)
 
 
 @pytest.mark.parametrize("extra", [["--dry-run"], ["--threshold", "-1"]])
 def test_a_run_command_that_stops_before_judging_leaves_the_collector_on(extra: list[str], tmp_path: Path) -> None:
-    """``run`` pauses the collector while it starts; called in process (CliRunner, a notebook), a dry run or a
-    refused option gave the process back with it off (a later test of this process then saw no collection)."""
+    """Called in process (CliRunner, a notebook), a dry run or a refused option gives the process back with its
+    collector on (``run`` once paused it while it started)."""
     from typer.testing import CliRunner
 
     from recall_tasks.cli import app as cli
@@ -143,31 +90,52 @@ def test_a_run_command_that_stops_before_judging_leaves_the_collector_on(extra: 
     assert gc.isenabled()
 
 
-def test_a_run_of_thousands_of_rows_makes_no_full_collection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """With CPython's defaults this run makes full collections (4 when written, counted below); the
-    run's thresholds leave none. Each full collection walks every object of the process."""
-    full: list[int] = []
+#: ``recall-bench`` after ``import recall_tasks``: what the import left of the process's settings, and at the exit
+#: what the command set and how many full collections it made.
+CLI_WATCH = """
+import atexit, gc, json, os, sys
+import recall_tasks
+imported = {"env": {k: os.environ.get(k) for k in ("_RJEM_MALLOC_CONF", "TOKIO_WORKER_THREADS")},
+            "thresholds": gc.get_threshold()}
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+def report():
+    exiting = {"env": {k: os.environ.get(k) for k in ("_RJEM_MALLOC_CONF", "TOKIO_WORKER_THREADS")},
+               "thresholds": gc.get_threshold(), "full": len(full)}
+    print("SETTINGS " + json.dumps({"imported": imported, "exiting": exiting}), flush=True)
+atexit.register(report)
+from recall_tasks.cli.app import console_main
+sys.argv = ["recall-bench"] + sys.argv[1:]
+console_main()
+"""
 
-    def count(phase: str, info: dict[str, int]) -> None:
-        if phase == "stop" and info["generation"] == 2:
-            full.append(1)
 
-    rows = make_rows(5000)
-    before = gc.get_threshold()  # an in-process CLI test may have raised this process's for good
-    assert gc.isenabled()  # and none left it off (the test above)
-    gc.set_threshold(*DEFAULTS)
-    gc.collect()
-    gc.callbacks.append(count)
-    try:
-        monkeypatch.setattr(_gc, "RUN_THRESHOLDS", DEFAULTS)
-        evaluate(rows, output=tmp_path / "default")
-        with_defaults = len(full)
-        monkeypatch.undo()
-        full.clear()
-        evaluate(rows, output=tmp_path / "run")
-        with_run_thresholds = len(full)
-    finally:
-        gc.callbacks.remove(count)
-        gc.set_threshold(*before)
-    assert with_defaults >= 2, with_defaults
-    assert with_run_thresholds == 0
+@pytest.mark.concurrency  # a real CLI process on the test's Prefect server
+def test_the_cli_sets_its_own_settings_and_a_run_of_thousands_of_rows_makes_no_full_collection(
+    prefect_harness: None, fake_openai: Any, tmp_path: Path
+) -> None:
+    """``recall-bench run`` sets what its process needs in ``console_main``, not at ``import recall_tasks``, and its
+    figures are the run's: 3,000 rows scored as expected, no full collection while it ran."""
+    from deltalake import DeltaTable
+
+    from tests import judge_script
+    from tests.test_caching import ROOT, cli_env
+
+    fake_openai.set_responder(judge_script.responder)
+    rows = make_rows(3000, seed=43)
+    data = write_parquet(tmp_path / "eval.parquet", rows)
+    out = tmp_path / "out"
+    env = {k: v for k, v in cli_env(fake_openai).items() if k not in SETTINGS}
+    cmd = [sys.executable, "-c", CLI_WATCH, "run", data, "--output", str(out), "--chunk-size", "500",
+           "--judge", "openai", "--base-url", fake_openai.base_url]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("SETTINGS ")]
+    got = json.loads(line.removeprefix("SETTINGS "))
+    assert got["imported"] == {"env": dict.fromkeys(SETTINGS), "thresholds": [700, 10, 10]}
+    assert got["exiting"]["env"] == {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0",
+                                     "TOKIO_WORKER_THREADS": "1"}  # fmt: skip
+    assert got["exiting"]["thresholds"] == [20_000, 10, 100] and got["exiting"]["full"] == 0
+    results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
+    by_id = {r["row_id"]: r["score"] for r in results}
+    assert len(results) == 3000 and all(by_id[r["row_id"]] == pytest.approx(expected(r)) for r in rows)

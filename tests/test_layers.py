@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "recall_tasks"
 LAYERS = ["core", "judges", "metrics", "io", "analysis", "reports", "fleet", "pipeline", "cli"]
 CORE = {
     "errors", "models", "config", "id_params", "settings", "summaries", "sentences", "secrets", "_logging", "_sync",
-    "_gc", "_heap",
+    "_heap",
 }  # fmt: skip
 
 #: The only modules that import Prefect: the adapter, the event helpers, the fleet limits, the command line.

@@ -87,6 +87,9 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
         def waiting(self, message: str) -> None:
             raise AssertionError(f"not waiting: {message}")
 
+        def note(self, message: str) -> None:
+            raise AssertionError(f"no note: {message}")
+
     run_in_process(
         RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=500), Watch()
     )
@@ -96,12 +99,12 @@ def test_progress_starts_at_the_known_total_and_moves_with_the_rows(tmp_path: Pa
     assert len({v for v in values if v % 500}) > 100, values  # between the chunk steps: it moves with the rows
 
 
-def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
+def test_the_cli_bar_knows_the_total_before_the_rows_move_it(
     prefect_harness, fake_openai, tmp_path: Path, monkeypatch
 ) -> None:
-    """`recall-bench run` through Prefect: the first chunks are judged before Prefect is up (the head start), and
-    their rows moved a bar whose total came only with the flow's chunk loop (a terminal showed 33/?, 64/?, ...
-    287/? for the first second of a 3,000-row run against the fake judge)."""
+    """`recall-bench run` through Prefect: the bar has the run's total from its first update on, and every row
+    moves it as it settles (a terminal once showed 33/?, 64/?, ... 287/? for the first second of a 3,000-row run
+    against the fake judge, rows judged before the total was known)."""
     import rich.progress
 
     fake_openai.set_responder(judge_script.responder)
@@ -142,8 +145,8 @@ def test_the_cli_bar_knows_the_total_before_the_head_start_rows_move_it(
 
 
 def test_rows_settled_before_the_bar_is_drawn_still_count() -> None:
-    """The head start judges while Prefect imports (~2 s of a real `recall-bench run`), before the bar exists: its
-    rows were dropped, and the bar jumped by them when their chunk settled (a 3,000-row run: 332 -> 1175)."""
+    """Rows that settle before the bar is drawn are counted: they were dropped, and the bar jumped by them when
+    their chunk settled (a 3,000-row run: 332 -> 1175)."""
     from recall_tasks.cli.run_flow import _Watch
 
     watch = _Watch()

@@ -1,18 +1,16 @@
-"""The run object (``pipeline/run.py``): resources closed exactly once, and the CLI's preparation handed to the flow
-through ``flow.HANDOFF`` (one ContextVar around the call), never through a module global."""
+"""The run object (``pipeline/run.py``): resources closed exactly once, and the observer of a run reaching its flow
+as an ordinary argument (``flow.watched_benchmark``), never through a module global."""
 
 from __future__ import annotations
 
-import contextvars
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import pytest
 
 from recall_tasks.config import RunParams
 from recall_tasks.io.cache import RowVerdictCache
-from recall_tasks.pipeline import flow, head_start, run, steps
+from recall_tasks.pipeline import flow, run, steps
 from recall_tasks.pipeline.batch import finish
 from tests.test_pipeline import make_rows, write_parquet
 
@@ -46,6 +44,9 @@ class Watch:
 
     def waiting(self, message: str) -> None:
         raise AssertionError(f"no other attempt holds the run: {message}")
+
+    def note(self, message: str) -> None:
+        raise AssertionError(f"the checks have nothing to say: {message}")
 
 
 @pytest.fixture
@@ -121,8 +122,8 @@ def test_a_failure_in_the_middle_of_a_run_still_closes_each_once(
 
     monkeypatch.setattr(steps, "score_block", third_chunk_fails)
     watch = Watch()
-    with flow.handing_off(None, watch), pytest.raises(ValueError, match="chunk broke mid-run"):
-        flow.recall_benchmark(lexical(data, tmp_path / "out", cache=True))
+    with pytest.raises(ValueError, match="chunk broke mid-run"):
+        flow.watched_benchmark(lexical(data, tmp_path / "out", cache=True), watch, None)
     assert counted.closed == {"cache": 1, "judge": 1}
     assert len(watch.aborted_with) == 1 and watch.aborted_with[0] >= 5  # the rows judged before it: kept, told once
     assert not (tmp_path / "out" / "runs").exists()
@@ -132,67 +133,49 @@ def test_a_finished_run_closes_each_once_and_its_observer_sees_the_progress(
     prefect_harness, data: str, tmp_path: Path, counted
 ) -> None:
     watch = Watch()
-    with flow.handing_off(None, watch):
-        summary = flow.recall_benchmark(lexical(data, tmp_path / "out"))
+    summary = flow.watched_benchmark(lexical(data, tmp_path / "out"), watch, None)
     assert summary["status"] == "completed" and summary["rows"] == 30
     assert counted.closed == {"cache": 1, "judge": 1}
     assert watch.done[-1] == (30, 30) and not watch.aborted_with
 
 
-def test_the_flow_takes_the_plan_the_cli_prepared_through_the_handoff(
-    prefect_harness, data: str, tmp_path: Path, counted
-) -> None:
-    params = lexical(data, tmp_path / "out")
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    assert ahead.head_starts  # judging before the flow exists
-    with flow.handing_off(prepared):
-        summary = contextvars.copy_context().run(flow.recall_benchmark, params)  # a copied context sees it too
-    assert summary["run_id"] == ahead.run_id and prepared.taken and ahead.head_starts == {}
-    assert head_start.abandon(prepared) == 0
-    assert flow.HANDOFF.get() is None  # reset after the call
-    assert counted.closed == {"cache": 1, "judge": 1}
-
-
 @pytest.mark.parametrize("runner", ["processes", "dask"])
 @pytest.mark.concurrency
-def test_the_handoff_stays_in_the_flow_process_with_worker_processes(
+def test_the_observer_and_the_scope_stay_in_the_flow_process_with_worker_processes(
     prefect_harness, data: str, tmp_path: Path, runner: str
 ) -> None:
-    """Prefect sends the flow object with every process task's context: nothing of the handoff may need pickling
-    (the flow's function named ``HANDOFF`` itself at first: ``cannot pickle '_contextvars.ContextVar' object``)."""
+    """Prefect sends the flow run's parameters with every process task's context: the observer and the cancel
+    scope are pickled there as a process's own (nobody watching, a fresh scope), never as a lock or a bar."""
+    import threading
+
+    from recall_tasks._sync import CancelScope
+    from recall_tasks.cli.run_flow import _Watch
+
     params = lexical(data, tmp_path / "out", task_runner=runner, workers=1)
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    with flow.handing_off(prepared, Watch()):
-        cloudpickle.dumps(flow.recall_benchmark)
-        summary = flow.recall_benchmark(params)
-    assert summary["run_id"] == ahead.run_id and summary["scored"] == 30
+    watch, lock, drawn = _Watch(), threading.RLock(), []  # the CLI's: its bar holds the console's lock
+    watch.bar = lambda: drawn.append(lock.acquire(blocking=False))
+    summary = flow.watched_benchmark(params, watch, CancelScope())
+    assert summary["scored"] == 30 and watch.shown.total == 30 and drawn
 
 
-def test_an_interrupt_between_taking_the_plan_and_the_chunk_loop_keeps_the_head_start_rows_once(
+def test_an_interrupt_before_the_chunk_loop_keeps_nothing_and_leaves_the_marker(
     prefect_harness, data: str, tmp_path: Path, counted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The race behind the flaky ``0 rows judged so far are cached``: the flow had taken the plan made ahead (so the
-    CLI's abandon found nothing) and was interrupted before its chunk loop (the only place that kept the rows)."""
+    """An interrupt between the plan and the chunk loop (the run's first log line): aborted and kept once, its
+    resources closed once, nothing committed, the marker kept for the rerun."""
     params = lexical(data, tmp_path / "out")
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    for head in ahead.head_starts.values():
-        head.future.result(timeout=30)  # the lexical judge is offline: the head start's rows are judged
 
     def interrupted(plan: Any, logger: Any) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(flow, "announce", interrupted)
     watch = Watch()
-    with flow.handing_off(prepared, watch), pytest.raises(KeyboardInterrupt):
-        flow.recall_benchmark(params)
-    assert prepared.taken and watch.aborted_with == [10]  # 2 chunks of 5 judged ahead: kept and counted once
-    assert head_start.abandon(prepared, watch) == 0 and watch.aborted_with == [10]  # the CLI's abandon: nothing left
+    with pytest.raises(KeyboardInterrupt):
+        flow.watched_benchmark(params, watch, None)
+    assert watch.aborted_with == [0]  # kept (nothing judged yet) and told once
     assert counted.closed == {"cache": 1, "judge": 1}
-    (marker,) = (tmp_path / "out" / "_pending").glob("*.json")  # nothing committed: the rerun resumes
-    assert ahead.run_id in marker.read_text()
+    assert len(list((tmp_path / "out" / "_pending").glob("*.json"))) == 1  # nothing committed: the rerun resumes
+    assert not (tmp_path / "out" / "runs").exists()
 
 
 def test_the_batch_finish_builds_its_view_without_forwarding_by_name() -> None:

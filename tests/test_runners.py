@@ -206,7 +206,7 @@ def test_run_options_reach_the_parameters(monkeypatch, tmp_path, argv, expected)
 
     seen: list[RunParams] = []
 
-    def fake_run(params: RunParams, debug: bool, preflight: bool) -> dict:
+    def fake_run(params: RunParams, debug: bool) -> dict:
         seen.append(params)
         raise SystemExit(0)
 
@@ -272,9 +272,7 @@ def test_run_refuses_an_option_the_runner_cannot_honour_in_one_line(tmp_path):
 
 
 @pytest.mark.concurrency
-def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
-    prefect_harness, judge_env, record_pids, tmp_path
-):
+def test_the_cli_runs_processes_equal_to_threads(prefect_harness, judge_env, record_pids, tmp_path):
     from typer.testing import CliRunner
 
     from recall_tasks.cli.app import app
@@ -287,7 +285,7 @@ def test_the_cli_runs_processes_without_a_head_start_and_equal_to_threads(
     judge_env.set_responder(judge_script.responder)
     ran = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "p"), "--task-runner", "processes", "--workers", "2"])
     assert ran.exit_code == 0, ran.output
-    assert len(judge_env.chat_requests) == 30  # each row once: no head start judging chunk 0 in the flow too
+    assert len(judge_env.chat_requests) == 30  # each row once
     assert table(tmp_path / "p") == table(tmp_path / "threads")
     assert os.getpid() not in {pid for _, pid in record_pids} and len({pid for _, pid in record_pids}) >= 2
 

@@ -19,13 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Every other use of the process environment, by (module, function), and why it is not a setting.
 LIVE_ENVIRONMENT = {
     ("recall_tasks.secrets", "_known_secrets"): "redaction masks the secrets the environment holds at that moment",
-    ("recall_tasks.cli.run_flow", "_run"): "PREFECT_API_URL is Prefect's own setting, probed as Prefect will read it",
     ("recall_tasks.cli.server_cmd", "server_status"): "PREFECT_API_URL, Prefect's own setting",
     ("recall_tasks.cli.server", "configured_api_url"): "PREFECT_API_URL, Prefect's own setting",
     ("recall_tasks.cli.server", "_server_env"): "the environment handed to the server's process",
     ("recall_tasks.cli.runtime", "_prefect_api"): "sets and restores PREFECT_API_URL for Prefect",
     ("recall_tasks.cli.common", "_split_storage_options"): "writes --storage-option credentials to AWS_*",
-    ("recall_tasks", "<module>"): "sets _RJEM_MALLOC_CONF for deltalake's allocator before its first import",
+    ("recall_tasks.cli.app", "settle_process"): "the recall-bench process's own allocator and runtime settings",
 }
 
 

@@ -15,7 +15,7 @@ from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.datasets import open_dataset
 from recall_tasks.io.storage import StorageConfig
 from recall_tasks.io.traces import TraceContext, parse_messages, render_result, tool_results
-from recall_tasks.pipeline import head_start
+from recall_tasks.pipeline import steps
 from tests import judge_script
 from tests.test_pipeline import KEY
 
@@ -159,7 +159,7 @@ def test_cli_bad_context_extractor_is_one_error_line(tmp_path) -> None:
 def test_conflicting_context_sources_are_refused(tmp_path, kw, message) -> None:
     path = write(tmp_path / "d.parquet")
     with pytest.raises(ConfigError, match=message):
-        head_start.preflight(RunParams(dataset_uri=path, output_uri=str(tmp_path / "o"), **kw))
+        steps.check_run(RunParams(dataset_uri=path, output_uri=str(tmp_path / "o"), **kw))
 
 
 def test_context_from_is_validated() -> None:

@@ -12,7 +12,7 @@ import pytest
 from recall_tasks.config import RunParams
 from recall_tasks.errors import RunInterrupted
 from recall_tasks.io.blocks import iter_blocks
-from recall_tasks.pipeline import commit, head_start, steps
+from recall_tasks.pipeline import commit, steps
 from recall_tasks.pipeline.steps import ChunkReport, RunPlan
 from recall_tasks.pipeline.window import score_chunks
 from tests.test_pipeline import make_rows, write_parquet
@@ -142,98 +142,3 @@ def test_the_publishing_tail_says_what_to_send_without_prefect(data: str, tmp_pa
     assert [a.kind for a in out.artifacts].count("markdown") == 2  # the comparison and the report
     assert [e.name for e in out.events] == ["recall.run.completed"]
     publish.raise_for_outcome(second, summary)  # completed and unchanged: no exception
-
-
-def test_the_head_start_judges_the_first_chunk_once_and_its_task_takes_the_result(
-    data: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    judged: list[str] = []
-    real = steps.score_block
-
-    async def counting(metric, block, *args, **kwargs):  # type: ignore[no-untyped-def]
-        judged.extend(block.row_ids)
-        return await real(metric, block, *args, **kwargs)
-
-    monkeypatch.setattr(steps, "score_block", counting)
-    params = RunParams(dataset_uri=data, output_uri=str(tmp_path / "out"), judge="lexical", chunk_size=5)
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    assert sorted(ahead.head_starts) == [0, 1, 2, 3]  # a window of chunks: --max-workers (4)
-    # offline chunks send no request: plan_ahead waited for them; judged before any flow exists
-    ahead_reports = {seq: h.future.result(timeout=30) for seq, h in ahead.head_starts.items()}
-    assert sorted(judged) == [f"r{i:04d}" for i in range(20)]
-
-    plan = steps.plan_run(params, prepared=prepared)  # what the flow calls: it takes the plan made ahead
-    assert plan is ahead
-    tally = score_chunks(plan, PoolExecutor(plan))
-    assert plan.head_starts == {}  # each taken by its chunk's task
-    assert sorted(judged) == [f"r{i:04d}" for i in range(45)]  # every row once: no chunk was judged again
-    assert [p.path for p in tally.parts[:4]] == [ahead_reports[seq].path for seq in range(4)]
-    assert tally.done_rows == 45
-    assert head_start.abandon(prepared) == 0  # nothing left to abandon once the flow took the plan
-
-
-def test_the_head_start_returns_once_its_first_request_is_out(
-    data: str, tmp_path: Path, fake_openai, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """plan_ahead returns when the first judge request has gone out, not before (Prefect's import would then take
-    the interpreter from the prompts and the client still being built), nor after its answer."""
-    from tests import judge_script
-
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-head-start")
-    fake_openai.set_responder(judge_script.responder)
-    fake_openai.latency_s = 1.0
-    params = RunParams(
-        dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
-        chunk_size=5, max_retries=0,
-    )  # fmt: skip
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    try:
-        assert ahead.head_starts
-        assert ahead.breaker is not None and ahead.breaker.first_sent.is_set()  # going out as plan_ahead returned
-        assert fake_openai.wait_for_requests(1, timeout=5)  # a real request on the wire
-        assert not any(h.future.done() for h in ahead.head_starts.values())  # none answered: the wait ends there
-    finally:
-        assert head_start.abandon(prepared) == 0  # cancelled in flight: nothing judged, nothing kept
-
-
-@pytest.mark.concurrency  # the SDK's platform headers run uname; the flow runs on the test's Prefect server
-def test_a_flow_stopped_before_its_window_keeps_what_the_head_start_judged(
-    prefect_harness, data: str, tmp_path: Path, fake_openai, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The flow took the head start's plan, then stopped before its chunk window began (here: announcing the run
-    fails; in the CLI, a Ctrl-C landing there). The head start's calls are cancelled and the rows they judged are
-    flushed to the row cache and reported, as when the window itself is interrupted. Before, nothing aborted them:
-    they went on judging, their rows stayed unflushed, and the CLI said "0 rows judged so far are cached"
-    (test_interrupts[sigint], 1 clean-clone run in 4)."""
-    from recall_tasks.pipeline import flow
-    from tests import judge_script
-
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-head-start")
-    fake_openai.set_responder(judge_script.responder)
-    fake_openai.latency_s = 0.2
-    params = RunParams(
-        dataset_uri=data, output_uri=str(tmp_path / "out"), judge="openai", base_url=fake_openai.base_url,
-        chunk_size=5, max_concurrency=4, max_retries=0,
-    )  # fmt: skip
-    prepared = head_start.preflight(params)
-    ahead = head_start.plan_ahead(prepared)
-    assert fake_openai.wait_for_requests(9, timeout=30)  # the first 4 answered, the next 4 or more in flight
-
-    def broken(*args: object) -> None:
-        raise RuntimeError("announce failed")
-
-    kept: list[int] = []
-    observer = SimpleNamespace(
-        progress=lambda done, total: None, rows=lambda seq, n: None, aborted=kept.append, waiting=print
-    )
-    monkeypatch.setattr(flow, "announce", broken)
-    with flow.handing_off(prepared, observer), pytest.raises(RuntimeError, match="announce failed"):
-        flow.recall_benchmark(params)
-    assert ahead.scope.cancelled  # the head start's calls were cancelled
-    sent = len(fake_openai.requests)
-    assert len(kept) == 1 and 4 <= kept[0] < sent <= 45
-    assert ahead.cache is not None and ahead.cache.stored == kept[0]  # flushed: a rerun finds them
-    assert head_start.abandon(prepared) == 0  # the flow had taken the plan: nothing left for the CLI
-    assert not fake_openai.wait_for_requests(sent + 1, timeout=1.0)  # and nothing more is sent

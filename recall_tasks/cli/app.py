@@ -11,6 +11,7 @@ The other commands are plain functions in modules by concern, registered at the 
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from importlib import resources
@@ -36,7 +37,7 @@ from recall_tasks.cli.common import (
     err,
 )
 from recall_tasks.cli.outcome import judge_line_of, print_summary
-from recall_tasks.cli.run_flow import Session, _run, execute, one_line_errors, session_scope
+from recall_tasks.cli.run_flow import _run, execute, one_line_errors
 from recall_tasks.cli.tables import _print_query
 from recall_tasks.config import RunParams
 from recall_tasks.pipeline import events
@@ -184,54 +185,51 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Score a dataset and commit results and run aggregates."""
-    from recall_tasks.cli.runtime import gc_paused
+    from recall_tasks.io.columns import parse_column_overrides
 
-    with gc_paused():  # from here to Prefect's import (run_flow._run freezes and enables it again)
-        from recall_tasks.io.columns import parse_column_overrides
+    with one_line_errors(debug):
+        params = RunParams.model_validate(
+            {
+                "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
+                "base_url": base_url, "threshold": threshold, "scale": scale, "strict_mode": strict,
+                "include_reason": reason, "on_missing": on_missing, "max_concurrency": max_concurrency,
+                "requests_per_minute": rpm, "tokens_per_minute": tpm, "rate_limit_key": rate_limit_key,
+                "chunk_size": chunk_size,
+                "max_workers": max_workers, "timeout_s": timeout_s, "max_retries": max_retries, "label": label,
+                "context_window": context_window, "on_overlong": on_overlong,
+                "dataset_name": dataset_name, "segment_by": segment_by or [],
+                "columns": parse_column_overrides(column or []),
+                "format": format or ("iceberg" if catalog else _detect_format(output, storage_option)),
+                "catalog": catalog, "namespace": namespace,
+                "storage_options": _split_storage_options(storage_option or []), "cache": cache,
+                "refresh_cache": refresh_cache, "cache_uri": cache_uri,
+                "max_cost_usd": max_cost_usd, "max_requests": max_requests,
+                "prices": price or {},
+                "max_error_rate": max_error_rate, "index_version": index_version,
+                "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
+                "canary": canary,
+                "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
+                "require_baseline": require_baseline,
+                "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
+                "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
+                "units": units, "extractor_model": extractor_model, "context_from": context_from,
+                "context_extractor": context_extractor,
+                "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
+                "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval,
+                "batch_timeout_s": batch_timeout, "batch_fallback": batch_fallback,
+                "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
+            }
+        )  # fmt: skip
+        from recall_tasks.pipeline.dask_paths import absolute
 
-        with one_line_errors(debug):
-            params = RunParams.model_validate(
-                {
-                    "dataset_uri": dataset_uri, "output_uri": output, "metric": metric, "judge": judge, "model": model,
-                    "base_url": base_url, "threshold": threshold, "scale": scale, "strict_mode": strict,
-                    "include_reason": reason, "on_missing": on_missing, "max_concurrency": max_concurrency,
-                    "requests_per_minute": rpm, "tokens_per_minute": tpm, "rate_limit_key": rate_limit_key,
-                    "chunk_size": chunk_size,
-                    "max_workers": max_workers, "timeout_s": timeout_s, "max_retries": max_retries, "label": label,
-                    "context_window": context_window, "on_overlong": on_overlong,
-                    "dataset_name": dataset_name, "segment_by": segment_by or [],
-                    "columns": parse_column_overrides(column or []),
-                    "format": format or ("iceberg" if catalog else _detect_format(output, storage_option)),
-                    "catalog": catalog, "namespace": namespace,
-                    "storage_options": _split_storage_options(storage_option or []), "cache": cache,
-                    "refresh_cache": refresh_cache, "cache_uri": cache_uri,
-                    "max_cost_usd": max_cost_usd, "max_requests": max_requests,
-                    "prices": price or {},
-                    "max_error_rate": max_error_rate, "index_version": index_version,
-                    "baseline": None if baseline.lower() == "none" else baseline, "tolerance": tolerance,
-                    "canary": canary,
-                    "fail_on_regression": fail_on_regression, "allow_incomparable": allow_incomparable,
-                    "require_baseline": require_baseline,
-                    "retriever": retriever, "retrieval_uri": retrieval_uri, "k": k, "id_pattern": id_pattern,
-                    "qrels_uri": qrels_uri, "verdict_metric": verdict_metric,
-                    "units": units, "extractor_model": extractor_model, "context_from": context_from,
-                    "context_extractor": context_extractor,
-                    "task_runner": task_runner, "workers": workers, "dask_address": dask_address,
-                    "batch": batch, "batch_wait": wait, "poll_interval_s": poll_interval,
-                    "batch_timeout_s": batch_timeout, "batch_fallback": batch_fallback,
-                    "batch_collect_only": collect_only, "wait_for_lock": wait_for_lock,
-                }
-            )  # fmt: skip
-            from recall_tasks.pipeline.dask_paths import absolute
+        params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
+        if dry_run:
+            from recall_tasks.pipeline.estimate import estimate, report
 
-            params = absolute(params)  # --dask-address: relative paths are this folder's, not the workers'
-            if dry_run:
-                from recall_tasks.pipeline.estimate import estimate, report
-
-                for line in report(params, estimate(params)):
-                    console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
-                return
-        execute(params, output, debug)
+            for line in report(params, estimate(params)):
+                console.print(inert(line), markup=False, highlight=False, soft_wrap=True)
+            return
+    execute(params, output, debug)
 
 
 @app.command()
@@ -313,35 +311,46 @@ app.add_typer(alerts_app, name="alerts")
 events.register(app)
 
 
-def console_main() -> None:
-    """The ``recall-bench`` process: the Typer app, and its exit code (``runtime.exit_process``).
+#: The collector's thresholds in the ``recall-bench`` process (young, middle, full), each at least this: a run's rows
+#: in flight outlive two young collections, and CPython's ``(700, 10, 10)`` then ran a full collection over the
+#: whole process about twice a second (docs/performance.md, "Garbage collection while a run judges").
+CLI_GC_THRESHOLDS = (20_000, 10, 100)
 
-    After an interrupt's clean-up (judge calls cancelled, row cache flushed, message printed) the process exits
-    at once, without joining threads or running exit handlers: that shutdown joins Prefect's and the judge
-    loop's threads, and a second Ctrl-C landing there ended the process by SIGINT (status -2) instead of 130.
-    Any other exit joins threads and runs the exit handlers, then skips the interpreter's finalization.
+
+def settle_process() -> None:
+    """What the ``recall-bench`` process sets for itself, before its heavy imports; the library sets none of it
+    (``import recall_tasks``, ``evaluate()`` and a deployment's flow leave their host's settings alone).
+
+    - ``_RJEM_MALLOC_CONF`` (read by deltalake's own jemalloc at deltalake's first import): the pages the commit's
+      Delta write freed go back to the system at once, not seconds later while the report allocates;
+    - ``TOKIO_WORKER_THREADS=1`` (read by deltalake's runtime when it starts): with a worker per core its
+      partitioned write of ``results`` queued the batches it had not encoded yet;
+    - the collector's thresholds, :data:`CLI_GC_THRESHOLDS` (a higher one of the user's stays; 0 stays off).
+
+    docs/performance.md ("1,000,000 rows", "Garbage collection while a run judges") has what each is worth.
+    A setting the user made wins. Worker processes of ``--task-runner processes|dask`` inherit the environment.
     """
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
+    found = gc.get_threshold()
+    if found[0]:
+        gc.set_threshold(*(max(a, b) for a, b in zip(found, CLI_GC_THRESHOLDS, strict=True)))
+
+
+def console_main() -> None:
+    """The ``recall-bench`` process: its own settings (:func:`settle_process`), the Typer app, its exit code."""
     import sys
 
-    from recall_tasks.cli.runtime import exit_process
-
-    session = Session()
-    code = _main(sys.argv[1:], session)
-    if code in (130, 143) and session.interrupted is not None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    exit_process(code)
+    settle_process()
+    sys.exit(_main(sys.argv[1:]))
 
 
-def _main(args: list[str], session: Session | None = None) -> int:
+def _main(args: list[str]) -> int:
     """The Typer app on ``args``; returns the exit code. A usage error is one line, as every other error:
     ``error: No such option: --concurrency (Possible options: --max-concurrency); see recall-bench run --help``,
-    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel). ``session``: where an interrupted
-    command says so (``run_flow.mark_interrupted``)."""
+    exit 2 (Typer's own rendering is a usage line, a hint and a boxed panel)."""
     try:
-        with session_scope(session if session is not None else Session()):
-            rv = app(args, prog_name="recall-bench", standalone_mode=False)
+        rv = app(args, prog_name="recall-bench", standalone_mode=False)
     except typer.TyperException as exc:  # Typer's click errors: usage errors (exit 2) and the like
         if type(exc).__name__ == "NoArgsIsHelpError":  # `recall-bench` alone: the help, as before
             exc.show()  # type: ignore[attr-defined]

@@ -99,7 +99,7 @@ def calibrate(
     import signal
 
     from recall_tasks._sync import Cancelled
-    from recall_tasks.cli.run_flow import mark_interrupted, one_line_errors
+    from recall_tasks.cli.run_flow import one_line_errors
     from recall_tasks.cli.runtime import _interrupts, _is_interrupt
 
     with one_line_errors(debug), _interrupts() as state:
@@ -114,7 +114,6 @@ def calibrate(
                 raise
             sig = int(state["signal"] or signal.SIGINT)
             err.print("interrupted: nothing recorded; rerun the same command (rows judged so far are cached)")
-            mark_interrupted(sig)
             raise typer.Exit(code=128 + sig) from None
         from recall_tasks.reports.calibration import blocks, render_text, write_reports
 

@@ -16,7 +16,10 @@ Decisions:
 - **Event loops.** Both functions run the work in a thread of its own and wait for it: nothing depends on whether
   the caller's thread runs an event loop (Jupyter's does; ``asyncio.run`` inside it fails). ``evaluate`` blocks;
   ``a_evaluate`` awaits the same thread's future, so other tasks go on meanwhile. Ctrl-C (or cancelling the
-  awaiting task) cancels the run's judge calls; the rows judged so far are kept in the row cache.
+  awaiting task) cancels this run's judge calls (its own cancel scope: other runs of the process go on); the rows
+  judged so far are kept in the row cache.
+- **The host.** Nothing of the caller's process is set: no environment variable, collector threshold or
+  allocator setting (``recall-bench`` sets its own in ``cli.app.settle_process``).
 - **Output.** ``output=None``: the tables (and the row cache) go to a temporary folder read back, then removed;
   nothing is kept. ``output="recall-output"`` (or ``s3://...``): the tables stay there as ``run`` writes them, the
   row cache makes a rerun judge only what changed, and the next run is compared with this one.
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from recall_tasks._sync import CancelScope
     from recall_tasks.config import RunParams
     from recall_tasks.summaries import RunSummary
 
@@ -113,11 +117,11 @@ def evaluate(
     any other ``run`` option by its parameter name (``judge="openai"``, ``model=...``, ``max_cost_usd=...``,
     ``label=...``, ``segment_by=[...]``...). Works in a thread that runs an event loop (Jupyter).
     """
-    future = _start(data, output, columns, prefect, options)
+    future, scope = _start(data, output, columns, prefect, options)
     try:
         return _wait(future)
     except KeyboardInterrupt:
-        _cancel(future)
+        _cancel(future, scope)
         raise
 
 
@@ -130,32 +134,35 @@ async def a_evaluate(
     **options: Any,
 ) -> Evaluation:
     """:func:`evaluate`'s async twin: the same work in the same kind of thread, awaited."""
-    future = _start(data, output, columns, prefect, options)
+    future, scope = _start(data, output, columns, prefect, options)
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:
-        _cancel(future)
+        _cancel(future, scope)
         raise
 
 
 def _start(
     data: Any, output: Any, columns: Any, prefect: bool, options: dict[str, Any]
-) -> concurrent.futures.Future[Evaluation]:
+) -> tuple[concurrent.futures.Future[Evaluation], CancelScope]:
     """The run in a thread of its own (no event loop there, whatever the caller's thread runs), in a copy of the
-    caller's context: ``prefect.settings.temporary_settings`` and the like hold there too."""
+    caller's context: ``prefect.settings.temporary_settings`` and the like hold there too; with its cancel scope."""
+    from recall_tasks._sync import CancelScope
+
     future: concurrent.futures.Future[Evaluation] = concurrent.futures.Future()
+    scope = CancelScope()
 
     def work() -> None:
         if not future.set_running_or_notify_cancel():
             return
         try:
-            future.set_result(_evaluate(data, output, columns, prefect, options))
+            future.set_result(_evaluate(data, output, columns, prefect, options, scope))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as is
             future.set_exception(exc)
 
     context = contextvars.copy_context()  # the caller's context vars (Prefect's settings context among them)
     threading.Thread(target=context.run, args=(work,), name="recall-evaluate", daemon=True).start()
-    return future
+    return future, scope
 
 
 def _wait(future: concurrent.futures.Future[T]) -> T:
@@ -166,16 +173,17 @@ def _wait(future: concurrent.futures.Future[T]) -> T:
             continue
 
 
-def _cancel(future: concurrent.futures.Future[Any]) -> None:
-    """Cancel the run's judge calls; the chunk loop then aborts, keeps the judged rows and raises."""
-    from recall_tasks._sync import cancel_all_scopes
-
-    cancel_all_scopes()
+def _cancel(future: concurrent.futures.Future[Any], scope: CancelScope) -> None:
+    """Cancel this run's judge calls (and no other run's); the chunk loop then aborts, keeps the judged rows and
+    raises."""
+    scope.cancel()
     with contextlib.suppress(BaseException):
         future.exception(timeout=30)
 
 
-def _evaluate(data: Any, output: Any, columns: Any, prefect: bool, options: dict[str, Any]) -> Evaluation:
+def _evaluate(
+    data: Any, output: Any, columns: Any, prefect: bool, options: dict[str, Any], scope: CancelScope
+) -> Evaluation:
     from recall_tasks.io.columns import parse_column_overrides
 
     if options.get("batch") and not options.get("batch_wait"):
@@ -184,7 +192,7 @@ def _evaluate(data: Any, output: Any, columns: Any, prefect: bool, options: dict
     with _dataset(data, given) as dataset, _output_folder(output) as out:
         given.update(dataset_uri=dataset.uri, output_uri=out, columns=parse_column_overrides(columns or {}))
         params = _params(given)
-        summary = _run(params, prefect)
+        summary = _run(params, prefect, scope)
         if summary["status"] in ("batch_pending", "batch_idle"):  # batch_timeout_s passed before they ended
             raise ConfigError(f"run {summary['run_id']} is pending: its batches are not collected yet")
         dataset.committed()  # nothing left to resume: an in-memory copy goes
@@ -252,28 +260,28 @@ def _params(given: dict[str, Any]) -> RunParams:
     return RunParams.model_validate(given)
 
 
-def _run(params: RunParams, prefect: bool) -> RunSummary:
+def _run(params: RunParams, prefect: bool, scope: CancelScope) -> RunSummary:
     """The flow (``prefect``) or its steps in this process; a committed run's outcome is returned, not raised."""
-    run: Callable[[RunParams], Any]
-    if prefect:
-        run = _run_flow
-    else:
-        from recall_tasks.pipeline.local_run import run_in_process
-
-        run = run_in_process
     try:
-        return cast("RunSummary", run(params))  # a pending batch run never returns: batch_wait waits it out
+        if prefect:
+            summary = _run_flow(params, scope)
+        else:
+            from recall_tasks.pipeline.local_run import run_in_process
+
+            summary = run_in_process(params, scope=scope)
+        return cast("RunSummary", summary)  # a pending batch run never returns: batch_wait waits it out
     except (RunFailed, BudgetExhausted, RegressionDetected, IncomparableBaseline) as exc:
         return exc.summary
 
 
-def _run_flow(params: RunParams) -> Any:
+def _run_flow(params: RunParams, scope: CancelScope) -> Any:
     from recall_tasks.cli.runtime import _prefect_api
 
     with _prefect_api():
-        from recall_tasks.pipeline.flow import recall_benchmark
+        from recall_tasks.pipeline.flow import watched_benchmark
+        from recall_tasks.pipeline.run import NO_OBSERVER
 
-        return recall_benchmark(params)
+        return watched_benchmark(params, NO_OBSERVER, scope)
 
 
 def _read_back(params: RunParams, run_id: str) -> tuple[pa.Table, dict[str, Any]]:

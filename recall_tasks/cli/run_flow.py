@@ -1,4 +1,4 @@
-"""How ``run``, ``demo`` and ``batch collect`` run the benchmark flow: pre-flight, progress bar, exit codes.
+"""How ``run``, ``demo`` and ``batch collect`` run the benchmark flow: progress bar, interrupts, exit codes.
 
 :func:`execute` runs the flow for validated parameters and prints its outcome with the exit codes of ``run``
 (``EXIT_CODES`` in :mod:`recall_tasks.cli.app`); :func:`one_line_errors` turns every error into one ``error:``
@@ -8,10 +8,8 @@ line. The process around a run (Prefect API, signals, quiet console logging) is 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import typer
@@ -20,16 +18,7 @@ from pydantic import ValidationError
 from recall_tasks.cli.common import _fail, _fail_unexpected, err, plain
 from recall_tasks.cli.losses import print_run_losses
 from recall_tasks.cli.outcome import judge_line_of, print_outcome, print_pending
-from recall_tasks.cli.runtime import (
-    _check_reachable,
-    _interrupts,
-    _is_interrupt,
-    _prefect_api,
-    _quiet_prefect_console,
-    freeze_heap,
-    gc_paused,
-    interrupts_deferred,
-)
+from recall_tasks.cli.runtime import _interrupts, _is_interrupt, _prefect_api, _quiet_prefect_console, signals_default
 from recall_tasks.config import RunParams
 from recall_tasks.errors import (
     BudgetExhausted,
@@ -45,37 +34,7 @@ from recall_tasks.summaries import FlowSummary
 
 if TYPE_CHECKING:
     from recall_tasks.pipeline.progress import RowProgress
-    from recall_tasks.pipeline.run import Prepared
-
-
-@dataclass
-class Session:
-    """One ``recall-bench`` invocation (``app.console_main`` opens it around the Typer app): what the command
-    leaves for the process around it."""
-
-    #: the signal of an interrupt whose clean-up is done (``console_main`` then exits at once)
-    interrupted: int | None = None
-
-
-#: the invocation under way. Not click's context object: Typer 0.2x ships its own click, whose context the
-#: ``click`` package cannot see, so an interrupted run never reached the fast exit (``session_scope``).
-_sessions: list[Session] = []
-
-
-@contextlib.contextmanager
-def session_scope(session: Session) -> Iterator[Session]:
-    """``session`` is the invocation :func:`mark_interrupted` reports to, for the length of the block."""
-    _sessions.append(session)
-    try:
-        yield session
-    finally:
-        _sessions.remove(session)
-
-
-def mark_interrupted(sig: int) -> None:
-    """Tell ``console_main`` that this command's interrupt clean-up is done (no-op outside ``console_main``)."""
-    for session in _sessions:
-        session.interrupted = sig
+    from recall_tasks.pipeline.run import NoObserver
 
 
 def _row_progress() -> RowProgress:
@@ -84,16 +43,15 @@ def _row_progress() -> RowProgress:
     return RowProgress()
 
 
-@dataclass
 class _Watch:
-    """The CLI's :class:`~recall_tasks.pipeline.run.RunObserver`: the rows settled so far (``shown``, counted from
-    the head start on, before the bar exists: the first chunk's rows used to be lost and the bar jumped by them),
-    the progress bar once drawn, and the rows an abort left cached (the interrupt message sums them: the flow's
-    abort and a head start no flow took)."""
+    """The CLI's :class:`~recall_tasks.pipeline.run.RunObserver`: the rows settled so far (``shown``), the progress
+    bar, and the rows an abort left cached (the interrupt message says how many). Not a dataclass: pydantic would
+    dump one field by field into the flow run's context for worker processes, bar and locks included."""
 
-    cached: list[int] = field(default_factory=list)
-    shown: RowProgress = field(default_factory=_row_progress)
-    bar: Callable[[], None] | None = None
+    def __init__(self) -> None:
+        self.cached: list[int] = []
+        self.shown: RowProgress = _row_progress()
+        self.bar: Callable[[], None] | None = None
 
     def progress(self, done: int, total: int) -> None:
         self.shown.chunks(done, total)
@@ -110,6 +68,16 @@ class _Watch:
 
     def waiting(self, message: str) -> None:
         _print_wait(message)
+
+    def note(self, message: str) -> None:
+        err.print(f"[yellow]note:[/] {plain(message)}")
+
+    def __reduce__(self) -> tuple[type[NoObserver], tuple[()]]:
+        """Nobody watches in another process: Prefect pickles the flow run's parameters (this observer among them)
+        into the context of every task run it sends to a worker process; the bar is this process's."""
+        from recall_tasks.pipeline.run import NoObserver
+
+        return (NoObserver, ())
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -137,34 +105,25 @@ def one_line_errors(debug: bool) -> Iterator[None]:
         _fail_unexpected(exc, debug)
 
 
-def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> FlowSummary:
+def _run(params: RunParams, debug: bool = False) -> FlowSummary:
     """Run the flow with a progress bar; an interrupt exits 130 (SIGTERM 143) after the abort's clean-up.
 
-    ``preflight``: the run's checks first (before Prefect starts), inside the same interrupt handling.
+    Prefect is imported first, with Ctrl-C ending the process as any program's (nothing is judged or written yet,
+    and an interrupt raised inside Prefect's import was caught there, printed as a traceback and lost); the run's
+    own interrupt handling starts with the flow.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from recall_tasks.pipeline import head_start
+    from recall_tasks._sync import CancelScope
 
+    with signals_default():
+        from recall_tasks.pipeline.flow import watched_benchmark
     watch = _Watch()
-    prepared = None
-    with _interrupts() as state, contextlib.ExitStack() as stack:
-        stack.enter_context(gc_paused())  # until Prefect is imported (freeze_heap below)
+    scope = CancelScope()  # this run's judge calls: the interrupt handler cancels them at once
+    with _interrupts(scope) as state, contextlib.ExitStack() as stack:
         try:
-            if preflight:
-                prepared = _preflight(params)
-                for note in prepared.notes:
-                    err.print(f"[yellow]note:[/] {plain(note)}")
-                # live: PREFECT_API_URL is Prefect's own setting (a URL from a Prefect profile is checked after import)
-                if os.environ.get("PREFECT_API_URL"):
-                    _check_reachable(os.environ["PREFECT_API_URL"])
-                head_start.plan_ahead(prepared, watch)  # the first chunk's judge calls overlap Prefect's start-up
-                stack.callback(head_start.abandon, prepared, watch)  # a no-op once the flow took the plan
-            with interrupts_deferred(state):  # Prefect's import runs whole; an interrupt in it is raised after it
-                from recall_tasks.pipeline.flow import handing_off, recall_benchmark
             stack.enter_context(_prefect_api())
-            freeze_heap()  # what start-up imported: no collection walks it again
-            stack.enter_context(_quiet_prefect_console(debug, prepared.notes if prepared else ()))
+            stack.enter_context(_quiet_prefect_console(debug))
             progress = stack.enter_context(
                 Progress(
                     TextColumn("scoring"),
@@ -177,27 +136,21 @@ def _run(params: RunParams, debug: bool = False, preflight: bool = False) -> Flo
                 )
             )
             rows = watch.shown  # settled chunks plus the rows settled in those in flight (pipeline/progress.py)
-            if rows.total is None and prepared is not None and prepared.plan is not None:
-                rows.total = prepared.plan.dataset.num_rows  # the head start judges before the chunk loop says it
             bar = progress.add_task("rows", total=rows.total, completed=rows.shown)
 
             def draw() -> None:
                 progress.update(bar, completed=rows.shown, total=rows.total)
 
             watch.bar = draw
-            with handing_off(prepared, watch):  # what this process prepared reaches the flow it calls
-                return recall_benchmark(params)
+            return watched_benchmark(params, watch, scope)
         except BaseException as exc:
             if not _is_interrupt(exc) and state["signal"] is None:
                 raise
             sig = state["signal"] or getattr(exc, "signal", None) or signal.SIGINT
-            if prepared is not None:  # interrupted before the flow took the plan: its rows count below
-                head_start.abandon(prepared, watch)
             err.print(
                 f"interrupted: rerun the same command to resume ({sum(watch.cached)} rows judged so far are cached)",
                 highlight=False,
             )
-            mark_interrupted(int(sig))
             raise typer.Exit(code=128 + int(sig)) from None
 
 
@@ -211,7 +164,7 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
     with one_line_errors(debug):
         try:
             err.print(judge_line_of(params), markup=False, highlight=False)
-            summary = _run(params, debug, preflight=True)
+            summary = _run(params, debug)
         except RegressionDetected as exc:
             print_outcome(exc.summary, output)
             print_run_losses(params, exc.summary, output)
@@ -240,10 +193,3 @@ def execute(params: RunParams, output: str, debug: bool = False, batch_key: str 
         return print_pending(summary)
     print_outcome(summary, output)
     print_run_losses(params, summary, output)  # a regressed verdict: the segments and rows that lost most
-
-
-def _preflight(params: RunParams) -> Prepared:
-    """The run's checks before Prefect starts (the flow repeats them for deployments): their result and notes."""
-    from recall_tasks.pipeline import head_start
-
-    return head_start.preflight(params)

@@ -156,15 +156,17 @@ class ResultStore:
         *,
         wait: bool = False,
         on_wait: Callable[[str], None] | None = None,
+        on_lost: Callable[[str], None] | None = None,
     ) -> tuple[str, dt.datetime, bool]:
         """The run id for ``run_key``: an unfinished attempt's (resumed=True) or ``new_run_id`` (recorded), with
         this attempt's lease on the marker, renewed until :meth:`end_run` or :meth:`release_run`
-        (:mod:`~recall_tasks.io.lease`: a live attempt of the same run refuses this one, or ``wait`` for it)."""
+        (:mod:`~recall_tasks.io.lease`: a live attempt of the same run refuses this one, or ``wait`` for it).
+        ``on_lost`` is told, from the renewing thread, when another attempt took the lease over."""
         from recall_tasks.io.lease import RunLease
 
         self.lease = RunLease(self.fs, self._marker(run_key), self.output_uri)
         run_id, started, resumed = self.lease.acquire(new_run_id, started_at, wait=wait, on_wait=on_wait)
-        self.lease.start_renewing()
+        self.lease.start_renewing(on_lost=on_lost)
         return run_id, started, resumed
 
     def release_run(self) -> None:

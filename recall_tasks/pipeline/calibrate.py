@@ -108,7 +108,7 @@ def calibrate_judge(
         t: make_metric(params.model_copy(update={"metric": t}), judge) for t in labelled.tasks()
     }
     breaker = CircuitBreaker(timeout_threshold=max(3, params.max_concurrency))
-    # a scope: an interrupt (runtime._interrupts cancels every scope) stops the judge calls in flight at once
+    # a scope: an interrupt raised in this thread while it waits cancels the judge calls in flight at once
     outcomes = CancelScope().run(_score(metrics, labelled.rows, cache, budget, breaker))
     if cache is not None:
         cache.flush()

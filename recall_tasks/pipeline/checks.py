@@ -1,7 +1,7 @@
 """The checks a run passes before any judge call or write, one function each; each raises one clear error.
 
 ``steps.check_run`` runs them in order of cost (with the dataset, retriever, store and judge it opens in
-between) and returns a :class:`Checked`; ``head_start.preflight`` runs that for the CLI before Prefect starts.
+between) and returns a :class:`Checked`; ``steps.plan_run`` runs that first, inside the flow, before the lease.
 """
 
 from __future__ import annotations

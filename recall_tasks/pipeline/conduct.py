@@ -1,5 +1,5 @@
-"""The run's steps, plain: plan it (or take the CLI's plan), judge the chunks, commit, publish, finish; its
-resources closed once, whatever happens.
+"""The run's steps, plain: plan it, judge the chunks, commit, publish, finish; its resources closed once, whatever
+happens. The one lifecycle of a run, whoever starts it (the command line, ``evaluate()``, a deployment).
 
 Two hosts run these same steps (:class:`RunHost`): the Prefect flow (``flow.run_benchmark``: chunk tasks with
 Prefect's cache and retries, the progress artifact, artifacts and events, a flow run id in ``runs``) and
@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from recall_tasks import _heap
-from recall_tasks._gc import run_thresholds
+from recall_tasks._sync import CancelScope
 from recall_tasks.config import RunParams
-from recall_tasks.errors import StorageError
-from recall_tasks.pipeline import commit, dask_paths, head_start, publish, steps
+from recall_tasks.errors import RunInterrupted, StorageError
+from recall_tasks.io.lease import LeaseLost
+from recall_tasks.pipeline import commit, dask_paths, publish, steps
 from recall_tasks.pipeline.batch import finish as batch_finish
 from recall_tasks.pipeline.batch import settle as batch
-from recall_tasks.pipeline.run import NO_OBSERVER, Prepared, RunObserver, RunPlan
+from recall_tasks.pipeline.run import NO_OBSERVER, RunObserver, RunPlan
 from recall_tasks.pipeline.window import ChunkExecutor, ChunkTally, score_chunks
 from recall_tasks.summaries import FlowSummary
 
@@ -56,35 +57,32 @@ class Judged:
 
 
 def conduct(
-    params: RunParams, host: RunHost, *, prepared: Prepared | None = None, observer: RunObserver = NO_OBSERVER
+    params: RunParams, host: RunHost, *, observer: RunObserver = NO_OBSERVER, scope: CancelScope | None = None
 ) -> FlowSummary:
-    """Plan (or take ``prepared``'s plan), judge, commit; close the run's resources once.
+    """Plan, judge, commit; close the run's resources once.
 
-    From the moment the plan is taken until every chunk is judged, any exception (an interrupt included, however
-    early: before, the plan made ahead was out of every handler from the flow's ``plan_run`` until its chunk loop
-    started) aborts it here: judge calls cancelled, head starts settled, the judged rows kept and counted for
-    ``observer`` (``steps.keep_judged``, once even if the chunk loop did it first). A plan taken but not assigned
-    yet when the interrupt lands is reached through ``prepared`` (a ``Prepared`` remembers the plan it handed out).
+    Planning checks the inputs before it takes the run's lease (``steps.plan_run``). From the moment the plan exists
+    until every chunk is judged, any exception (an interrupt included) aborts it here: judge calls cancelled, the
+    judged rows kept and counted for ``observer`` (``steps.keep_judged``, once even if the chunk loop did it first).
+    ``scope``: the run's cancel scope, for a caller that may cancel this run (and no other); a lease another
+    attempt took over cancels it too, and the run then ends with :class:`~recall_tasks.io.lease.LeaseLost`.
     """
-    with run_thresholds():  # fewer garbage collections while the run's rows are in flight (recall_tasks/_gc.py)
-        return _conduct(params, host, prepared, observer)
-
-
-def _conduct(params: RunParams, host: RunHost, prepared: Prepared | None, observer: RunObserver) -> FlowSummary:
     params = dask_paths.absolute(params)  # a deployment's relative paths: this process's folder, not the workers'
     plan: RunPlan | None = None
     try:
         try:
-            plan = steps.plan_run(params, prepared=prepared, on_wait=observer.waiting)
+            plan = steps.plan_run(params, on_wait=observer.waiting, scope=scope)
             plan.window.observer = observer
+            for note in plan.notes:
+                observer.note(note)
             judged = _judge(params, plan, host, observer)
-        except BaseException:
-            if plan is None and prepared is not None and prepared.taken:
-                plan = prepared.plan
+        except BaseException as exc:
             if plan is not None:
                 steps.abort(plan)
-                head_start.settle_all(plan)
                 steps.keep_judged(plan, observer)
+                lost = plan.store.lease.lost if plan.store.lease is not None else None
+                if lost is not None and isinstance(exc, RunInterrupted):  # the lease went: its renewal cancelled us
+                    raise LeaseLost(f"{lost}: this attempt stopped judging; nothing committed by it") from None
             raise
         if not isinstance(judged, Judged):  # a batch run pending, or nothing to collect: nothing committed
             return judged

@@ -1,19 +1,18 @@
 """The Prefect adapter and the benchmark flow: with ``flow_tasks`` the library modules that import Prefect
 (besides ``events`` and the fleet limits).
 
-:func:`run_benchmark` is the run as plain steps: plan (or take the CLI's plan), score the chunks
-(``window.score_chunks`` through :class:`PrefectChunks`), commit, publish, finish; the ``@flow``
-:func:`recall_benchmark` is a thin wrapper around it. What Prefect adds here and nowhere else:
+:func:`run_benchmark` is the run as plain steps (``conduct.conduct``: plan, score the chunks through
+:class:`PrefectChunks`, commit, publish, finish); the ``@flow`` :func:`recall_benchmark` is a thin wrapper around
+it. What Prefect adds here and nowhere else:
 
 - each chunk is a task with retries for transient failures (``flow_tasks``; never cached by Prefect: the row
   cache is the one verdict store);
 - the progress artifact, the artifacts and events of :class:`~recall_tasks.pipeline.publish.Publication`.
 
-The CLI's preparation reaches the flow through :data:`HANDOFF`, one ``ContextVar`` set around its call of the flow
-(:func:`handing_off`): not a flow parameter (Prefect would persist it, and the deployments' parameter schema stays
-``params`` alone), not a module global. Prefect runs a flow called from Python in the caller's thread and context
-(``flow_engine.run_flow_sync``), so the flow function sees it; the chunk tasks of ``--task-runner processes|dask``
-run elsewhere and need none of it (Prefect sends them its own contexts only, ``prefect.context.serialize_context``).
+:func:`watched_benchmark` is the same flow for a caller in this process that watches the run or may cancel it
+(the command line's progress bar and Ctrl-C, ``evaluate(prefect=True)``): the observer and the cancel scope are two
+more ordinary arguments, which Prefect records as placeholders. The deployments' flow keeps ``params`` alone as its
+parameter schema.
 
 ``flows/recall_flow.py`` (the deployments' entrypoint) re-exports :func:`recall_benchmark`, so a deployment
 runs exactly the flow the CLI runs.
@@ -22,17 +21,15 @@ runs exactly the flow the CLI runs.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
-from prefect import Flow, flow, get_run_logger
+from prefect import flow, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -47,6 +44,7 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 from prefect.utilities.annotations import quote
 
 from recall_tasks import _logging
+from recall_tasks._sync import CancelScope
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, WorkerDied
 from recall_tasks.io.storage import StorageConfig
@@ -54,7 +52,7 @@ from recall_tasks.pipeline import publish, trust, workers
 from recall_tasks.pipeline.conduct import conduct
 from recall_tasks.pipeline.flow_tasks import score_chunk
 from recall_tasks.pipeline.flow_tasks import score_chunk_spec as score_chunk_spec  # tests take the task from here
-from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, Prepared, RunObserver, RunPlan
+from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, RunObserver, RunPlan
 from recall_tasks.reports import alerts
 from recall_tasks.summaries import FlowSummary
 
@@ -197,28 +195,6 @@ def _flow_run_name() -> str:
     return f"recall-{name}-{get('label') or 'adhoc'}"
 
 
-@dataclass(frozen=True)
-class Handoff:
-    """What the CLI hands the flow of its process: its preparation for these parameters and its observer."""
-
-    prepared: Prepared | None
-    observer: RunObserver = NO_OBSERVER
-
-
-#: The CLI's :class:`Handoff` to the flow it calls, for the length of the call (:func:`handing_off`).
-HANDOFF: contextvars.ContextVar[Handoff | None] = contextvars.ContextVar("recall_bench_handoff", default=None)
-
-
-@contextlib.contextmanager
-def handing_off(prepared: Prepared | None, observer: RunObserver = NO_OBSERVER) -> Iterator[None]:
-    """Set :data:`HANDOFF` around a call of :func:`recall_benchmark` in this thread."""
-    token = HANDOFF.set(Handoff(prepared, observer))
-    try:
-        yield
-    finally:
-        HANDOFF.reset(token)
-
-
 @flow(
     name="recall-benchmark",
     flow_run_name=_flow_run_name,
@@ -230,27 +206,28 @@ def recall_benchmark(params: RunParams) -> FlowSummary:
     A deployment's flow run (its parameters come from whoever may create runs) is checked against what the
     worker allows first (``pipeline/trust.py``); a run from the command line or Python is the worker's own user.
     """
-    if deployment_run():
-        trust.check_flow_run(params)
-    handoff = handed_off()
-    return run_benchmark(params, prepared=handoff.prepared, observer=handoff.observer)
+    return run_benchmark(params)
 
 
-def handed_off() -> Handoff:
-    """What the caller handed this flow (:func:`handing_off`), or nothing.
-
-    A function, not :data:`HANDOFF` read in the flow's body: Prefect sends the flow object with the context of
-    every ``processes``/``dask`` task, cloudpickle sends its function by value with the globals it names, and a
-    ``ContextVar`` does not pickle (modules and functions go by reference).
-    """
-    return HANDOFF.get() or Handoff(None)
+@flow(
+    name="recall-benchmark",
+    flow_run_name=_flow_run_name,
+    task_runner=ThreadPoolTaskRunner(max_workers=16),  # type: ignore[arg-type]
+    validate_parameters=False,  # a RunParams already; the observer and the scope are this process's objects
+)
+def watched_benchmark(params: RunParams, observer: RunObserver, scope: CancelScope | None) -> FlowSummary:
+    """:func:`recall_benchmark` for a caller of this process that watches the run (``observer``: the command
+    line's progress bar and interrupt message) or may cancel it (``scope``): never deployed."""
+    return run_benchmark(params, observer=observer, scope=scope)
 
 
 def run_benchmark(
-    params: RunParams, *, prepared: Prepared | None = None, observer: RunObserver = NO_OBSERVER
+    params: RunParams, *, observer: RunObserver = NO_OBSERVER, scope: CancelScope | None = None
 ) -> FlowSummary:
     """The run inside a flow run: :func:`~recall_tasks.pipeline.conduct.conduct`'s steps, hosted by Prefect."""
-    return conduct(params, PrefectHost(get_run_logger()), prepared=prepared, observer=observer)
+    if deployment_run():
+        trust.check_flow_run(params)
+    return conduct(params, PrefectHost(get_run_logger()), observer=observer, scope=scope)
 
 
 class PrefectHost:
@@ -280,25 +257,6 @@ class PrefectHost:
 
     def send(self, publication: publish.Publication) -> None:
         send(publication)
-
-
-def _serialize_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
-    """The flow run's parameters as JSON: a ``RunParams`` by pydantic itself, anything else as Prefect does.
-
-    Prefect's ``Flow.serialize_parameters`` imports fastapi for ``jsonable_encoder`` (0.2-0.4 s of an ad-hoc run's
-    start-up, before the first judge request); for a pydantic model without aliases that encoder returns exactly
-    ``model_dump(mode="json")``. Deployment runs pass a dict and keep Prefect's path.
-    """
-    out: dict[str, Any] = {}
-    for key, value in parameters.items():
-        if isinstance(value, RunParams):
-            out[key] = value.model_dump(mode="json")
-        else:
-            out.update(Flow.serialize_parameters(recall_benchmark, {key: value}))
-    return out
-
-
-recall_benchmark.serialize_parameters = _serialize_parameters  # type: ignore[method-assign]
 
 
 @flow(name="maintain-recall-tables")

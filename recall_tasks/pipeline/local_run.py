@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from recall_tasks._sync import CancelScope
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError
 from recall_tasks.pipeline import steps
@@ -86,15 +87,17 @@ class LocalHost:
         return None  # artifacts and events are Prefect's: dropped
 
 
-def run_in_process(params: RunParams, observer: RunObserver = NO_OBSERVER) -> FlowSummary:
+def run_in_process(
+    params: RunParams, observer: RunObserver = NO_OBSERVER, scope: CancelScope | None = None
+) -> FlowSummary:
     """Score ``params``'s dataset in this process and commit as the flow does; returns the flow's summary.
 
     Raises what the flow raises: one clear error before anything is judged, ``RunFailed``/``BudgetExhausted``/
     ``RegressionDetected``/``IncomparableBaseline`` after the commit (the summary in ``exc.summary``). ``observer``:
-    told the progress as the CLI's bar is.
+    told the progress as the CLI's bar is. ``scope``: cancels this run (``evaluate()``'s caller cancelling it).
     """
     if params.task_runner != "threads":
         raise ConfigError(
             f"task_runner={params.task_runner!r} runs chunks as Prefect tasks: pass prefect=True, or keep 'threads'"
         )
-    return conduct(params, LocalHost(), observer=observer)
+    return conduct(params, LocalHost(), observer=observer, scope=scope)

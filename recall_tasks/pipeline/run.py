@@ -3,14 +3,14 @@
 - :class:`RunSpec` (frozen): the run's configuration and identity, decided by ``steps.plan_run`` and never changed.
 - :class:`RunResources` (a context manager): what the run opens and must close (judge, row cache, budget, circuit
   breaker), the cancel scope and shared requests of its judge calls; each closed exactly once, however it ends.
-- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, head starts, layout, observer).
+- :class:`ChunkWindow`: the chunk loop's own state (blocks parked for their tasks, layout, observer).
 - :class:`RunPlan` holds the three; its read-only properties are what the steps read (``plan.params``,
   ``plan.cache``...), never a place to store anything.
 
-How the CLI's preparation reaches the flow: a :class:`Prepared` (the checks' result, and the plan made ahead with
-its head starts) and a :class:`RunObserver` (progress, rows, abort, lock wait) passed to ``flow.run_benchmark``;
-the Prefect flow gets them from ``flow.HANDOFF``, one ``ContextVar`` the CLI sets around its call. No module-level
-registry: a process running two flows at once (tests, a library user) never mixes their plans or listeners.
+Who watches a run from outside (the CLI's progress bar, its interrupt message) is a :class:`RunObserver`, an
+ordinary argument of ``conduct.conduct`` (and so of ``flow.run_benchmark``); who may cancel it passes the run's
+:class:`~recall_tasks._sync.CancelScope` the same way. No module-level registry: a process running two runs at
+once (tests, a library user) never mixes their plans, listeners or cancellations.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import operator
 import secrets as pysecrets
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
 from recall_tasks._sync import CancelScope
 from recall_tasks.config import RunParams
@@ -35,7 +34,6 @@ from recall_tasks.io.retrieval import RetrievalResults, Retriever, with_retrieve
 from recall_tasks.io.traces import TraceContext
 from recall_tasks.judges.base import JudgeResponse
 from recall_tasks.metrics.base import Metric
-from recall_tasks.pipeline.checks import Checked
 from recall_tasks.pipeline.components import release_judge
 from recall_tasks.pipeline.shared import SharedRequests
 
@@ -86,7 +84,7 @@ class RunSpec:
     retrieval: RetrievalResults | None = None
     trace: TraceContext | None = None  # contexts from agent traces (--context-from / --context-extractor)
     canary: Canary | None = None  # --canary: judged at the commit (pipeline/canary.py)
-    notes: tuple[str, ...] = ()  # pre-flight notes (logged by the flow if planned ahead)
+    notes: tuple[str, ...] = ()  # the checks' notes (told to the run's observer)
     #: this attempt of the run (a resumed run keeps its run id, not this): worker processes key their state by it
     attempt: str = field(default_factory=lambda: pysecrets.token_hex(8))
 
@@ -144,12 +142,13 @@ class RunResources:
         breaker: CircuitBreaker | None = None,
         *,
         close_budget: Callable[[], None] | None = None,
+        scope: CancelScope | None = None,
     ) -> None:
         self.metric = metric
         self.cache = cache
         self.budget = budget
         self.breaker = breaker
-        self.scope = CancelScope()  # every judge call of the run: abort cancels them
+        self.scope = scope if scope is not None else CancelScope()  # every judge call of the run: abort cancels them
         self.shared = SharedRequests()  # requests in flight by row-cache key
         #: the run's budget counters in Prefect by kind (processes/dask with --max-requests / --max-cost-usd)
         self.budget_counters: dict[str, str] = {}
@@ -228,28 +227,18 @@ def _closers_of(
     return closers
 
 
-@dataclass(frozen=True)
-class HeadStart:
-    """One of the first chunks, scored in a thread from before Prefect starts until its task takes the result."""
-
-    key: str
-    future: Future[ChunkReport]
-
-
 @dataclass
 class ChunkWindow:
-    """The chunk loop's state: blocks parked until their task settles, the head starts not taken yet, the layout.
+    """The chunk loop's state: blocks parked until their task settles, the layout.
 
     ``pending``: a task's rows are not its parameters (Prefect keeps those referenced after the run), so the
     loop parks each block here by sequence number until its task settles.
     """
 
     pending: dict[int, RowBlock] = field(default_factory=dict)
-    #: the first chunks (the flow's window) by sequence number, judged while Prefect starts (head_start.plan_ahead)
-    head_starts: dict[int, HeadStart] = field(default_factory=dict)
     layout: Layout | None = None  # the run's chunks (identical rows in one chunk): see steps.blocks()
     #: told the rows of the chunks scored in this process as they settle (the CLI's bar); set by whoever runs the
-    #: plan (``head_start.plan_ahead``, ``flow.run_benchmark``), None: nobody watches
+    #: plan (``conduct.conduct``), None: nobody watches
     observer: RunObserver | None = None
 
 
@@ -307,9 +296,9 @@ class RunPlan:
     budget_counters = _Of["dict[str, str]"]("resources")
     # -- the window
     pending_blocks = _Of["dict[int, RowBlock]"]("window", "pending")
-    head_starts = _Of["dict[int, HeadStart]"]("window")
 
 
+@runtime_checkable  # a parameter of ``flow.watched_benchmark``: Prefect's parameter schema checks it by isinstance
 class RunObserver(Protocol):
     """Who watches a run from outside (the CLI's progress bar and interrupt message)."""
 
@@ -330,6 +319,10 @@ class RunObserver(Protocol):
         """``--wait-for-lock``: this attempt waits for another attempt of the same run (said once)."""
         ...
 
+    def note(self, message: str) -> None:
+        """A note of the run's checks (a retrieval file that misses rows, an endpoint without ``/models``)."""
+        ...
+
 
 class NoObserver:
     """Nobody watching: deployment runs, tests, library calls."""
@@ -343,45 +336,11 @@ class NoObserver:
     def waiting(self, message: str) -> None:
         log.warning("%s", message)
 
+    def note(self, message: str) -> None:
+        log.warning("%s", message)
+
     def aborted(self, rows_cached: int) -> None:
         pass
 
 
 NO_OBSERVER: RunObserver = NoObserver()
-
-
-class Prepared:
-    """What the CLI prepared for one run before Prefect starts: the checks' result and, once planned ahead, the
-    plan with its head starts. Handed to ``flow.run_benchmark`` of the same parameters, which takes the plan.
-
-    :meth:`take` and :meth:`abandon_plan` hand the plan out once between them (under a lock): the flow takes it, or
-    the CLI abandons it when no flow did (``head_start.abandon``). A plan taken stays readable as :attr:`plan` so
-    the flow can still abort it if an interrupt lands between taking it and its own clean-up.
-    """
-
-    def __init__(self, params: RunParams, checked: Checked) -> None:
-        self.params = params
-        self.checked = checked
-        self.plan: RunPlan | None = None
-        self.taken = False
-        self._lock = threading.Lock()
-
-    @property
-    def notes(self) -> list[str]:
-        return list(self.checked.notes)
-
-    def take(self, params: RunParams) -> RunPlan | None:
-        """The plan made ahead for ``params`` (None: none, another run's, or already handed out)."""
-        with self._lock:
-            if self.plan is None or self.taken or params != self.params:
-                return None
-            self.taken = True
-            return self.plan
-
-    def abandon_plan(self) -> RunPlan | None:
-        """The plan made ahead that no flow took (None once taken or abandoned)."""
-        with self._lock:
-            if self.plan is None or self.taken:
-                return None
-            self.taken = True
-            return self.plan

@@ -2,10 +2,9 @@
 
 ``plan_run`` validates everything (parameters, output location, dataset schema, row ids, segment columns,
 judge configuration and reachability, the baseline reference: :func:`check_run`, the checks themselves in
-:mod:`~recall_tasks.pipeline.checks`) before any judge call or write, and builds the run object
-(:mod:`~recall_tasks.pipeline.run`: spec, resources, window); ``head_start.preflight`` runs the same checks for
-the CLI before Prefect starts and hands them over in a ``Prepared``. ``score_chunk`` scores one block and stages
-its results.
+:mod:`~recall_tasks.pipeline.checks`; then every row read once for the chunks' layout) before it takes the run's
+lease or writes anything, and builds the run object (:mod:`~recall_tasks.pipeline.run`: spec, resources, window).
+``score_chunk`` scores one block and stages its results.
 :func:`~recall_tasks.pipeline.commit.commit_run` aggregates the staged results, commits them and the run rows at
 once, with the run's status decided by :func:`~recall_tasks.pipeline.outcome.run_outcome` (``failed``,
 ``budget_exhausted`` or ``completed``).
@@ -26,12 +25,12 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from recall_tasks._sync import Cancelled
+from recall_tasks._sync import Cancelled, CancelScope
 from recall_tasks.config import RUN_KEY_FIELDS, RunParams
 from recall_tasks.errors import ConfigError, RunInterrupted, StorageError, StoreUnreachable
 from recall_tasks.fleet import ledger
 from recall_tasks.fleet.guards import NOT_JUDGED, Budget, CircuitBreaker
-from recall_tasks.io.blocks import RowBlock, iter_layout, plan_layout
+from recall_tasks.io.blocks import Layout, RowBlock, iter_layout, plan_layout
 from recall_tasks.io.cache import RowVerdictCache
 from recall_tasks.io.datasets import Dataset
 from recall_tasks.io.results import ResultStore, check_format
@@ -64,7 +63,7 @@ from recall_tasks.pipeline.components import (
 from recall_tasks.pipeline.run import (
     NO_OBSERVER,
     ChunkReport,
-    Prepared,
+    ChunkWindow,
     RunObserver,
     RunPlan,
     RunResources,
@@ -85,11 +84,17 @@ def blocks(plan: RunPlan) -> Iterator[RowBlock]:
     judge request whatever process scores it (``io/blocks.plan_layout``, planned on first use)."""
     window = plan.window
     if window.layout is None:
-        window.layout = plan_layout(plan.dataset, plan.params.chunk_size)
-        if window.layout.repeats:
-            log.info("%d row(s) repeat an earlier row: each set of identical rows is judged once, in one chunk",
-                     window.layout.repeats)  # fmt: skip
+        window.layout = layout_of(plan.dataset, plan.params.chunk_size)
     return iter_layout(plan.dataset, window.layout, plan.params.chunk_size)
+
+
+def layout_of(dataset: Dataset, chunk_size: int) -> Layout:
+    """The run's chunks (``io/blocks.plan_layout``): every row read and decoded once."""
+    layout = plan_layout(dataset, chunk_size)
+    if layout.repeats:
+        log.info("%d row(s) repeat an earlier row: each set of identical rows is judged once, in one chunk",
+                 layout.repeats)  # fmt: skip
+    return layout
 
 
 def results_config(params: RunParams, dataset: Dataset, metric: Metric) -> dict[str, Any]:
@@ -182,40 +187,38 @@ def plan_run(
     params: RunParams,
     run_id: str | None = None,
     *,
-    prepared: Prepared | None = None,
-    log_notes: bool = True,
     share: bool = True,
     on_wait: Callable[[str], None] | None = None,
+    scope: CancelScope | None = None,
 ) -> RunPlan:
-    """Validate the run before anything is judged or written; raise one clear error otherwise.
+    """Check the run, then take its lease and open what it needs; raise one clear error otherwise.
 
-    ``prepared`` (the CLI's ad-hoc runs, ``head_start``): its plan made ahead for these parameters is taken as is
-    (its head starts judging), else its checks are not repeated; deployment runs check here.
-    ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources (not yet in ``plan_ahead``).
-    ``on_wait``: told once when ``--wait-for-lock`` waits for another attempt of the run (the observer's ``waiting``).
+    The inputs are checked first (:func:`check_run`, then every row read once for the chunks' layout: a data page
+    that does not decode fails here), and only then is the lease taken: a run refused by its inputs leaves no
+    marker and no lease behind. ``share``: give the judges their fleet-wide ``--rpm``/``--tpm`` grant sources.
+    ``on_wait``: told once when ``--wait-for-lock`` waits for another attempt of the run (the observer's
+    ``waiting``). ``scope``: the run's cancel scope (a caller that may cancel this run passes its own); a lease
+    another attempt takes over cancels it, so the attempt stops spending at once.
     """
-    # taken even if what follows raises: the flow's run_benchmark then aborts it through ``prepared``
-    planned = prepared.take(params) if prepared is not None and run_id is None else None
-    if planned is not None:
-        for note in planned.notes:
-            log.warning("%s", note)
-        if share:
-            share_limits(params, planned.metric)
-            _count_budget(planned)
-        return planned
-    ready = prepared is not None and prepared.plan is None and prepared.params == params
-    checked = prepared.checked if prepared is not None and ready else check_run(params)
+    checked = check_run(params)
     dataset, store, metric = checked.dataset, checked.store, checked.metric
+    try:
+        layout = layout_of(dataset, params.chunk_size)  # every row decoded once: a bad page stops the run here
+    except BaseException:
+        release_judge(metric.judge)
+        raise
     if share:
         share_limits(params, metric)
-    if log_notes:
-        for note in checked.notes:
-            log.warning("%s", note)
     run_key = _run_key(params, dataset, metric)
     started = dt.datetime.now(dt.UTC)
-    # the lease first: an attempt that waited for another opens the row cache as that one left it
+    scope = scope if scope is not None else CancelScope()
+
+    def lost(why: str) -> None:
+        scope.cancel()  # the judge calls stop now, not at the commit
+
+    # the lease before the cache: an attempt that waited for another opens the row cache as that one left it
     the_run_id, started, resumed = store.begin_run(
-        run_key, run_id or new_run_id(), started, wait=params.wait_for_lock, on_wait=on_wait
+        run_key, run_id or new_run_id(), started, wait=params.wait_for_lock, on_wait=on_wait, on_lost=lost
     )
     cache = None
     if params.cache:
@@ -235,11 +238,11 @@ def plan_run(
     resources = RunResources(
         metric, cache,
         Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent),
-        CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)),
+        CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), scope=scope,
     )  # fmt: skip
     if cache is not None:  # the entries it puts name this attempt: a resumed attempt counts them as its spend
         cache.attempt = f"{spec.run_id}/{spec.attempt}"
-    plan = RunPlan(spec, resources)
+    plan = RunPlan(spec, resources, ChunkWindow(layout=layout))
     if share:
         _count_budget(plan)
     return plan
@@ -276,22 +279,7 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
     """Score one block (async judge calls on the shared loop) and write its result file.
 
     Raises :class:`RunInterrupted` if the run is aborted before or while the block is judged (no file written).
-    A chunk the head start is judging (same sequence number and key) waits for it instead, once; a retry scores
-    it afresh.
     """
-    head = plan.window.head_starts.get(seq)
-    if head is not None and head.key == key:
-        del plan.window.head_starts[seq]
-        return head.future.result()
-    return _score_chunk(plan, seq, block, key)
-
-
-def score_ahead(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
-    """A head start's chunk (``head_start.plan_ahead``): scored as any chunk, before its task exists."""
-    return _score_chunk(plan, seq, block, key)
-
-
-def _score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkReport:
     try:
         with progress.counting_rows(seq, plan.window.observer):  # the rows as they settle, for the CLI's bar
             if plan.params.metric == "retrieval_ids":  # no judge: the ids alone (pipeline/ids_step.py)

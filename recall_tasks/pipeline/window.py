@@ -12,7 +12,7 @@ each chunk as a Prefect task, a test can run them on a thread pool. What the loo
   chunks in flight get :data:`ABORT_WAIT_S` to settle, the row cache is flushed (the observer is told how many
   rows it holds), and the exception goes on.
 
-The loop closes nothing: the run's resources are closed once by their owner (``flow.run_benchmark``, through
+The loop closes nothing: the run's resources are closed once by their owner (``conduct.conduct``, through
 :class:`~recall_tasks.pipeline.run.RunResources`), after the commit that still uses the judge and the cache.
 """
 
@@ -24,7 +24,7 @@ from typing import Protocol
 
 from recall_tasks import _heap
 from recall_tasks.io.results import ChunkPart
-from recall_tasks.pipeline import head_start, steps
+from recall_tasks.pipeline import steps
 from recall_tasks.pipeline.run import NO_OBSERVER, ChunkReport, RunObserver, RunPlan
 from recall_tasks.pipeline.steps import ABORT_WAIT_S
 
@@ -105,7 +105,6 @@ def score_chunks(plan: RunPlan, executor: ChunkExecutor, observer: RunObserver =
         steps.abort(plan)
         for handle, _, _ in window:
             handle.wait(ABORT_WAIT_S)  # cancelled chunks settle in milliseconds; a retry delay is not waited
-        head_start.settle_all(plan)
         steps.keep_judged(plan, observer)
         raise
     return tally

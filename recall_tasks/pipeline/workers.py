@@ -37,7 +37,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from recall_tasks import _heap
-from recall_tasks._gc import run_thresholds
 from recall_tasks._sync import run_sync
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ConfigError, DatasetError
@@ -212,9 +211,9 @@ def _budget(spec: ChunkSpec) -> Budget:
 
 
 def score_spec(spec: ChunkSpec) -> ChunkReport:
-    """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file (with
-    a run's garbage collection thresholds, ``recall_tasks/_gc.py``, while it does; its heap trimmed after)."""
-    with run_thresholds(), checked_out(spec) as plan:
+    """Score the spec's chunk in this process: re-read its block, check its key, score it, write its file (its
+    heap trimmed after)."""
+    with checked_out(spec) as plan:
         if spec.positions:
             ids = list(spec.row_ids) if spec.row_ids else None
             raw = read_rows(plan.dataset, list(spec.positions), list(spec.same_as), ids)
