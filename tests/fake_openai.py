@@ -42,6 +42,8 @@ by default, files 10,000; files also ``order=asc``), so code that takes list ord
 order here; file and batch objects carry the real API's fields.
 
 Rejections and substitutions (per request, not queued; reset by :meth:`FakeOpenAI.reset`):
+``prompt_tokens_of`` (``fn(message text) -> tokens``; default characters / 4) is the tokenizer of every count
+below and of each completion's ``usage``, live and in a batch's output (a CJK tokenizer's counts, say).
 ``context_window = N`` answers a chat request whose prompt tokens (its ``usage``'s count: message characters / 4)
 plus its completion budget (``max_completion_tokens`` / ``max_tokens``) exceed ``N`` with OpenAI's
 ``400 context_length_exceeded``; ``max_body_bytes = N`` answers a request body over ``N`` bytes with a proxy's
@@ -237,6 +239,11 @@ def _content_text(content: Any) -> str:
                 parts.append(part["text"])
         return "".join(parts)
     return str(content)
+
+
+def _quarter(text: str) -> int:
+    """The fake's default token count: a token per four characters."""
+    return len(text) // 4
 
 
 def extract_user_text(body: dict[str, Any], roles: tuple[str, ...] | None = None) -> str:
@@ -553,6 +560,7 @@ class FakeOpenAI:
         }
         self.hang = hang
         self.context_window: int | None = None
+        self.prompt_tokens_of: Callable[[str], int] = _quarter
         self.max_body_bytes: int | None = None
         self.reply_model: str | Callable[[dict[str, Any]], str | None] | None = None
         self.rpm_quota = rpm_quota
@@ -649,6 +657,7 @@ class FakeOpenAI:
             self.models_reply = None
             self.drop_idle_s = None
             self.context_window = self.max_body_bytes = self.reply_model = None
+            self.prompt_tokens_of = _quarter
             for name, value in self._defaults.items():
                 setattr(self, name, value)
             self.files.clear()
@@ -902,7 +911,7 @@ class FakeOpenAI:
         seconds until enough tokens have left it."""
         if not self.tpm_quota or not isinstance(body, dict):
             return None
-        tokens = len(extract_user_text(body)) // 4  # what the completion's usage reports as prompt_tokens
+        tokens = self.prompt_tokens_of(extract_user_text(body))  # what the completion's usage reports as prompt_tokens
         window = [(at, n) for at, n in self.tpm_accepted if at > now - self.tpm_window_s]
         excess = sum(n for _, n in window) + tokens - self.tpm_quota
         if excess <= 0 or not window:  # a prompt larger than the whole quota goes into an empty window alone
@@ -1010,7 +1019,7 @@ class FakeOpenAI:
             count("rejected:413")
             return _Reply(413, _NGINX_413, {"content-type": "text/html"})
         if window is not None:
-            prompt = len(extract_user_text(body)) // 4
+            prompt = self.prompt_tokens_of(extract_user_text(body))
             asked = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
             if prompt + asked > window:
                 count("rejected:context_length")
@@ -1117,7 +1126,7 @@ class FakeOpenAI:
         live: bool = True,
         model: str | None = None,
     ) -> _Reply:
-        prompt_tokens = len(extract_user_text(body)) // 4
+        prompt_tokens = self.prompt_tokens_of(extract_user_text(body))
         completion_tokens = max(1, len(content) // 4)
         if live:  # a batch line's usage is in its output file, not a live reply
             with self._lock:

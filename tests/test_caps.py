@@ -207,3 +207,29 @@ def test_an_attempt_that_does_not_fit_waits_for_those_in_flight_then_is_refused(
         assert budget.cost_usd == pytest.approx(0.6) and budget.held_usd == 0 and budget.requests == 2
 
     asyncio.run(go())
+
+
+@pytest.mark.concurrency
+def test_the_cap_holds_across_a_sigkill_and_a_rerun(prefect_harness, judge_env, tmp_path):
+    """--max-requests 100, one 200-row chunk, SIGKILL after ~85 paid requests, the same command again: before, the
+    ledger was written when a chunk ended, so the rerun started from nothing and paid ~100 more (185 in all); now
+    every attempt is held on the store before it is sent, and the rerun starts from what the killed one reserved."""
+    data = write(tmp_path / "eval.parquet", make_rows(200, seed=19))
+    out = tmp_path / "out"
+    judge_env.latency_s = 0.05
+    extra = ("--max-requests", "100", "--chunk-size", "500", "--max-concurrency", "8")
+    first = _cli(judge_env, data, out, *extra)
+    assert judge_env.wait_for_requests(85, timeout=240), first.communicate()
+    first.send_signal(signal.SIGKILL)
+    first.communicate()
+    before = len(judge_env.chat_requests)
+    judge_env.latency_s = 0.0
+    rerun = _cli(judge_env, data, out, *extra)
+    stdout, stderr = rerun.communicate(timeout=300)
+    assert rerun.returncode == 5, stdout + stderr  # a budget stop
+    sent = len(judge_env.chat_requests)
+    (recorded,) = _runs(out)
+    print(f"\n[sigkill] --max-requests 100: {before} requests before the SIGKILL, {sent} in all; "
+          f"runs.requests {recorded['requests']}")  # fmt: skip
+    assert sent <= 100 + 8  # the cap, and at most the calls in flight at the kill
+    assert recorded["status"] == "budget_exhausted" and recorded["requests"] <= 100

@@ -1,7 +1,7 @@
 """``run --dry-run``: the bill before paying, against the fake OpenAI server and a real run after it.
 
 The dry run reads the dataset and the row cache, contacts no endpoint, writes nothing, exits 0, and its token and
-cost estimate is within 15 % of what the real run then records in the runs table.
+cost estimate is an upper bound of what the real run then records in the runs table (within 3x of it here).
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ def test_dry_run_judges_nothing_writes_nothing_and_estimates_the_real_run(prefec
     )
     runs = DeltaTable(str(out / "runs")).to_pyarrow_table().to_pylist()
     assert len(runs) == 1 and runs[0]["requests"] == 30 and len(fake_openai.chat_requests) == 30
-    assert abs(prompt - runs[0]["prompt_tokens"]) <= 0.15 * runs[0]["prompt_tokens"], (prompt, runs[0])
-    assert abs(cost - runs[0]["cost_usd"]) <= 0.15 * runs[0]["cost_usd"], (cost, runs[0])
+    # an upper bound (the one token estimate, schema included), never below what the run records; the fake counts
+    # characters / 4 of the messages alone, so the bound is well above it
+    assert runs[0]["prompt_tokens"] <= prompt <= 3 * runs[0]["prompt_tokens"], (prompt, runs[0])
+    assert runs[0]["cost_usd"] <= cost <= 3 * runs[0]["cost_usd"], (cost, runs[0])
 
     again = _dry(data, out, fake_openai.base_url)  # every row now in the row cache
     assert "40 rows, 40 served by the row cache, 0 judge requests" in again and "none would stop" in again
@@ -127,9 +129,9 @@ def test_dry_run_estimates_claim_extraction(prefect_harness, fake_openai, tmp_pa
         f"\n[claims dry run] estimated 30 requests, ~{prompt:.0f} + ~{completion:.0f} tokens, ${cost:.6f}; "
         f"the run: {run['requests']}, {run['prompt_tokens']} + {run['completion_tokens']}, ${run['cost_usd']:.6f}"
     )
-    assert abs(prompt - run["prompt_tokens"]) <= 0.2 * run["prompt_tokens"], (prompt, run)
+    assert run["prompt_tokens"] <= prompt <= 3 * run["prompt_tokens"], (prompt, run)  # an upper bound, as above
     assert abs(completion - run["completion_tokens"]) <= 0.5 * run["completion_tokens"], (completion, run)
-    assert abs(cost - run["cost_usd"]) <= 0.2 * run["cost_usd"], (cost, run)
+    assert run["cost_usd"] <= cost <= 3 * run["cost_usd"], (cost, run)
 
     # the index rebuilt: new contexts, the claims cached: judge requests priced on the cached claims, no extraction
     pq.write_table(pa.Table.from_pylist([{**r, "contexts": ["new filler", *r["contexts"]]} for r in rows]), data)

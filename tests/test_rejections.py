@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from recall_tasks.config import RunParams
 from recall_tasks.errors import ContextOverflowError
 from recall_tasks.fleet.guards import CircuitBreaker
-from recall_tasks.judges import context_window
+from recall_tasks.judges import context_window, tokens
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.openai_judge import OpenAIJudge
 from recall_tasks.pipeline.flow import recall_benchmark
@@ -255,9 +255,9 @@ def test_known_windows_and_the_estimate():
     assert context_window.window_for("gpt-4") == 8_192 and context_window.window_for("gpt-4-0613") == 8_192
     assert context_window.window_for("llama-3-8b-instruct") is None  # unknown: not checked
     assert context_window.window_for("llama-3-8b-instruct", 8192) == 8192
-    count = context_window.count_tokens
-    assert count("") == 0 and count("hello world") == 2 and count("internationalization") == 4
-    assert count("2024") == 2 and count("東京都") == 3 and count("🙂") == 4
+    count = tokens.count  # the one estimate (tests/test_tokens.py): an upper bound, close for English
+    assert count("") == 0 and count("hello world") == 2 and count("internationalization") >= 2
+    assert count("2024") == 2 and count("東京都") >= 4 and count("🙂") == 4
     assert json.dumps(context_window.POLICIES) == '["refuse", "truncate", "send"]'
 
 

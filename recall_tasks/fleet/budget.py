@@ -81,8 +81,33 @@ def budget_options(max_requests: int | None, max_cost_usd: float | None) -> str:
     return " / ".join(_option(kind, max_requests, max_cost_usd).split()[0] for kind in kinds)
 
 
-def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
-    """The run attempt's counters (processes/dask with a budget), created now: their names by kind; {} otherwise."""
+def counters_spent(run_id: str) -> tuple[int, float]:
+    """What the run's counters hold (reserved by its attempts on worker processes): (requests, USD); zeros when
+    there is no Prefect API or no counter (a resumed threads attempt starts from them and its files)."""
+    if fleet.api_url() is None:
+        return 0, 0.0
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    held = {REQUESTS: 0, COST: 0}
+    try:
+        with get_client(sync_client=True) as client:
+            for kind in held:
+                with contextlib.suppress(ObjectNotFound):
+                    limit = client.read_global_concurrency_limit_by_name(f"{fleet.PREFIX}-{kind}-{run_id}")
+                    held[kind] = limit.active_slots
+    except Exception as exc:  # noqa: BLE001 - one line naming the API's host: the run cannot know what it spent
+        raise ConfigError(
+            f"cannot read what the interrupted run spent from the Prefect API at {fleet.host(fleet.api_url() or '')}"
+            f" ({fleet.reason(exc)})"
+        ) from None
+    return held[REQUESTS], held[COST] / UNITS_PER_USD
+
+
+def create_counters(params: RunParams, run_id: str, spent: tuple[int, float] = (0, 0.0)) -> dict[str, str]:
+    """The run attempt's counters (processes/dask with a budget), created now: their names by kind; {} otherwise.
+    ``spent``: what the run reserved before (an attempt on threads wrote it to its ledger files): a counter holding
+    less is raised to it, so a resume on another runner keeps the run's spend."""
     sizes = counter_sizes(params.max_requests, params.max_cost_usd)
     if params.task_runner == "threads" or not sizes:
         return {}
@@ -117,6 +142,10 @@ def create_counters(params: RunParams, run_id: str) -> dict[str, str]:
                         client.create_global_concurrency_limit(
                             GlobalConcurrencyLimitCreate(name=name, limit=slots, slot_decay_per_second=0.0)
                         )
+                want = min(spent[0] if kind == REQUESTS else cost_units(spent[1]), slots)
+                held = client.read_global_concurrency_limit_by_name(name).active_slots
+                if want > held:  # the run's earlier spend on threads, counted as taken
+                    client.increment_concurrency_slots(names=[name], slots=want - held, mode="concurrency")
         except Exception as exc:  # noqa: BLE001 - one line naming the counter and the API's host
             delete_counters(names.values())
             raise ConfigError(

@@ -10,9 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from recall_tasks.judges.base import BudgetReached
+
+
+class SpendLedger(Protocol):
+    """Where a run's reservations are held beyond the process (``fleet/ledger.Ledger``): :meth:`cover` returns once
+    it says the run reserved at least ``requests`` and ``cost_usd``."""
+
+    async def cover(self, requests: int, cost_usd: float) -> None: ...
 
 
 class Budget:
@@ -23,16 +30,18 @@ class Budget:
     A judge call first reserves a place (:meth:`reserve`: refused once the budget is spent), then each HTTP
     attempt it sends (the first, SDK retries, the repair of an unusable reply, the retry of a truncated one) goes
     through its :class:`Call` (the judge's :class:`~recall_tasks.judges.base.AttemptGate`) as it is about to be
-    sent: it reserves a request, and with ``max_cost_usd`` its worst
-    case (prompt bytes plus completion limit at the price, ``OpenAIJudge.worst_cost``) before it goes out; when
-    its reply is read the cost it did not use goes back. A reservation that does not fit waits while other
+    sent: it reserves a request, and with ``max_cost_usd`` its worst case (its prompt tokens at most plus its
+    completion limit at the price, ``OpenAIJudge.worst_cost``) before it goes out; when its reply is read the cost
+    it did not use goes back. A reservation that does not fit waits while other
     attempts in flight hold reservations (they may give some back), and is refused once none do: the attempt is
     not sent (``BudgetReached``), the row is "not judged", the budget is spent. So ``requests <= max_requests``
     and ``cost <= max_cost_usd`` whatever is in flight. A call cancelled in flight keeps its reservation as spent.
 
     A judge that does not gate its attempts (no ``gates_attempts``: the lexical judge, a library judge) reserves
     one request per call and is charged the rest when its call returns.
-    ``requests``/``cost_usd`` start from ``spent`` (what earlier attempts of a resumed run spent).
+    ``requests``/``cost_usd`` start from ``spent`` (what earlier attempts of a resumed run spent). With a
+    :attr:`ledger` (the threads runner's, ``fleet/ledger.py``) each reservation is held there before the attempt
+    goes out, so the caps hold across a SIGKILL and a rerun.
     """
 
     def __init__(
@@ -53,6 +62,7 @@ class Budget:
         self.max_in_flight = max_in_flight if max_cost_usd else None
         self._turns: asyncio.Semaphore | None = None
         self._changed: asyncio.Event | None = None
+        self.ledger: SpendLedger | None = None
 
     @property
     def requests_reason(self) -> str:
@@ -85,6 +95,12 @@ class Budget:
                 self._turns = asyncio.Semaphore(self.max_in_flight)
             await self._turns.acquire()
         if await self._reserve(call):
+            if self.ledger is not None and (call is None or not call.gated):  # a gated call covers each attempt
+                try:
+                    await self.ledger.cover(self.requests, self.cost_usd + self.held_usd)
+                except BaseException:
+                    self.release(1, 0.0, call)  # not started: its request stays counted
+                    raise
             return True
         if self._turns is not None:
             self._turns.release()
@@ -142,6 +158,8 @@ class Budget:
                 raise self._stop(self.cost_reason)
             await self._changes()
         self._hold(call, worst)
+        if self.ledger is not None:  # held on the store before it is sent
+            await self.ledger.cover(self.requests, self.cost_usd + self.held_usd)
 
     def _settle(self, call: Call, cost_usd: float, *, spent: bool = False) -> None:
         """``call``'s held reservation ends: ``cost_usd`` is what its attempts cost (``spent``: the held amount)."""
@@ -173,6 +191,7 @@ class Call:
         self.held_units = 0  # the same in a fleet cost counter's micro-dollars
         self.holds = False  # counted in the budget's ``holding``
         self.armed = False
+        self.reserves_cost = budget.max_cost_usd is not None  # its attempts reserve their worst case
 
     def arm(self, worst_usd: float) -> None:
         self.worst, self.armed = worst_usd, True

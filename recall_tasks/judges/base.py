@@ -136,7 +136,10 @@ class AttemptGate(Protocol):
     The judge :meth:`arm` s it with the worst case of the completion it is about to post; each attempt of that
     completion then awaits :meth:`reserve_attempt` (raises :class:`BudgetReached`); the judge :meth:`settle` s it
     once the completion returned (its replies' cost) or failed (0.0: a failed attempt bills nothing).
+    :attr:`reserves_cost`: whether the worst case is used (a cost cap); without one the judge need not price it.
     """
+
+    reserves_cost: bool
 
     def arm(self, worst_usd: float) -> None: ...
 

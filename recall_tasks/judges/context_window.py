@@ -13,24 +13,21 @@ judge counts first (:func:`tokens_needed`) and follows ``--on-overlong`` (:data:
 The window: ``--context-window N``, else :data:`CONTEXT_WINDOWS` by model name (a dated snapshot takes its
 family's window), else unknown: nothing is counted and every request is sent.
 
-The count is an estimate: recall-bench ships no tokenizer (the BPE tables are downloads). :func:`count_tokens`
-splits text as GPT tokenizers pre-split it (words with their leading space, digit runs, punctuation, whitespace)
-and counts one token per word of up to 6 ASCII letters plus one per 6 more, one per non-ASCII letter (CJK is about
-one token a character), one per 3 digits and one per UTF-8 byte of other non-ASCII symbols (emoji). It is not the
-tokenizer's exact count (a margin: a ``--context-window`` below the model's); a request the estimate lets through
-and the endpoint still refuses is that row's error. A request fits when its count equals the window exactly.
+The count is :mod:`~recall_tasks.judges.tokens`' estimate, the one every user of a request's tokens takes (the
+dry run, ``--tpm``, the cost reservation, the ``--batch`` admission): an upper bound of what the tokenizer counts,
+so a request the check lets through fits, and one near the window may be refused although the endpoint would
+take it. A request fits when its count equals the window exactly.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 from recall_tasks.errors import ContextOverflowError
 from recall_tasks.judges.base import JudgeRequest
+from recall_tasks.judges.tokens import PER_MESSAGE, PER_REPLY, count, prompt_tokens
 
 #: ``--on-overlong`` values.
 POLICIES = ("refuse", "truncate", "send")
@@ -57,14 +54,8 @@ CONTEXT_WINDOWS: dict[str, int] = {
     "o4-mini": 200_000,
 }
 
-#: Tokens a chat message costs beyond its content (role and separators), and the reply's priming.
-PER_MESSAGE = 4
-PER_REPLY = 3
-
 #: What stands for a chunk cut away entirely, and what ends a chunk cut short.
 CUT = "[cut]"
-
-_PIECES = re.compile(r" ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+|_+")
 
 
 def window_for(model: str, override: int | None = None) -> int | None:
@@ -78,38 +69,19 @@ def window_for(model: str, override: int | None = None) -> int | None:
     return CONTEXT_WINDOWS[best] if best else None
 
 
-def count_tokens(text: str) -> int:
-    """An estimate of ``text``'s tokens (see the module docstring for the rule)."""
-    total = 0
-    for piece in _PIECES.findall(text):
-        word = piece.lstrip(" ") or piece
-        if word.isspace():
-            total += 1
-        elif word.isdigit():
-            total += math.ceil(len(word) / 3)
-        elif word[0].isalpha():
-            ascii_letters = sum(1 for c in word if c.isascii())
-            total += (1 + (ascii_letters - 1) // 6 if ascii_letters else 0) + len(word) - ascii_letters
-        else:
-            total += sum(1 if c.isascii() else len(c.encode("utf-8", "surrogatepass")) for c in word)
-    return total
-
-
 def tokens_needed(msgs: list[dict[str, str]], budget: int, schema: dict[str, Any] | None = None) -> int:
     """Prompt tokens of ``msgs`` (and of a ``response_format`` schema, which the endpoint counts in the prompt),
-    plus ``budget``, the completion tokens asked for: what must fit the window."""
-    prompt = sum(PER_MESSAGE + count_tokens(m["content"]) for m in msgs) + PER_REPLY
-    if schema is not None:
-        prompt += count_tokens(json.dumps(schema, separators=(",", ":")))
-    return prompt + budget
+    plus ``budget``, the completion tokens asked for: what must fit the window (:func:`tokens.prompt_tokens
+    <recall_tasks.judges.tokens.prompt_tokens>`)."""
+    return prompt_tokens(msgs, schema) + budget
 
 
 def tokens_at_most(msgs: list[dict[str, str]], budget: int, schema: dict[str, Any] | None = None) -> int:
-    """An upper bound of :func:`tokens_needed` that counts nothing: each piece :func:`count_tokens` counts is at
-    most its UTF-8 bytes, so a text's estimate is at most its length in bytes (one encode, in C)."""
+    """An upper bound of :func:`tokens_needed` that counts nothing: each piece the estimate counts is at most its
+    UTF-8 bytes, so a text's estimate is at most its length in bytes (one encode, in C)."""
     prompt = sum(PER_MESSAGE + _utf8_len(m["content"]) for m in msgs) + PER_REPLY
     if schema is not None:
-        prompt += _utf8_len(json.dumps(schema, separators=(",", ":")))
+        prompt += _utf8_len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
     return prompt + budget
 
 
@@ -147,7 +119,7 @@ def fit(
         )
     field = "evidence" if request.task == "contextual_recall" else "statements"
     chunks = list(getattr(request, field))
-    before = sum(count_tokens(c) for c in chunks)
+    before = sum(count(c) for c in chunks)
     candidate = request
     for _ in range(8):  # each pass removes the estimated excess; the rendering's own tokens may need another
         excess = need(candidate) - window
@@ -162,7 +134,7 @@ def fit(
             f"{what}, and about {need(candidate)} with its whole context cut (--on-overlong truncate): not sent",
             model=model,
         )
-    kept = sum(count_tokens(c.removesuffix(" " + CUT)) for c in chunks if c != CUT)
+    kept = sum(count(c.removesuffix(" " + CUT)) for c in chunks if c != CUT)
     return candidate, (
         f"context cut to fit {model}'s context window of {window} tokens (--on-overlong truncate): about "
         f"{max(kept, 0)} of {before} context tokens kept"
@@ -177,17 +149,17 @@ def _cut(chunks: list[str], excess: int) -> list[str]:
             break
         if out[i] == CUT:
             continue
-        tokens = count_tokens(out[i])
-        if tokens - count_tokens(CUT) <= excess:
-            excess -= tokens - count_tokens(CUT)
+        tokens = count(out[i])
+        if tokens - count(CUT) <= excess:
+            excess -= tokens - count(CUT)
             out[i] = CUT
             continue
-        target = tokens - excess - count_tokens(" " + CUT)
+        target = tokens - excess - count(" " + CUT)
         text = out[i]
         lo, hi = 0, len(text)  # the longest prefix within target tokens (the count grows with the prefix)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if count_tokens(text[:mid]) <= target:
+            if count(text[:mid]) <= target:
                 lo = mid
             else:
                 hi = mid - 1

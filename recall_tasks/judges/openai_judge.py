@@ -32,8 +32,7 @@ import openai
 
 from recall_tasks.errors import JudgeConfigError, JudgeResponseError
 from recall_tasks.judges import _openai_wire as wire
-from recall_tasks.judges import context_window, prompts
-from recall_tasks.judges._json import dumps_compact
+from recall_tasks.judges import context_window, prompts, tokens
 from recall_tasks.judges._openai_attempts import counted_attempts
 from recall_tasks.judges._openai_errors import _error_text, check_key, translate_error
 from recall_tasks.judges._openai_extras import BatchMixin, ClaimsMixin
@@ -244,9 +243,10 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
     # -- judging ---------------------------------------------------------------------------------
 
     def tokens_needed(self, request: JudgeRequest) -> int:
-        """The estimated prompt tokens of the first request for ``request`` plus its completion budget: what must
-        fit :attr:`context_window` (:func:`~recall_tasks.judges.context_window.tokens_needed`)."""
-        return context_window.tokens_needed(*self._window_inputs(request))
+        """The prompt tokens (at most) of the first request for ``request`` plus its completion budget: what must
+        fit :attr:`context_window`, and what ``--tpm`` charges, the cost cap reserves and ``--batch`` admits for it
+        (:func:`~recall_tasks.judges.tokens.request_tokens` of its body)."""
+        return sum(tokens.request_tokens(self.batch_body(request)))
 
     def tokens_at_most(self, request: JudgeRequest) -> int:
         """An upper bound of :meth:`tokens_needed` that counts nothing
@@ -310,19 +310,19 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
             charge(exc, Spend(0, usage[0], usage[1], self._cost(usage) if any(usage) else 0.0))
             raise
 
-    def worst_cost(self, body_bytes: int, completion_limit: int) -> float:
-        """The most one attempt can cost: a prompt of ``body_bytes`` tokens (the request body's UTF-8 bytes, counted
-        before sending: a token is at least one byte, and the body holds every message and the schema) plus the
-        completion limit, at the model's price; 0.0 for a model of no known price."""
-        return self._cost([body_bytes, completion_limit]) or 0.0
+    def worst_cost(self, prompt_tokens: int, completion_limit: int) -> float:
+        """The most one attempt can cost: ``prompt_tokens`` (its body's estimate, an upper bound:
+        :func:`~recall_tasks.judges.tokens.request_tokens`) plus the completion limit, at the model's price; 0.0
+        for a model of no known price."""
+        return self._cost([prompt_tokens, completion_limit]) or 0.0
 
     def least_worst_cost(self) -> tuple[float, int, int]:
         """The worst case of the smallest request this judge sends (one empty statement, no context, no reasons):
-        (USD, prompt bytes, completion limit). A cost cap below it could pay for no request at all."""
+        (USD, prompt tokens at most, completion limit). A cost cap below it could pay for no request at all."""
         request = JudgeRequest(task="contextual_recall", question="", statements=[""], evidence=[])
         request.include_reason = False
-        size, limit = len(dumps_compact(self.batch_body(request))), wire.verdict_budget(request)
-        return self.worst_cost(size, limit), size, limit
+        prompt, limit = tokens.request_tokens(self.batch_body(request))
+        return self.worst_cost(prompt, limit), prompt, limit
 
     def _cost(self, usage: list[int], factor: float = 1.0) -> float | None:
         price = price_for(self._model, self.prices)
@@ -352,12 +352,14 @@ class OpenAIJudge(BatchMixin, ClaimsMixin):
         while True:
             if state.rpm:
                 await state.rpm.acquire(1)
-            charged = sum(len(m["content"]) for m in msgs) / 4 + budget
-            sent = await state.tpm.acquire(charged) if state.tpm else None
             body = self._request_kwargs(msgs, budget, schema)
             gate = attempt_gate.get()
+            # one estimate for --tpm and the cost cap: the body's prompt tokens at most plus its completion limit
+            need = tokens.request_tokens(body) if state.tpm or (gate is not None and gate.reserves_cost) else (0, 0)
+            charged = sum(need)
+            sent = await state.tpm.acquire(charged) if state.tpm else None
             if gate is not None:  # each attempt of this completion reserves its worst case before it is sent
-                gate.arm(self.worst_cost(len(dumps_compact(body)), budget))  # the body's bytes as the SDK sends them
+                gate.arm(self.worst_cost(*need))
             before = list(usage)
             try:
                 try:

@@ -2,15 +2,17 @@
 
 The requests a run would send to the judge are the row cache's misses, one per distinct row-cache key: rows with the
 same key (same question, reference, contexts and judge settings) share one request in a run, as they do here.
-Per request: its prompt tokens estimated as the body's message characters / 4 (what ``--tpm`` charges too), its
-completion tokens as :data:`COMPLETION_BASE` plus :data:`COMPLETION_PER_STATEMENT` per statement (half that
-without reasons); cost at the model's price (``judges/pricing.py``, ``--price``), live and at the Batch API's
-discount. Then which of ``--max-requests``, ``--max-cost-usd``, ``--tpm``, ``--rpm`` would stop or pace the run.
-No pre-flight request either: the endpoint is not contacted. Claim extraction (``--units claims``): one request per
-distinct reference whose claims the claims cache does not hold (rows with no context or no sentence pay none, as in
-the run), its reply estimated as long as the reference; a row whose claims are cached is priced on them, the others
-on their sentences; a retried extraction (an unusable first reply) is not foreseen. ``--retriever`` is refused (it
-would call the retriever). The checks are the run's own (``steps.check_run`` without the endpoint's probes).
+Per request: its prompt tokens at most, the one estimate of its body (messages and schema, never below the
+tokenizer's count: :func:`~recall_tasks.judges.tokens.request_tokens`, which ``--tpm``, the cost cap and
+``--batch`` take too), its completion tokens as :data:`COMPLETION_BASE` plus :data:`COMPLETION_PER_STATEMENT` per
+statement (half that without reasons); cost at the model's price (``judges/pricing.py``, ``--price``), live and at
+the Batch API's discount. Then which of ``--max-requests``, ``--max-cost-usd``, ``--tpm``, ``--rpm`` would stop or
+pace the run. No pre-flight request either: the endpoint is not contacted. Claim extraction (``--units claims``):
+one request per distinct reference whose claims the claims cache does not hold (rows with no context or no sentence
+pay none, as in the run), its reply estimated as long as the reference; a row whose claims are cached is priced on
+them, the others on their sentences; a retried extraction (an unusable first reply) is not foreseen.
+``--retriever`` is refused (it would call the retriever). The checks are the run's own (``steps.check_run``
+without the endpoint's probes).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.cache import ClaimCache, RowVerdictCache
 from recall_tasks.io.columns import JUDGED_ROLES
 from recall_tasks.io.storage import filesystem, join_uri
+from recall_tasks.judges import tokens
 from recall_tasks.judges.base import JudgeRequest
 from recall_tasks.judges.capabilities import Batching, prices_of
 from recall_tasks.judges.pricing import BATCH_PRICE_FACTOR, price_for
-from recall_tasks.judges.prompts import claims_messages
+from recall_tasks.judges.prompts import CLAIMS_SCHEMA, claims_messages
 from recall_tasks.metrics.claims import Units, claim_units_of, claims_key, units_from_stored
 from recall_tasks.metrics.recall import has_context
 from recall_tasks.pipeline.scoring import keyed_requests, metric_fingerprint
@@ -133,12 +136,11 @@ def estimate(params: RunParams) -> Estimate:
     for request in requests.values():
         if body_of is None:
             break
-        body = body_of(request)
-        chars = sum(len(m.get("content") or "") for m in body["messages"])
+        asked, limit = tokens.request_tokens(body_of(request))
         per = COMPLETION_PER_STATEMENT if request.include_reason else COMPLETION_PER_STATEMENT // 2
-        prompt += chars // 4
+        prompt += asked
         completion += COMPLETION_BASE + per * len(request.statements)
-        charged += chars // 4 + int(next(v for k, v in body.items() if k.startswith("max_")))
+        charged += asked + limit
     model = judge.model if body_of is not None else "lexical"
     price = price_for(model, {**prices_of(judge)}) if body_of is not None else (0.0, 0.0)
     extractions = _extractions(claim_units.extractor, list(to_extract)) if claim_units is not None else Extractions()
@@ -169,15 +171,16 @@ def _claims_of(
 
 
 def _extractions(extractor: Any, references: list[str]) -> Extractions:
-    """One extraction request per reference: the prompt's characters / 4, a reply about as long as the reference
-    (its claims restate it, as JSON), the request's completion budget for ``--tpm``."""
+    """One extraction request per reference: its prompt tokens at most (messages and schema, the one estimate), a
+    reply about as long as the reference (its claims restate it, as JSON), the request's completion budget for
+    ``--tpm``."""
     out = Extractions(requests=len(references), model=extractor.model)
     for ref in references:
-        chars = sum(len(m.get("content") or "") for m in claims_messages(ref))
-        reply = len(json.dumps({"claims": split_sentences(ref)}, ensure_ascii=False))
-        out.prompt_tokens += chars // 4
-        out.completion_tokens += COMPLETION_BASE + reply // 4
-        out.charged_tokens += chars // 4 + 128 + len(ref) // 2  # the budget extract_claims asks for
+        asked = tokens.prompt_tokens(claims_messages(ref), CLAIMS_SCHEMA)
+        reply = tokens.count(json.dumps({"claims": split_sentences(ref)}, ensure_ascii=False))
+        out.prompt_tokens += asked
+        out.completion_tokens += COMPLETION_BASE + reply
+        out.charged_tokens += asked + 128 + len(ref) // 2  # the budget extract_claims asks for
     out.price = price_for(extractor.model, {**prices_of(extractor)}) if references else (0.0, 0.0)
     return out
 
@@ -240,9 +243,9 @@ def _caps(params: RunParams, est: Estimate) -> list[str]:
     if params.max_cost_usd is not None:
         text = f"--max-cost-usd {params.max_cost_usd:g} reserves each attempt's worst case before it is sent"
         if est.price is not None and est.requests:
-            # the message bytes (4 x the prompt estimate) and the completion limit; the body's schema adds a little
+            # what each attempt reserves: its prompt tokens at most and its completion limit, at the price
             limit = est.charged_tokens - est.prompt_tokens
-            worst = (4 * est.prompt_tokens * est.price[0] + limit * est.price[1]) / 1e6 / est.requests
+            worst = (est.prompt_tokens * est.price[0] + limit * est.price[1]) / 1e6 / est.requests
             text += f" (about ${worst:.6f} a request, against ~${(est.cost() or 0.0) / est.requests:.6f} spent)"
         held.append(text + " and gets back what the reply did not use")
     if not held:

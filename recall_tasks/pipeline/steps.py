@@ -226,7 +226,9 @@ def plan_run(
         cache = RowVerdictCache(cache_uri, checked.storage, read=not params.refresh_cache)
         if isinstance(metric, ContextualRecall) and metric.claim_units is not None:
             metric.claim_units.store = cache.claims  # claims persist next to the verdicts, no expiry
-    spent = ledger.spent(store, run_key) if resumed else (0, 0.0)  # the budget holds per run, not per attempt
+    capped = bool(params.max_requests or params.max_cost_usd)
+    counters = the_run_id if capped and params.task_runner == "threads" else None  # an earlier attempt's workers'
+    spent = ledger.spent(store, run_key, counters) if resumed else (0, 0.0)  # the budget holds per run, not attempt
     config = results_config(params, dataset, metric)
     spec = RunSpec(
         params=params, run_id=the_run_id, run_key=run_key, resumed=resumed, dataset=dataset, store=store,
@@ -235,9 +237,11 @@ def plan_run(
         retriever=checked.retriever, retrieval=checked.retrieval, notes=tuple(checked.notes), trace=checked.trace,
         canary=checked.canary,
     )  # fmt: skip
+    budget = Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent)
+    if capped and params.task_runner == "threads":  # reservations held on the store before they are sent
+        budget.ledger = ledger.Ledger(store, run_key, spec.attempt, budget)
     resources = RunResources(
-        metric, cache,
-        Budget(params.max_requests, params.max_cost_usd, max_in_flight=params.max_concurrency, spent=spent),
+        metric, cache, budget,
         CircuitBreaker(timeout_threshold=max(3, params.max_concurrency)), scope=scope,
     )  # fmt: skip
     if cache is not None:  # the entries it puts name this attempt: a resumed attempt counts them as its spend
@@ -255,7 +259,8 @@ def _count_budget(plan: RunPlan) -> None:
     if not plan.budget_counters and params.task_runner != "threads" and (params.max_requests or params.max_cost_usd):
         from recall_tasks.fleet import budget as fleet_budget
 
-        plan.budget_counters.update(fleet_budget.create_counters(params, plan.run_id))
+        spent = (plan.budget.requests, plan.budget.cost_usd) if plan.budget is not None else (0, 0.0)
+        plan.budget_counters.update(fleet_budget.create_counters(params, plan.run_id, spent))
 
 
 def chunk_key(plan: RunPlan, block: RowBlock) -> str:
@@ -293,7 +298,6 @@ def score_chunk(plan: RunPlan, seq: int, block: RowBlock, key: str) -> ChunkRepo
         raise RunInterrupted(f"run {plan.run_id} was interrupted; chunk {seq} not scored") from None
     if plan.cache is not None:
         plan.cache.flush()
-    _record_spend(plan)
     path = plan.store.chunk_path(key, plan.run_id)
     plan.store.write_chunk(path, table)
     errors = int(pc.sum(pc.is_valid(table.column("error"))).as_py() or 0)
@@ -361,7 +365,8 @@ def store_outage(plan: RunPlan, exc: StorageError) -> StoreUnreachable:
 
 
 def _record_spend(plan: RunPlan) -> None:
-    """What the run reserved so far, for a resumed attempt (threads; worker processes count in Prefect)."""
+    """The attempt ends without its commit: its ledger file holds its exact figure, for a resumed attempt (threads;
+    worker processes count in Prefect). While it judged, its reservations were written ahead (``fleet/ledger``)."""
     if plan.budget is not None and plan.params.task_runner == "threads":
         ledger.record(plan.store, plan.run_key, plan.attempt, plan.budget)
 

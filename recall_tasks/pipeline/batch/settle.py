@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ from recall_tasks._sync import run_sync
 from recall_tasks.errors import JudgeConfigError, JudgeError
 from recall_tasks.io.blocks import iter_blocks
 from recall_tasks.io.columns import JUDGED_ROLES
+from recall_tasks.judges import tokens
 from recall_tasks.judges.base import JudgeRequest, JudgeResponse
 from recall_tasks.judges.batch import ACTIVE, OutputLine
 from recall_tasks.judges.capabilities import batching, prices_of
@@ -149,8 +149,9 @@ def _settle(plan: RunPlan) -> Settled:
 def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str, JudgeRequest]:
     """The requests a new batch may hold under ``--max-requests`` / ``--max-cost-usd`` (dataset order).
 
-    A line's cost is bounded from above at the batch price: its prompt at ~4 bytes per token plus its full
-    completion budget (``max_tokens``). The rows left out are not submitted; the finish records them "not judged"
+    A line's cost is bounded from above at the batch price: its prompt tokens at most (the one estimate of its
+    body, messages and schema: :func:`~recall_tasks.judges.tokens.request_tokens`) plus its full completion budget
+    (``max_tokens``). The rows left out are not submitted; the finish records them "not judged"
     (the batch's spend counts toward the budget there, ``finish.install``)."""
     params = plan.params
     if params.max_requests is None and params.max_cost_usd is None:
@@ -163,9 +164,7 @@ def within_budget(plan: RunPlan, requests: dict[str, JudgeRequest]) -> dict[str,
         if params.max_requests is not None and len(kept) >= params.max_requests:
             break
         if price is not None:  # the bound is reported under --max-requests too
-            body = judge.batch_body(request)
-            out = int(body.get("max_completion_tokens") or body.get("max_tokens") or 0)
-            prompt = len(json.dumps(body.get("messages"), ensure_ascii=False).encode()) // 4 + 1
+            prompt, out = tokens.request_tokens(judge.batch_body(request))
             line = (prompt * price[0] + out * price[1]) / 1e6 * BATCH_PRICE_FACTOR
             if params.max_cost_usd is not None and cost + line > params.max_cost_usd:
                 break
