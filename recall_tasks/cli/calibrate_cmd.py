@@ -148,7 +148,7 @@ def _prepare_and_judge(
     from recall_tasks.io.results import FORMATS, ResultStore, check_format
     from recall_tasks.io.storage import StorageConfig, join_uri
     from recall_tasks.pipeline.calibrate import calibrate, parse_judges
-    from recall_tasks.pipeline.checks import check_priced
+    from recall_tasks.pipeline.checks import check_output_name, check_priced
     from recall_tasks.pipeline.components import make_judge, release_judge
 
     if metric not in ("contextual_recall", "context_coverage"):
@@ -158,6 +158,7 @@ def _prepare_and_judge(
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be delta, parquet or iceberg, got {fmt!r}")
     check_format(output, StorageConfig.from_options(plain), fmt, writes=True)  # one output, one format
+    check_output_name(output, fmt)  # one the format's writer takes: refused now, not after the judging
     common: dict[str, Any] = {
         "dataset_uri": labels, "output_uri": output, "metric": metric, "base_url": base_url,
         "max_concurrency": max_concurrency, "requests_per_minute": rpm, "tokens_per_minute": tpm,

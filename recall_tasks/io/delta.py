@@ -5,8 +5,9 @@ to ``runs``; new pass-through columns are merged into the table schema. Each app
 transaction (``txn``) named by its commit id, so nothing is appended twice (see :meth:`DeltaBackend.append`).
 
 Where the tables are, as deltalake (1.6) is given it (:func:`table_location`), and the outputs it cannot take
-(:func:`location_problem`, :func:`check_location`). deltalake reads a location as a URL and builds another from it;
-found by writing to such folders:
+(:func:`location_problem`; a run or calibration is refused before it judges anything:
+:func:`~recall_tasks.pipeline.checks.check_output_name`). deltalake reads a location as a URL and builds another
+from it; found by writing to such folders:
 
 * a local output is handed over as its plain path (a ``file://`` output too: as a URL, its ``?`` or ``#`` would end
   the path and its escapes be decoded). ``[ ] ^ |`` in it make deltalake panic at the commit (an invalid internal

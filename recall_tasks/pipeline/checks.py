@@ -18,6 +18,7 @@ from recall_tasks.errors import ConfigError, DatasetError
 from recall_tasks.io.blocks import iter_row_ids
 from recall_tasks.io.columns import parse_column_overrides, stored_type, type_name
 from recall_tasks.io.datasets import Dataset
+from recall_tasks.io.delta import check_location
 from recall_tasks.io.iceberg import iceberg_type
 from recall_tasks.io.results import ResultStore
 from recall_tasks.io.retrieval import RetrievalResults, Retriever
@@ -49,11 +50,13 @@ class Checked:
 
 
 def check_output_location(params: RunParams) -> None:
-    """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results').
+    """Refuse an output equal to, inside, or containing the dataset's location (or the retrieval results'), and one
+    whose name the table writer cannot take (:func:`check_output_name`).
 
     Tables written among the dataset's files would be read as data by the next run (and a dataset folder
     inside the output can be overwritten by it).
     """
+    check_output_name(params.output_uri, params.format)
     out = normalize_uri(params.output_uri)
     for what, uri in (("dataset", params.dataset_uri), ("retrieval results", params.retrieval_uri)):
         if not uri:
@@ -65,6 +68,15 @@ def check_output_location(params: RunParams) -> None:
                 f"--output {params.output_uri} {said} the {what} location {uri}: results would be written among "
                 f"the {what}'s files; choose an output folder of its own"
             )
+
+
+def check_output_name(output_uri: str, fmt: str) -> None:
+    """An output the format's writer cannot keep tables under is refused before any judge call, not at the commit
+    after the whole dataset was paid for: for Delta, a path deltalake would fail on or write elsewhere
+    (:func:`~recall_tasks.io.delta.location_problem`: the error names what and suggests a name). Parquet and Iceberg
+    take any name."""
+    if fmt == "delta":
+        check_location(output_uri)
 
 
 def check_baseline_reference(params: RunParams, store: ResultStore, dataset: Dataset) -> None:
