@@ -91,20 +91,20 @@ def test_a_run_command_that_stops_before_judging_leaves_the_collector_on(extra: 
 
 
 #: ``recall-bench`` after ``import recall_tasks``: what the import left of the process's settings, and at the exit
-#: what the command set and how many full collections it made.
+#: what the command set, how many full collections it made and how many objects the exit froze.
 CLI_WATCH = """
 import atexit, gc, json, os, sys
 import recall_tasks
 imported = {"env": {k: os.environ.get(k) for k in ("_RJEM_MALLOC_CONF", "TOKIO_WORKER_THREADS")},
             "thresholds": gc.get_threshold()}
 full = []
-gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
 def report():
     exiting = {"env": {k: os.environ.get(k) for k in ("_RJEM_MALLOC_CONF", "TOKIO_WORKER_THREADS")},
-               "thresholds": gc.get_threshold(), "full": len(full)}
+               "thresholds": gc.get_threshold(), "full": len(full), "frozen": gc.get_freeze_count()}
     print("SETTINGS " + json.dumps({"imported": imported, "exiting": exiting}), flush=True)
 atexit.register(report)
-from recall_tasks.cli.app import console_main
+from recall_tasks.cli.app import console_main  # the entry point's module: imported before console_main runs
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
 sys.argv = ["recall-bench"] + sys.argv[1:]
 console_main()
 """
@@ -115,7 +115,8 @@ def test_the_cli_sets_its_own_settings_and_a_run_of_thousands_of_rows_makes_no_f
     prefect_harness: None, fake_openai: Any, tmp_path: Path
 ) -> None:
     """``recall-bench run`` sets what its process needs in ``console_main``, not at ``import recall_tasks``, and its
-    figures are the run's: 3,000 rows scored as expected, no full collection while it ran."""
+    figures are the run's: 3,000 rows scored as expected, no full collection while it ran; its exit freezes the
+    heap before the interpreter's finalization."""
     from deltalake import DeltaTable
 
     from tests import judge_script
@@ -136,6 +137,7 @@ def test_the_cli_sets_its_own_settings_and_a_run_of_thousands_of_rows_makes_no_f
     assert got["exiting"]["env"] == {"_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0",
                                      "TOKIO_WORKER_THREADS": "1"}  # fmt: skip
     assert got["exiting"]["thresholds"] == [20_000, 10, 100] and got["exiting"]["full"] == 0
+    assert got["exiting"]["frozen"] > 100_000  # the exit froze the heap: the finalization's collections skip it
     results = DeltaTable(str(out / "results")).to_pyarrow_table().to_pylist()
     by_id = {r["row_id"]: r["score"] for r in results}
     assert len(results) == 3000 and all(by_id[r["row_id"]] == pytest.approx(expected(r)) for r in rows)
