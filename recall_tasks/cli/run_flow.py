@@ -116,6 +116,7 @@ def _run(params: RunParams, debug: bool = False) -> FlowSummary:
 
     from recall_tasks._sync import CancelScope
 
+    _refuse_early(params)
     with signals_default():
         from recall_tasks.pipeline.flow import watched_benchmark
     watch = _Watch()
@@ -152,6 +153,16 @@ def _run(params: RunParams, debug: bool = False) -> FlowSummary:
                 highlight=False,
             )
             raise typer.Exit(code=128 + int(sig)) from None
+
+
+def _refuse_early(params: RunParams) -> None:
+    """The dry run's checks (``check_run(contact=False)``: no endpoint contacted, nothing written) before Prefect
+    is started: a run its inputs refuse is refused in one line without booting the local server. The flow checks
+    again, with the endpoint's probes, when it plans; nothing of this pass is kept."""
+    from recall_tasks.pipeline.components import release_judge
+    from recall_tasks.pipeline.steps import check_run
+
+    release_judge(check_run(params, contact=False).metric.judge)
 
 
 def _print_wait(message: str) -> None:
