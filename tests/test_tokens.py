@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import string
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -52,27 +51,6 @@ def test_the_old_per_script_rule_undercounted_what_the_estimate_covers() -> None
     """One token a CJK character and one per 6 ASCII letters was below both tokenizers on rare CJK and on ids."""
     assert tokens.count("龘龘龘") == 9 and tokens.count("xkcdqzvw") == 8 and tokens.count("東京都") == 9
     assert tokens.count("hello world") == 2 and tokens.count("1234567") == 3  # known pieces: their count
-
-
-def _tiktoken() -> list[Any]:
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        return [tiktoken.get_encoding("cl100k_base"), tiktoken.get_encoding("o200k_base")]
-    except Exception as exc:  # noqa: BLE001 - the BPE files are downloads: none here
-        pytest.skip(f"tiktoken has no encodings here: {exc}")
-
-
-def test_random_text_of_every_script_against_tiktoken() -> None:
-    """Where tiktoken and its files are installed (``benchmarks/token_table.py --check`` does the same at scale)."""
-    encs = _tiktoken()
-    rng = random.Random(57)
-    cjk, hangul = "".join(map(chr, range(0x4E00, 0x9FFF))), "".join(map(chr, range(0xAC00, 0xD7A4)))
-    emoji = "".join(map(chr, range(0x1F300, 0x1FAFF))) + "\u200d"
-    pools = [string.printable, string.ascii_lowercase, string.hexdigits, cjk, hangul, emoji]
-    for pool in pools:
-        for _ in range(300):
-            text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 60)))
-            assert tokens.count(text) >= max(len(e.encode_ordinary(text)) for e in encs), text
 
 
 # -- the five users of a request's tokens --------------------------------------------------------------------------
