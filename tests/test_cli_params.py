@@ -75,7 +75,7 @@ def test_options_reach_the_run_parameters(monkeypatch, tmp_path, argv, field, va
 
     seen: list[RunParams] = []
 
-    def fake_run(params: RunParams, debug: bool, preflight: bool) -> dict:
+    def fake_run(params: RunParams, debug: bool = False) -> dict:
         seen.append(params)
         raise SystemExit(0)
 

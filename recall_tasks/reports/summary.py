@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.compute as pc
-
 from recall_tasks.judges.base import other_model
 from recall_tasks.reports.markdown import md_code, md_text
 from recall_tasks.summaries import RunSummary
@@ -149,6 +147,8 @@ def worst_rows(plan: Any, limit: int = 10, results: RunRows | None = None) -> li
     rows = run_results(plan) if results is None else results
     if rows is None or "verdicts" not in rows.worst.column_names:
         return []
+    import pyarrow.compute as pc  # here: the CLI imports this module at start, before any table is read
+
     table = rows.worst.filter(pc.is_valid(rows.worst.column("verdicts")))  # already worst first
     out = []
     for row in table.slice(0, limit).to_pylist():
